@@ -1,0 +1,26 @@
+GO ?= go
+STATICCHECK_VERSION ?= v0.8.2
+WORKER_PKG := ./cmd/worker
+
+.PHONY: test lint demo build migrate
+
+# Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
+# scripts/ensure-postgres.sh sets that up when it is missing.
+test:
+	./scripts/ensure-postgres.sh
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+lint:
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+demo:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) demo
+
+build:
+	$(GO) build -o bin/worker $(WORKER_PKG)
+
+migrate:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) migrate

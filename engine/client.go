@@ -1,0 +1,229 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// MaxKeyLength bounds an idempotency key.
+const MaxKeyLength = 255
+
+// Client starts and reads sagas. It needs only the database: the first
+// command goes into the outbox in the same transaction as the saga, and a
+// relay publishes it.
+type Client struct{ c *core }
+
+// StartResult is what Start returns.
+type StartResult struct {
+	// ID identifies the saga.
+	ID uuid.UUID
+	// State is the saga's state when Start returned.
+	State saga.State
+	// Duplicate is true when the key already named a saga with the same
+	// input: nothing was written and ID is that saga's.
+	Duplicate bool
+}
+
+// Start creates a saga of def for the business intent key, with input
+// encoded as JSON, and enqueues its first step, in one transaction.
+//
+// Same key and same input: the existing saga is returned with Duplicate
+// set, and nothing is written. Same key, different input:
+// saga.ErrIdempotencyKeyReused, and nothing is written. Any number of
+// concurrent calls with one key create one saga.
+func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
+	tx, err := cl.c.pool.Begin(ctx)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("idemsaga: start saga: database unreachable: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	res, err := cl.StartTx(ctx, tx, def, key, input)
+	if err != nil {
+		return res, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return StartResult{}, fmt.Errorf("idemsaga: start saga: commit: %w", err)
+	}
+	if !res.Duplicate {
+		cl.c.woke()
+	}
+	return res, nil
+}
+
+// StartTx is Start inside the caller's transaction, so the saga starts if
+// and only if the caller's business writes commit. The transaction must
+// run at READ COMMITTED (PostgreSQL's default) for concurrent starts of one
+// key to resolve to one saga. Metrics count the start even if the caller
+// later rolls back.
+func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, key string, input any) (StartResult, error) {
+	if def == nil {
+		return StartResult{}, errors.New("idemsaga: start saga: definition is nil")
+	}
+	registered, err := cl.c.definition(def.Name())
+	if err != nil {
+		return StartResult{}, err
+	}
+	if err := validKey(key); err != nil {
+		return StartResult{}, err
+	}
+	canonical, err := saga.CanonicalInput(input)
+	if err != nil {
+		return StartResult{}, err
+	}
+	sum := sha256.Sum256(canonical)
+
+	id, err := uuid.NewV7()
+	if err != nil {
+		return StartResult{}, fmt.Errorf("idemsaga: start saga: new id: %w", err)
+	}
+	tag, err := tx.Exec(ctx, insertSaga, id, def.Name(), key, sum[:], []byte(canonical))
+	if err != nil {
+		return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		// The unique key already names a saga (committed, since an
+		// uncommitted one would have made us wait): adjudicate by input.
+		var existing uuid.UUID
+		var hash []byte
+		if err := tx.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(&existing, &hash); err != nil {
+			return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
+		}
+		if !bytes.Equal(hash, sum[:]) {
+			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
+			return StartResult{ID: existing}, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
+		}
+		sg, err := loadSaga(ctx, tx, existing, false)
+		if err != nil {
+			return StartResult{}, err
+		}
+		cl.c.metrics.Duplicates.WithLabelValues(metrics.LayerStart).Inc()
+		return StartResult{ID: existing, State: sg.State, Duplicate: true}, nil
+	}
+
+	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
+	if err := cl.c.dispatch(ctx, tx, sg, registered, 0, saga.PhaseForward); err != nil {
+		return StartResult{}, err
+	}
+	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
+	return StartResult{ID: id, State: saga.StateInit}, nil
+}
+
+func validKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("idemsaga: idempotency key is empty; give the business identifier of this intent (such as a transfer request number)")
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("idemsaga: idempotency key is %d bytes; keep it within %d", len(key), MaxKeyLength)
+	case !utf8.ValidString(key):
+		return errors.New("idemsaga: idempotency key is not valid UTF-8")
+	}
+	return nil
+}
+
+// Get returns the saga with the given ID, with its step executions.
+func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
+	sg, err := loadSaga(ctx, cl.c.pool, id, false)
+	if err != nil {
+		return nil, err
+	}
+	return sg, cl.loadSteps(ctx, sg)
+}
+
+// GetByKey returns the saga of def started with key, with its steps.
+func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.Instance, error) {
+	sg, err := scanSaga(cl.c.pool.QueryRow(ctx, selectSagaByKeyFull, definition, key))
+	if err != nil {
+		return nil, err
+	}
+	return sg, cl.loadSteps(ctx, sg)
+}
+
+// Lookup finds a saga by ID, or by idempotency key across definitions. A
+// key used by several definitions is an error that lists them.
+func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, error) {
+	if id, err := uuid.Parse(idOrKey); err == nil {
+		sg, err := cl.Get(ctx, id)
+		if !errors.Is(err, saga.ErrNotFound) {
+			return sg, err
+		}
+	}
+	rows, err := cl.c.pool.Query(ctx, selectSagasByKey, idOrKey)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: look up %q: %w", idOrKey, err)
+	}
+	var found []*saga.Instance
+	for rows.Next() {
+		sg, err := scanSaga(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		found = append(found, sg)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemsaga: look up %q: %w", idOrKey, err)
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("%w: no saga has ID or key %q", saga.ErrNotFound, idOrKey)
+	case 1:
+		return found[0], cl.loadSteps(ctx, found[0])
+	default:
+		names := make([]string, len(found))
+		for i, f := range found {
+			names[i] = f.Definition
+		}
+		return nil, fmt.Errorf("idemsaga: key %q names sagas of several definitions %v; use the saga ID", idOrKey, names)
+	}
+}
+
+func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
+	rows, err := cl.c.pool.Query(ctx, selectSteps, sg.ID)
+	if err != nil {
+		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
+	}
+	defer rows.Close()
+	sg.Steps = sg.Steps[:0]
+	for rows.Next() {
+		var s saga.StepExecution
+		var phase, status string
+		if err := rows.Scan(&s.Step, &phase, &s.Index, &s.Key, &status, &s.Attempt, &s.LeaseUntil,
+			&s.NextAttemptAt, &s.LastError, &s.Result, &s.CreatedAt, &s.UpdatedAt); err != nil {
+			return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
+		}
+		s.Phase, s.Status = saga.Phase(phase), saga.StepStatus(status)
+		sg.Steps = append(sg.Steps, s)
+	}
+	return rows.Err()
+}
+
+// Wait polls the saga until it reaches a terminal state or ctx ends.
+func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
+	delay := 2 * time.Millisecond
+	for {
+		sg, err := loadSaga(ctx, cl.c.pool, id, false)
+		if err != nil {
+			return nil, err
+		}
+		if sg.Finished() {
+			return sg, cl.loadSteps(ctx, sg)
+		}
+		select {
+		case <-ctx.Done():
+			return sg, fmt.Errorf("idemsaga: saga %s still %q: %w", id, sg.State, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 100*time.Millisecond)
+	}
+}

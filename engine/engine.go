@@ -1,0 +1,335 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsaga/idemsaga/internal/broker"
+	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/migrations"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+// Defaults of Config.
+const (
+	StreamDefault           = "IDEMSAGA"
+	SubjectPrefixDefault    = "idemsaga"
+	StepConcurrencyDefault  = 8
+	ReplyConcurrencyDefault = 4
+	LeaseGraceDefault       = 30 * time.Second
+	ReapIntervalDefault     = 100 * time.Millisecond
+	ReapBatchDefault        = 100
+	AckWaitDefault          = 60 * time.Second
+)
+
+// Config configures an Engine. Only Pool, NATS and Definitions are required.
+type Config struct {
+	// Pool is the PostgreSQL database holding the engine's tables (schema
+	// idemsaga; apply migrations first). Required.
+	Pool *pgxpool.Pool
+	// NATS is a connection to a server with JetStream enabled. Required by
+	// New; NewClient does not need it.
+	NATS *nats.Conn
+	// Definitions are the sagas this engine runs. Every process sharing a
+	// database must run the same definitions. Required.
+	Definitions []*saga.Definition
+	// Stream is the JetStream stream name. Defaults to StreamDefault.
+	Stream string
+	// SubjectPrefix prefixes every subject of the stream. Defaults to
+	// SubjectPrefixDefault.
+	SubjectPrefix string
+	// StepConcurrency is the number of step commands a process handles at
+	// once. Defaults to StepConcurrencyDefault.
+	StepConcurrency int
+	// ReplyConcurrency is the number of replies a process applies at once.
+	// Defaults to ReplyConcurrencyDefault.
+	ReplyConcurrency int
+	// LeaseGrace is added to a step's Timeout to make its lease: how long a
+	// dispatched attempt may go without a reply before it is dispatched
+	// again. It must cover the time a command can wait in the queue.
+	// Defaults to LeaseGraceDefault.
+	LeaseGrace time.Duration
+	// ReapInterval is how often due retries and expired leases are looked
+	// for. Defaults to ReapIntervalDefault.
+	ReapInterval time.Duration
+	// AckWait is how long JetStream waits for an ack before redelivering.
+	// Defaults to AckWaitDefault.
+	AckWait time.Duration
+	// RelayBatch is the outbox relay's batch size. Defaults to
+	// outbox.BatchSizeDefault.
+	RelayBatch int
+	// RelayPollInterval is how often the relay looks for rows without a
+	// wake-up. Defaults to outbox.PollIntervalDefault.
+	RelayPollInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the engine's metrics. Nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+var subjectToken = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+func (c *Config) validate(needNATS bool) error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("idemsaga: Config.Pool is required: open one with pgxpool.New(ctx, DATABASE_URL)")
+	case needNATS && c.NATS == nil:
+		return errors.New("idemsaga: Config.NATS is required: connect with nats.Connect(NATS_URL)")
+	case len(c.Definitions) == 0:
+		return errors.New("idemsaga: Config.Definitions is empty: give the engine the sagas it runs")
+	case c.StepConcurrency < 0, c.ReplyConcurrency < 0, c.RelayBatch < 0:
+		return errors.New("idemsaga: Config.StepConcurrency, ReplyConcurrency and RelayBatch must not be negative")
+	case c.LeaseGrace < 0, c.ReapInterval < 0, c.AckWait < 0, c.RelayPollInterval < 0:
+		return errors.New("idemsaga: Config.LeaseGrace, ReapInterval, AckWait and RelayPollInterval must not be negative")
+	}
+	if c.Stream == "" {
+		c.Stream = StreamDefault
+	}
+	if !streamName.MatchString(c.Stream) {
+		return fmt.Errorf("idemsaga: Config.Stream %q must be letters, digits, '_' or '-'", c.Stream)
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = SubjectPrefixDefault
+	}
+	if !subjectToken.MatchString(c.SubjectPrefix) {
+		return fmt.Errorf("idemsaga: Config.SubjectPrefix %q must be dot-separated tokens of letters, digits, '_' or '-'", c.SubjectPrefix)
+	}
+	if c.StepConcurrency == 0 {
+		c.StepConcurrency = StepConcurrencyDefault
+	}
+	if c.ReplyConcurrency == 0 {
+		c.ReplyConcurrency = ReplyConcurrencyDefault
+	}
+	if c.LeaseGrace == 0 {
+		c.LeaseGrace = LeaseGraceDefault
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = ReapIntervalDefault
+	}
+	if c.AckWait == 0 {
+		c.AckWait = AckWaitDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	seen := map[string]bool{}
+	for _, d := range c.Definitions {
+		if d == nil {
+			return errors.New("idemsaga: Config.Definitions holds a nil definition")
+		}
+		if seen[d.Name()] {
+			return fmt.Errorf("idemsaga: Config.Definitions names %q twice", d.Name())
+		}
+		seen[d.Name()] = true
+	}
+	return nil
+}
+
+func newCore(cfg *Config) (*core, error) {
+	m, err := metrics.New(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	defs := make(map[string]*saga.Definition, len(cfg.Definitions))
+	for _, d := range cfg.Definitions {
+		defs[d.Name()] = d
+	}
+	return &core{
+		pool: cfg.Pool, defs: defs, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
+		leaseGrace: cfg.LeaseGrace, metrics: m, log: cfg.Logger,
+	}, nil
+}
+
+// NewClient returns a client that starts and reads sagas without running
+// any worker. It uses Pool, Definitions, SubjectPrefix, LeaseGrace and
+// Registerer of cfg.
+func NewClient(cfg Config) (*Client, error) {
+	if err := cfg.validate(false); err != nil {
+		return nil, err
+	}
+	c, err := newCore(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{c: c}, nil
+}
+
+// Engine is one worker process's share of the work: the outbox relay, the
+// step workers, the orchestrator and the reaper of due retries and expired
+// leases. Any number of engines may share one database and one stream.
+type Engine struct {
+	cfg    Config
+	c      *core
+	client *Client
+	relay  *outbox.Relay
+	worker *steps.Worker
+	runner lifecycle.Runner
+}
+
+// New returns an engine; Start runs it.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	c, err := newCore(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{cfg: cfg, c: c, client: &Client{c: c}}, nil
+}
+
+// Client returns a client whose starts wake this engine's relay at once.
+func (e *Engine) Client() *Client { return e.client }
+
+// ApplyReply records one reply; exposed for tools and tests. The engine's
+// orchestrator calls it for every reply it consumes.
+func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+	return e.c.ApplyReply(ctx, r)
+}
+
+// ReapOnce runs one pass of the reaper; exposed for tools and tests.
+func (e *Engine) ReapOnce(ctx context.Context) (int, error) {
+	return e.c.ReapOnce(ctx, ReapBatchDefault)
+}
+
+// Start checks the database (reachable, migrated) and the broker, creates
+// the stream and durable consumers if missing, and runs everything in the
+// background until Stop. It returns at once.
+func (e *Engine) Start(ctx context.Context) error {
+	if err := e.cfg.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
+	}
+	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
+		return err
+	}
+	js, err := jetstream.New(e.cfg.NATS, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return fmt.Errorf("idemsaga: JetStream: %w", err)
+	}
+	subjects := wire.Subjects{Prefix: e.cfg.SubjectPrefix}
+	stream, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{subjects.All()}})
+	if err != nil {
+		return fmt.Errorf("idemsaga: %w (check NATS_URL and that nats-server runs with -js)", err)
+	}
+	stepCons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{
+		Durable: e.cfg.Stream + "_steps", Filter: subjects.AllCommands(), AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+	})
+	if err != nil {
+		return fmt.Errorf("idemsaga: %w", err)
+	}
+	replyCons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{
+		Durable: e.cfg.Stream + "_orchestrator", Filter: subjects.AllReplies(), AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+	})
+	if err != nil {
+		return fmt.Errorf("idemsaga: %w", err)
+	}
+
+	m := e.c.metrics
+	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
+		Pool: e.cfg.Pool, JetStream: js, BatchSize: e.cfg.RelayBatch, PollInterval: e.cfg.RelayPollInterval,
+		Logger: e.cfg.Logger,
+		OnPublishFunc: func(rows, dups int, took time.Duration) {
+			m.OutboxPublished.Add(float64(rows))
+			m.Duplicates.WithLabelValues(metrics.LayerBroker).Add(float64(dups))
+			m.RelayBatchSeconds.Observe(took.Seconds())
+		},
+	})
+	if err != nil {
+		return err
+	}
+	e.c.notify = e.relay.Notify
+	e.worker, err = steps.New(steps.Config{
+		Pool: e.cfg.Pool, Consumer: stepCons, Subjects: subjects, Definitions: e.cfg.Definitions,
+		Concurrency: e.cfg.StepConcurrency, Logger: e.cfg.Logger, Metrics: m, CommittedFunc: e.relay.Notify,
+	})
+	if err != nil {
+		return err
+	}
+	if err := e.relay.Start(ctx); err != nil {
+		return err
+	}
+	if err := e.worker.Start(ctx); err != nil {
+		_ = e.relay.Stop(ctx)
+		return err
+	}
+	return e.runner.Start(ctx,
+		func(ctx context.Context) {
+			broker.Pool(ctx, e.cfg.Logger, replyCons, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
+		},
+		e.reapLoop,
+	)
+}
+
+func (e *Engine) reapLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for {
+			n, err := e.c.ReapOnce(context.WithoutCancel(ctx), ReapBatchDefault)
+			if err != nil {
+				e.cfg.Logger.Warn("reaper: pass failed; will retry", "error", err)
+			}
+			if n < ReapBatchDefault || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+}
+
+// Stop drains: consumers stop fetching and finish the messages in hand,
+// then the reaper stops, then the relay publishes what was committed and
+// stops. Work not finished by ctx's deadline is left to lease expiry.
+// Calling Stop twice is fine.
+func (e *Engine) Stop(ctx context.Context) error {
+	var errs []error
+	if e.worker != nil {
+		errs = append(errs, e.worker.Stop(ctx))
+	}
+	errs = append(errs, e.runner.Stop(ctx))
+	if e.relay != nil {
+		if _, err := e.relay.RelayOnce(ctx); err != nil && ctx.Err() == nil {
+			e.cfg.Logger.Warn("relay: final flush failed; rows stay in the outbox for the next relay", "error", err)
+		}
+		errs = append(errs, e.relay.Stop(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: database unreachable: %w", err)
+	}
+	defer conn.Release()
+	have, err := migrations.Current(ctx, conn.Conn())
+	if err != nil {
+		return fmt.Errorf("idemsaga: read migration version: %w", err)
+	}
+	want, err := migrations.Latest()
+	if err != nil {
+		return err
+	}
+	if have < want {
+		return fmt.Errorf("idemsaga: database schema is at version %d, the engine needs %d: run `worker migrate` first", have, want)
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Verdict says what applying a reply did.
+type Verdict string
+
+// Verdicts of ApplyReply.
+const (
+	// VerdictApplied: the reply moved the step and the saga.
+	VerdictApplied Verdict = "applied"
+	// VerdictDuplicate: the step already had this outcome; nothing changed.
+	VerdictDuplicate Verdict = "duplicate"
+	// VerdictStale: the reply belongs to an older attempt; nothing changed.
+	VerdictStale Verdict = "stale"
+	// VerdictMissing: the saga or step no longer exists; nothing changed.
+	VerdictMissing Verdict = "missing"
+)
+
+type stepRow struct {
+	index   int
+	phase   saga.Phase
+	status  saga.StepStatus
+	attempt int
+}
+
+// judge decides, from the step's stored row alone, whether a reply may be
+// applied. It is pure so that it can be tested exhaustively.
+func judge(st stepRow, r wire.Reply) Verdict {
+	switch {
+	case r.Attempt > st.attempt:
+		// A reply from the future cannot exist: its command was never
+		// dispatched. Treat it as stale rather than trust it.
+		return VerdictStale
+	case r.Attempt < st.attempt:
+		return VerdictStale
+	case st.status == saga.StepSucceeded || st.status == saga.StepFailed || st.status == saga.StepRetrying:
+		return VerdictDuplicate
+	default:
+		return VerdictApplied
+	}
+}
+
+// ApplyReply records one reply in one transaction: the step's outcome, the
+// saga's transition and the next command. It is idempotent: a duplicate or
+// stale reply changes nothing.
+func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+	def, err := c.definition(r.Definition)
+	if err != nil {
+		return "", err
+	}
+	idx := def.StepIndex(r.Step)
+	if idx < 0 {
+		return "", fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
+	}
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	sg, err := loadSaga(ctx, tx, r.SagaID, true)
+	if errors.Is(err, saga.ErrNotFound) {
+		return VerdictMissing, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var st stepRow
+	var phase, status string
+	err = tx.QueryRow(ctx, selectStepByKey, r.Key).Scan(&st.index, &phase, &status, &st.attempt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return VerdictMissing, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read step: %w", err)
+	}
+	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
+
+	v := judge(st, r)
+	if v != VerdictApplied {
+		return v, nil
+	}
+	fx := &effects{}
+	if err := c.apply(ctx, tx, sg, def, idx, r, fx); err != nil {
+		return "", err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	c.emit(fx)
+	return VerdictApplied, nil
+}
+
+func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, r wire.Reply, fx *effects) error {
+	policy := policyOf(def, idx, r.Phase)
+	outcome := r.Outcome
+	if outcome == wire.OutcomeRetry && r.Attempt >= policy.MaxAttempts {
+		outcome = wire.OutcomeFailed
+		r.Error = fmt.Sprintf("%d attempts exhausted; last error: %s", r.Attempt, r.Error)
+	}
+
+	switch outcome {
+	case wire.OutcomeSucceeded:
+		if err := c.finishStep(ctx, tx, r.Key, r.Attempt, saga.StepSucceeded, r.Result, ""); err != nil {
+			return err
+		}
+		if r.Phase == saga.PhaseCompensate {
+			return c.compensateNext(ctx, tx, sg, def, idx, fx)
+		}
+		step := def.Step(idx)
+		last := idx == def.Len()-1
+		if err := c.transition(ctx, tx, sg, step.Reaches, last, nil, &step.Name, r.Result, fx); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+		return c.dispatch(ctx, tx, sg, def, idx+1, saga.PhaseForward)
+
+	case wire.OutcomeRetry:
+		delay := policy.Backoff(r.Attempt)
+		if r.RetryAfterMillis > 0 {
+			delay = time.Duration(r.RetryAfterMillis) * time.Millisecond
+		}
+		tag, err := tx.Exec(ctx, scheduleRetry, r.Key, r.Attempt, r.Error, delay.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("schedule retry: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
+		}
+		c.metrics.RetriesScheduled.WithLabelValues(def.Name(), r.Step, string(r.Phase)).Inc()
+		return nil
+
+	default: // failed
+		if err := c.finishStep(ctx, tx, r.Key, r.Attempt, saga.StepFailed, nil, r.Error); err != nil {
+			return err
+		}
+		if r.Phase == saga.PhaseCompensate {
+			return c.giveUp(ctx, tx, sg, def, idx, r.Error, fx)
+		}
+		return c.compensate(ctx, tx, sg, def, idx, r.Error, fx)
+	}
+}
+
+func (c *core) finishStep(ctx context.Context, tx pgx.Tx, key any, attempt int, status saga.StepStatus, result []byte, errText string) error {
+	var e any
+	if errText != "" {
+		e = errText
+	}
+	tag, err := tx.Exec(ctx, finishStep, key, attempt, status, nullJSON(result), e)
+	if err != nil {
+		return fmt.Errorf("finish step: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
+	}
+	return nil
+}
+
+// handleReplyMsg is the orchestrator's JetStream handler: apply, then ack.
+func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
+	r, err := wire.DecodeReply(msg.Data())
+	if err != nil {
+		c.log.Error("orchestrator: dropping undecodable reply", "subject", msg.Subject(), "error", err)
+		_ = msg.Term()
+		return
+	}
+	v, err := c.ApplyReply(ctx, r)
+	if err != nil {
+		c.log.Warn("orchestrator: reply not applied; it will be redelivered",
+			"saga_id", r.SagaID, "step", r.Step, "phase", r.Phase, "attempt", r.Attempt, "error", err)
+		_ = msg.NakWithDelay(200 * time.Millisecond)
+		return
+	}
+	switch v {
+	case VerdictDuplicate:
+		c.metrics.Duplicates.WithLabelValues(metrics.LayerOrchestrator).Inc()
+	case VerdictStale:
+		c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc()
+	case VerdictMissing:
+		c.log.Warn("orchestrator: reply for a saga or step that does not exist; dropped", "saga_id", r.SagaID, "step", r.Step)
+	}
+	_ = msg.Ack()
+}

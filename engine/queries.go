@@ -1,0 +1,82 @@
+package engine
+
+const (
+	insertSaga = `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
+values ($1, $2, $3, $4, $5, 'init')
+on conflict (definition, idem_key) do nothing`
+
+	selectSagaByKey = `select id, input_hash from idemsaga.sagas where definition = $1 and idem_key = $2`
+
+	sagaColumns = `id, definition, idem_key, state, version, input, results, coalesce(error, ''),
+created_at, updated_at, finished_at`
+
+	selectSagaByID       = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1`
+	selectSagaByIDLocked = selectSagaByID + ` for update`
+	selectSagaByKeyFull  = `select ` + sagaColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
+	selectSagasByKey     = `select ` + sagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
+
+	selectSteps = `select step, phase, step_index, key, status, attempt, lease_until, next_attempt_at,
+coalesce(last_error, ''), result, created_at, updated_at
+from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
+
+	selectStepByKey = `select step_index, phase, status, attempt from idemsaga.steps where key = $1 for update`
+
+	// transitionSaga is the one way a saga's state changes: conditional on
+	// the state and version the caller read.
+	transitionSaga = `update idemsaga.sagas set
+    state = $3,
+    version = version + 1,
+    updated_at = now(),
+    finished_at = case when $4::bool then now() else finished_at end,
+    error = coalesce($5::text, error),
+    results = case when $6::text is null then results else results || jsonb_build_object($6::text, coalesce($7::jsonb, 'null'::jsonb)) end
+where id = $1 and state = $2 and version = $8
+returning version`
+
+	probeSaga = `select state, version from idemsaga.sagas where id = $1`
+
+	// insertStep dispatches attempt 1 of a (saga, step, phase).
+	insertStep = `insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
+values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond')
+on conflict (saga_id, step, phase) do nothing`
+
+	// redispatchStep starts the next attempt, fenced by the attempt seen.
+	redispatchStep = `update idemsaga.steps set
+    status = 'dispatched', attempt = attempt + 1,
+    lease_until = now() + $3 * interval '1 millisecond',
+    next_attempt_at = null, updated_at = now()
+where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+returning attempt`
+
+	finishStep = `update idemsaga.steps set
+    status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
+where key = $1 and attempt = $2 and status = 'dispatched'`
+
+	scheduleRetry = `update idemsaga.steps set
+    status = 'retrying', last_error = $3, lease_until = null,
+    next_attempt_at = now() + $4 * interval '1 millisecond', updated_at = now()
+where key = $1 and attempt = $2 and status = 'dispatched'`
+
+	// The reaper's two hot queries, each matching its partial index. They
+	// only find candidates; each is then re-checked under the saga's lock.
+	dueRetries = `select st.key from idemsaga.steps st
+where st.status = 'retrying' and st.next_attempt_at <= now()
+order by st.next_attempt_at limit $1`
+
+	expiredLeases = `select st.key from idemsaga.steps st
+where st.status = 'dispatched' and st.lease_until < now()
+order by st.lease_until limit $1`
+
+	// lockSagaOfStep locks the saga first (the orchestrator takes the same
+	// order: saga, then step, so the two never deadlock), skipping a saga
+	// another process holds.
+	lockSagaOfStep = `select s.id from idemsaga.sagas s
+join idemsaga.steps st on st.saga_id = s.id
+where st.key = $1
+for update of s skip locked`
+
+	selectStepForReap = `select step_index, phase, status, attempt,
+(status = 'retrying' and next_attempt_at <= now()) as due,
+(status = 'dispatched' and lease_until < now()) as expired
+from idemsaga.steps where key = $1 for update`
+)

@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// ReapOnce dispatches the retries that are due and takes over the steps
+// whose lease expired, at most limit of each. It returns how many steps it
+// moved. Many processes may run it at once: each candidate is re-checked
+// under its saga's row lock, and every write is fenced by the attempt.
+func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
+	var keys []uuid.UUID
+	for _, q := range []string{dueRetries, expiredLeases} {
+		rows, err := c.pool.Query(ctx, q, limit)
+		if err != nil {
+			return 0, fmt.Errorf("find due steps: %w", err)
+		}
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return 0, fmt.Errorf("find due steps: %w", err)
+		}
+		keys = append(keys, ks...)
+	}
+	moved := 0
+	var firstErr error
+	for _, k := range keys {
+		ok, err := c.reapStep(ctx, k)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if ok {
+			moved++
+		}
+	}
+	return moved, firstErr
+}
+
+func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	var sagaID uuid.UUID
+	err = tx.QueryRow(ctx, lockSagaOfStep, key).Scan(&sagaID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil // another process holds the saga, or it is gone
+	}
+	if err != nil {
+		return false, fmt.Errorf("lock saga of step %s: %w", key, err)
+	}
+	var st stepRow
+	var phase, status string
+	var due, expired bool
+	if err := tx.QueryRow(ctx, selectStepForReap, key).Scan(&st.index, &phase, &status, &st.attempt, &due, &expired); err != nil {
+		return false, fmt.Errorf("read step %s: %w", key, err)
+	}
+	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
+	if !due && !expired {
+		return false, nil // moved on since we looked
+	}
+	sg, err := loadSaga(ctx, tx, sagaID, false)
+	if err != nil {
+		return false, err
+	}
+	def, err := c.definition(sg.Definition)
+	if err != nil {
+		return false, err
+	}
+	step := def.Step(st.index)
+	policy := policyOf(def, st.index, st.phase)
+	fx := &effects{}
+
+	switch {
+	case due || st.attempt < policy.MaxAttempts:
+		// A due retry, or a lease takeover with attempts left: the next
+		// attempt goes out with the same key.
+		ok, err := c.redispatch(ctx, tx, sg, def, st.index, st.phase, st.attempt)
+		if err != nil || !ok {
+			return false, err
+		}
+		if expired {
+			c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
+			c.log.Info("lease expired; step dispatched again", "saga_id", sg.ID, "step", step.Name, "phase", st.phase, "attempt", st.attempt+1)
+		}
+	default:
+		// The last attempt's lease expired with no reply: the outcome is
+		// unknown. Give the step up; its compensation tombstones the key
+		// first, so a late delivery does nothing.
+		c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
+		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
+		if err := c.finishStep(ctx, tx, key, st.attempt, saga.StepFailed, nil, reason); err != nil {
+			return false, err
+		}
+		if st.phase == saga.PhaseCompensate {
+			err = c.giveUp(ctx, tx, sg, def, st.index, reason, fx)
+		} else {
+			err = c.compensate(ctx, tx, sg, def, st.index, reason, fx)
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	c.emit(fx)
+	return true, nil
+}

@@ -1,0 +1,159 @@
+package transfer
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/migrations"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Schema holds the example's tables.
+const Schema = "transfer"
+
+// Migrate creates or updates the transfer tables.
+func Migrate(ctx context.Context, conn *pgx.Conn) error {
+	sub, err := fsSub(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	return migrations.Apply(ctx, conn, Schema, sub)
+}
+
+// Input is a transfer's saga input.
+type Input struct {
+	From   int64 `json:"from"`
+	To     int64 `json:"to"`
+	Amount int64 `json:"amount"`
+}
+
+// Validate rejects a transfer that can never succeed, before anything is
+// written.
+func (in Input) Validate() error {
+	switch {
+	case in.Amount <= 0:
+		return fmt.Errorf("transfer: amount must be positive, got %d", in.Amount)
+	case in.From == in.To:
+		return fmt.Errorf("transfer: source and destination are the same account (%d)", in.From)
+	}
+	return nil
+}
+
+// Entry is what a step reports: the ledger line it wrote.
+type Entry struct {
+	Account int64 `json:"account"`
+	Amount  int64 `json:"amount"`
+}
+
+// Errors a transfer can end with. They are permanent: retrying cannot help.
+var (
+	ErrInsufficientFunds  = errors.New("insufficient funds")
+	ErrSourceUnavailable  = errors.New("source account missing or frozen")
+	ErrDestinationMissing = errors.New("destination account missing or frozen")
+)
+
+// Step and state names.
+const (
+	StepDeduct               = "deduct"
+	StepCredit               = "credit"
+	StepRefund               = "refund"
+	StateDeducted saga.State = "deducted"
+	StateCredited saga.State = "credited"
+)
+
+// NewDefinition returns the transfer saga with the given retry policy for
+// every step (zero fields take the defaults).
+func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
+	return saga.New("transfer",
+		saga.Step{
+			Name:            StepDeduct,
+			Reaches:         StateDeducted,
+			Forward:         saga.Handle(deduct),
+			Compensate:      saga.Handle(refund),
+			Retry:           policy,
+			CompensateRetry: policy,
+		},
+		saga.Step{
+			Name:    StepCredit,
+			Reaches: StateCredited,
+			Forward: saga.Handle(credit),
+			Retry:   policy,
+		},
+	)
+}
+
+// Definition is the transfer saga with default retry policies.
+var Definition = func() *saga.Definition {
+	d, err := NewDefinition(saga.RetryPolicy{})
+	if err != nil {
+		panic(err)
+	}
+	return d
+}()
+
+func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
+	if err := in.Validate(); err != nil {
+		return Entry{}, saga.Permanent(err)
+	}
+	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount)
+	if err != nil {
+		return Entry{}, err
+	}
+	if tag.RowsAffected() == 0 {
+		var frozen bool
+		err := sc.Tx.QueryRow(ctx, accountSQL, in.From).Scan(&frozen)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && frozen) {
+			return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrSourceUnavailable, in.From))
+		}
+		if err != nil {
+			return Entry{}, err
+		}
+		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d cannot pay %d", ErrInsufficientFunds, in.From, in.Amount))
+	}
+	return writeLedger(ctx, sc, StepDeduct, in.From, -in.Amount)
+}
+
+func credit(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
+	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount)
+	if err != nil {
+		return Entry{}, err
+	}
+	if tag.RowsAffected() == 0 {
+		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
+	}
+	return writeLedger(ctx, sc, StepCredit, in.To, in.Amount)
+}
+
+func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
+	// Refund what the deduction took, as recorded in its result.
+	var taken Entry
+	if ok, err := sc.DecodeResult(StepDeduct, &taken); err != nil {
+		return Entry{}, err
+	} else if !ok {
+		taken = Entry{Account: in.From, Amount: -in.Amount}
+	}
+	// A refund must land even on a frozen account: it returns the
+	// customer's own money.
+	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount)
+	if err != nil {
+		return Entry{}, err
+	}
+	if tag.RowsAffected() == 0 {
+		return Entry{}, saga.Permanent(fmt.Errorf("refund: account %d no longer exists", taken.Account))
+	}
+	return writeLedger(ctx, sc, StepRefund, taken.Account, -taken.Amount)
+}
+
+func writeLedger(ctx context.Context, sc *saga.StepContext, step string, account, amount int64) (Entry, error) {
+	if _, err := sc.Tx.Exec(ctx, ledgerSQL, sc.SagaID, step, account, amount); err != nil {
+		return Entry{}, fmt.Errorf("write ledger: %w", err)
+	}
+	return Entry{Account: account, Amount: amount}, nil
+}

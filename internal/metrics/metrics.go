@@ -1,0 +1,108 @@
+// Package metrics holds the engine's Prometheus collectors. Labels are low
+// cardinality only: definition, step, phase, outcome, layer; never a saga
+// ID or key.
+package metrics
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "idemsaga"
+
+// Layers at which duplicates are absorbed.
+const (
+	LayerStart        = "start"
+	LayerBroker       = "broker"
+	LayerInbox        = "inbox"
+	LayerOrchestrator = "orchestrator"
+)
+
+// Metrics is the set of collectors one engine updates.
+type Metrics struct {
+	SagasStarted      *prometheus.CounterVec
+	KeyReused         *prometheus.CounterVec
+	SagasFinished     *prometheus.CounterVec
+	SagaDuration      *prometheus.HistogramVec
+	StepAttempts      *prometheus.CounterVec
+	StepHandler       *prometheus.HistogramVec
+	Duplicates        *prometheus.CounterVec
+	StaleReplies      *prometheus.CounterVec
+	LeaseTakeovers    *prometheus.CounterVec
+	RetriesScheduled  *prometheus.CounterVec
+	OutboxPublished   prometheus.Counter
+	RelayBatchSeconds prometheus.Histogram
+}
+
+// New builds the collectors and registers them with reg. A nil reg keeps
+// them unregistered (still safe to update).
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		SagasStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "sagas_started_total",
+			Help: "Sagas created by Start (duplicates of an existing saga are not counted here).",
+		}, []string{"definition"}),
+		KeyReused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "idempotency_key_reused_total",
+			Help: "Start calls rejected because the key was already used with a different input.",
+		}, []string{"definition"}),
+		SagasFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "sagas_finished_total",
+			Help: "Sagas that reached a terminal state, by outcome (completed, compensated, failed).",
+		}, []string{"definition", "outcome"}),
+		SagaDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "saga_duration_seconds",
+			Help:    "Time from a saga's creation to its terminal state.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}, []string{"definition", "outcome"}),
+		StepAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "step_attempts_total",
+			Help: "Step attempts run by step workers, by phase and outcome (succeeded, failed, retry, duplicate).",
+		}, []string{"definition", "step", "phase", "outcome"}),
+		StepHandler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "step_handler_seconds",
+			Help:    "Time spent in step handlers, transaction included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"definition", "step", "phase"}),
+		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "duplicates_absorbed_total",
+			Help: "Duplicates absorbed, by layer: start (same key and input), broker (Nats-Msg-Id), inbox (step key), orchestrator (reply already applied).",
+		}, []string{"layer"}),
+		StaleReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "stale_replies_total",
+			Help: "Replies of an older attempt, ignored.",
+		}, []string{"definition", "step", "phase"}),
+		LeaseTakeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "lease_takeovers_total",
+			Help: "Dispatched steps whose lease expired without a reply and were dispatched again or given up.",
+		}, []string{"definition", "step", "phase"}),
+		RetriesScheduled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "retries_scheduled_total",
+			Help: "Step retries scheduled after a retryable failure.",
+		}, []string{"definition", "step", "phase"}),
+		OutboxPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "outbox_published_total",
+			Help: "Outbox rows published to JetStream and marked.",
+		}),
+		RelayBatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "relay_publish_seconds",
+			Help:    "Time to publish one relay batch and receive the broker's acks.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{
+		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
+		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
+		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)
+		}
+	}
+	return m, nil
+}

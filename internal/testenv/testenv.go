@@ -1,0 +1,218 @@
+// Package testenv gives tests real infrastructure, isolated per test: a
+// fresh PostgreSQL database cloned from a migrated template, and an
+// in-process NATS server with JetStream in a temporary folder.
+//
+// PostgreSQL is found through TEST_DATABASE_URL, then DATABASE_URL, then
+// postgres://postgres@127.0.0.1:5432/postgres. Missing infrastructure fails
+// the test; it never skips.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/migrations"
+)
+
+// AdminURL returns the URL of the maintenance database.
+func AdminURL() string {
+	for _, k := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+var (
+	templateOnce sync.Once
+	templateName string
+	templateErr  error
+)
+
+func randomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func withDatabase(url, db string) (string, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", err
+	}
+	cfg.Database = db
+	// Rebuild as a keyword/value string pgx understands.
+	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, db) + passwordPart(cfg.Password), nil
+}
+
+func passwordPart(p string) string {
+	if p == "" {
+		return ""
+	}
+	return " password='" + strings.ReplaceAll(p, "'", `\'`) + "'"
+}
+
+// template creates, once per test process, a database with every
+// migration applied; test databases are cloned from it.
+func template(ctx context.Context) (string, error) {
+	templateOnce.Do(func() {
+		templateName = "idemsaga_tmpl_" + randomSuffix()
+		admin, err := pgx.Connect(ctx, AdminURL())
+		if err != nil {
+			templateErr = fmt.Errorf("connect to PostgreSQL at %s (run scripts/ensure-postgres.sh): %w", AdminURL(), err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "create database "+templateName); err != nil {
+			templateErr = fmt.Errorf("create template database: %w", err)
+			return
+		}
+		url, err := withDatabase(AdminURL(), templateName)
+		if err != nil {
+			templateErr = err
+			return
+		}
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			templateErr = err
+			return
+		}
+		defer conn.Close(ctx)
+		if err := migrations.Migrate(ctx, conn); err != nil {
+			templateErr = err
+			return
+		}
+		templateErr = transfer.Migrate(ctx, conn)
+	})
+	return templateName, templateErr
+}
+
+// Cleanup drops the template database. Call it from TestMain after m.Run.
+func Cleanup() {
+	if templateName == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		return
+	}
+	defer admin.Close(ctx)
+	_, _ = admin.Exec(ctx, "drop database if exists "+templateName+" with (force)")
+}
+
+// DB returns a pool on a new database holding the engine's and the
+// transfer example's tables, dropped when the test ends.
+func DB(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := DBWithURL(t)
+	return pool
+}
+
+// DBWithURL is DB that also returns the database's connection string, for
+// tests that start worker processes.
+func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tmpl, err := template(ctx)
+	if err != nil {
+		t.Fatalf("testenv: PostgreSQL is required: %v", err)
+	}
+	name := "idemsaga_test_" + randomSuffix()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("testenv: connect to PostgreSQL (run scripts/ensure-postgres.sh): %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "create database "+name+" template "+tmpl); err != nil {
+		t.Fatalf("testenv: create test database: %v", err)
+	}
+	url, err := withDatabase(AdminURL(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("testenv: open pool: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, AdminURL())
+		if err != nil {
+			t.Errorf("testenv: drop test database: %v", err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+			t.Errorf("testenv: drop test database: %v", err)
+		}
+	})
+	return pool, url
+}
+
+// NATS starts an in-process NATS server with JetStream on a free loopback
+// port, storing in a temporary folder, and returns it with a connection.
+// Both are shut down when the test ends.
+func NATS(t testing.TB) (*natsserver.Server, *nats.Conn) {
+	t.Helper()
+	srv := StartNATS(t, t.TempDir(), -1)
+	nc := Connect(t, srv.ClientURL())
+	return srv, nc
+}
+
+// StartNATS starts a JetStream server storing in dir on port (-1: any).
+func StartNATS(t testing.TB, dir string, port int) *natsserver.Server {
+	t.Helper()
+	srv, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		t.Fatalf("testenv: nats server: %v", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("testenv: nats server did not become ready")
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv
+}
+
+// Connect opens a client connection closed when the test ends.
+func Connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("testenv: connect to nats: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Name returns a unique stream name for a test.
+func Name(prefix string) string { return prefix + "_" + strings.ToUpper(randomSuffix()) }

@@ -1,0 +1,123 @@
+// Package wire defines the messages that travel between the orchestrator
+// and the step workers, and the subjects they travel on.
+package wire
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Command asks a step worker to run one attempt of one phase of a step.
+type Command struct {
+	SagaID     uuid.UUID                  `json:"saga_id"`
+	Definition string                     `json:"definition"`
+	Step       string                     `json:"step"`
+	Phase      saga.Phase                 `json:"phase"`
+	Key        uuid.UUID                  `json:"key"`
+	Attempt    int                        `json:"attempt"`
+	Input      json.RawMessage            `json:"input"`
+	Results    map[string]json.RawMessage `json:"results,omitempty"`
+	// ForwardKey is set on compensate commands: the key of the forward
+	// phase being undone, under which the worker records a tombstone.
+	ForwardKey uuid.UUID `json:"forward_key,omitzero"`
+}
+
+// Outcome is what a step worker reports.
+type Outcome string
+
+// Outcomes of an attempt.
+const (
+	// OutcomeSucceeded: the effect committed (or was already committed
+	// under this key).
+	OutcomeSucceeded Outcome = "succeeded"
+	// OutcomeFailed: a permanent failure; do not retry.
+	OutcomeFailed Outcome = "failed"
+	// OutcomeRetry: a retryable failure; nothing committed.
+	OutcomeRetry Outcome = "retry"
+)
+
+// Reply reports the outcome of one attempt back to the orchestrator.
+type Reply struct {
+	SagaID     uuid.UUID       `json:"saga_id"`
+	Definition string          `json:"definition"`
+	Step       string          `json:"step"`
+	Phase      saga.Phase      `json:"phase"`
+	Key        uuid.UUID       `json:"key"`
+	Attempt    int             `json:"attempt"`
+	Outcome    Outcome         `json:"outcome"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	// RetryAfterMillis is set when the handler asked for a delay.
+	RetryAfterMillis int64 `json:"retry_after_ms,omitempty"`
+	// Duplicate is true when the outcome came from the inbox, not from
+	// running the handler.
+	Duplicate bool `json:"duplicate,omitempty"`
+}
+
+// DecodeCommand parses and checks a command.
+func DecodeCommand(b []byte) (Command, error) {
+	var c Command
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("decode command: %w", err)
+	}
+	if c.SagaID == uuid.Nil || c.Definition == "" || c.Step == "" || !c.Phase.Valid() || c.Key == uuid.Nil || c.Attempt < 1 {
+		return c, fmt.Errorf("decode command: missing or invalid field in %s", truncate(b))
+	}
+	if c.Key != saga.StepKey(c.SagaID, c.Step, c.Phase) {
+		return c, fmt.Errorf("decode command: key %s does not match saga %s step %q phase %s", c.Key, c.SagaID, c.Step, c.Phase)
+	}
+	return c, nil
+}
+
+// DecodeReply parses and checks a reply.
+func DecodeReply(b []byte) (Reply, error) {
+	var r Reply
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("decode reply: %w", err)
+	}
+	if r.SagaID == uuid.Nil || r.Definition == "" || r.Step == "" || !r.Phase.Valid() || r.Key == uuid.Nil || r.Attempt < 1 {
+		return r, fmt.Errorf("decode reply: missing or invalid field in %s", truncate(b))
+	}
+	switch r.Outcome {
+	case OutcomeSucceeded, OutcomeFailed, OutcomeRetry:
+	default:
+		return r, fmt.Errorf("decode reply: unknown outcome %q", r.Outcome)
+	}
+	if r.Key != saga.StepKey(r.SagaID, r.Step, r.Phase) {
+		return r, fmt.Errorf("decode reply: key %s does not match saga %s step %q phase %s", r.Key, r.SagaID, r.Step, r.Phase)
+	}
+	return r, nil
+}
+
+func truncate(b []byte) string {
+	if len(b) > 200 {
+		return string(b[:200]) + "…"
+	}
+	return string(b)
+}
+
+// Subjects names the subjects of one engine deployment.
+type Subjects struct{ Prefix string }
+
+// Command is the subject of a step's commands.
+func (s Subjects) Command(definition, step string) string {
+	return s.Prefix + ".cmd." + definition + "." + step
+}
+
+// Reply is the subject of a definition's replies.
+func (s Subjects) Reply(definition string) string {
+	return s.Prefix + ".reply." + definition
+}
+
+// AllCommands filters every command subject.
+func (s Subjects) AllCommands() string { return s.Prefix + ".cmd.>" }
+
+// AllReplies filters every reply subject.
+func (s Subjects) AllReplies() string { return s.Prefix + ".reply.>" }
+
+// All filters every subject of the deployment.
+func (s Subjects) All() string { return s.Prefix + ".>" }

@@ -1,0 +1,84 @@
+// Package migrations holds the engine's SQL schema as numbered, embedded
+// files and applies them with github.com/jackc/tern/v2/migrate.
+//
+// Migrate is safe to call from many processes at once: it holds a
+// PostgreSQL advisory lock while it runs, and applies only what is missing.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Schema is the PostgreSQL schema that holds the engine's tables.
+const Schema = "idemsaga"
+
+// VersionTable records the applied migration version.
+const VersionTable = Schema + ".schema_version"
+
+// lockKey serializes concurrent Migrate calls across processes.
+const lockKey = 0x1de5a6a
+
+
+// Migrate applies every engine migration not yet applied.
+func Migrate(ctx context.Context, conn *pgx.Conn) error {
+	return Apply(ctx, conn, Schema, files)
+}
+
+// Latest returns the number of the newest engine migration.
+func Latest() (int32, error) {
+	names, err := migrate.FindMigrations(files)
+	if err != nil {
+		return 0, err
+	}
+	return int32(len(names)), nil
+}
+
+// Current returns the applied engine migration version, 0 when none.
+func Current(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	var v int32
+	err := conn.QueryRow(ctx, "select version from "+VersionTable).Scan(&v)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return 0, nil
+	}
+	return v, err
+}
+
+// Apply applies the numbered .sql files of fsys to schema, recording the
+// version in schema.schema_version. The schema is created when missing.
+// Other packages (such as the transfer example) use it for their own tables.
+func Apply(ctx context.Context, conn *pgx.Conn, schema string, fsys fs.FS) (err error) {
+	if _, err := conn.Exec(ctx, "select pg_advisory_lock($1)", int64(lockKey)); err != nil {
+		return fmt.Errorf("migrate %s: take the migration lock: %w", schema, err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), "select pg_advisory_unlock($1)", int64(lockKey)); uerr != nil && err == nil {
+			err = fmt.Errorf("migrate %s: release the migration lock: %w", schema, uerr)
+		}
+	}()
+	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("migrate %s: create schema: %w", schema, err)
+	}
+	m, err := migrate.NewMigrator(ctx, conn, schema+".schema_version")
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", schema, err)
+	}
+	if err := m.LoadMigrations(fsys); err != nil {
+		return fmt.Errorf("migrate %s: load migrations: %w", schema, err)
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrate %s: %w", schema, err)
+	}
+	return nil
+}

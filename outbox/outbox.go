@@ -1,0 +1,58 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Message is one row to publish.
+type Message struct {
+	// Subject is the JetStream subject.
+	Subject string
+	// MsgID goes into the Nats-Msg-Id header, so the broker drops a second
+	// copy of the same row within its dedup window.
+	MsgID string
+	// Payload is the message body.
+	Payload []byte
+	// Headers are extra message headers. Optional.
+	Headers map[string]string
+}
+
+// Write inserts msgs into the outbox inside the caller's transaction, so
+// they are published if and only if that transaction commits.
+func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	subjects := make([]string, len(msgs))
+	ids := make([]string, len(msgs))
+	payloads := make([][]byte, len(msgs))
+	headers := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		if m.Subject == "" || m.MsgID == "" {
+			return fmt.Errorf("outbox: message %d has an empty subject or message id", i)
+		}
+		subjects[i], ids[i], payloads[i] = m.Subject, m.MsgID, m.Payload
+		if len(m.Headers) > 0 {
+			h, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("outbox: encode headers: %w", err)
+			}
+			headers[i] = h
+		}
+	}
+	if len(msgs) == 1 {
+		_, err := tx.Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0])
+		if err != nil {
+			return fmt.Errorf("outbox: insert: %w", err)
+		}
+		return nil
+	}
+	if _, err := tx.Exec(ctx, insertMany, subjects, ids, payloads, headers); err != nil {
+		return fmt.Errorf("outbox: insert %d rows: %w", len(msgs), err)
+	}
+	return nil
+}

@@ -1,0 +1,22 @@
+package outbox
+
+const (
+	insertOne = `insert into idemsaga.outbox (subject, msg_id, payload, headers) values ($1, $2, $3, $4)`
+
+	insertMany = `insert into idemsaga.outbox (subject, msg_id, payload, headers)
+select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])`
+
+	// claimBatch takes unpublished rows by state, skipping rows another
+	// relay holds. Never "id > last seen": ids commit out of order.
+	claimBatch = `select id, subject, msg_id, payload, headers
+from idemsaga.outbox
+where published_at is null
+order by id
+limit $1
+for update skip locked`
+
+	markPublished = `update idemsaga.outbox set published_at = now() where id = any($1)`
+
+	backlog = `select count(*), coalesce(extract(epoch from now() - min(created_at)), 0)
+from idemsaga.outbox where published_at is null`
+)

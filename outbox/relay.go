@@ -1,0 +1,229 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemsaga/idemsaga/internal/lifecycle"
+)
+
+// Defaults of RelayConfig.
+const (
+	BatchSizeDefault      = 256
+	PollIntervalDefault   = 100 * time.Millisecond
+	PublishTimeoutDefault = 5 * time.Second
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Pool is the database holding the outbox. Required.
+	Pool *pgxpool.Pool
+	// JetStream publishes the rows. Required.
+	JetStream jetstream.JetStream
+	// BatchSize is the most rows claimed and published per transaction.
+	// Defaults to BatchSizeDefault.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows when nobody
+	// called Notify. Defaults to PollIntervalDefault.
+	PollInterval time.Duration
+	// PublishTimeout bounds the wait for the broker's acks of one batch.
+	// Defaults to PublishTimeoutDefault.
+	PublishTimeout time.Duration
+	// Logger receives errors. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnPublishFunc, if set, is called after each committed batch with the
+	// number of rows marked published, how many of them the broker reported
+	// as duplicates (dropped by its Nats-Msg-Id window), and how long
+	// publishing took.
+	OnPublishFunc func(rows, duplicates int, took time.Duration)
+}
+
+func (c *RelayConfig) validate() error {
+	if c.Pool == nil {
+		return errors.New("outbox: RelayConfig.Pool is required")
+	}
+	if c.JetStream == nil {
+		return errors.New("outbox: RelayConfig.JetStream is required")
+	}
+	if c.BatchSize < 0 || c.PollInterval < 0 || c.PublishTimeout < 0 {
+		return errors.New("outbox: RelayConfig.BatchSize, PollInterval and PublishTimeout must not be negative")
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = PollIntervalDefault
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = PublishTimeoutDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Relay publishes committed outbox rows to JetStream.
+type Relay struct {
+	cfg    RelayConfig
+	wake   chan struct{}
+	runner lifecycle.Runner
+}
+
+// NewRelay returns a relay; Start runs it.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
+}
+
+// Start checks the database and runs the relay in the background until Stop.
+func (r *Relay) Start(ctx context.Context) error {
+	if err := r.cfg.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("outbox relay: database unreachable: %w", err)
+	}
+	return r.runner.Start(ctx, r.loop)
+}
+
+// Stop finishes the batch in hand and returns. Calling it twice is fine.
+func (r *Relay) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
+
+// Notify hints that rows were committed, so the relay looks now instead of
+// at its next poll. It never blocks.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) loop(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.PollInterval)
+	defer ticker.Stop()
+	for {
+		n, err := r.RelayOnce(context.WithoutCancel(ctx))
+		if err != nil {
+			r.cfg.Logger.Warn("outbox relay: batch failed; will retry", "error", err)
+		}
+		if err == nil && n == r.cfg.BatchSize {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // more may be waiting
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-ticker.C:
+		}
+	}
+}
+
+type row struct {
+	id      int64
+	subject string
+	msgID   string
+	payload []byte
+	headers map[string]string
+}
+
+// RelayOnce claims one batch, publishes it and marks what the broker
+// acknowledged. It returns the number of rows marked published.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("claim: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var x row
+		err := cr.Scan(&x.id, &x.subject, &x.msgID, &x.payload, &x.headers)
+		return x, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("claim: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+
+	start := time.Now()
+	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	futures := make([]jetstream.PubAckFuture, len(batch))
+	var firstErr error
+	for i, x := range batch {
+		msg := nats.NewMsg(x.subject)
+		msg.Data = x.payload
+		for k, v := range x.headers {
+			msg.Header.Set(k, v)
+		}
+		f, err := r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
+		if err != nil {
+			firstErr = fmt.Errorf("publish %s: %w", x.subject, err)
+			break
+		}
+		futures[i] = f
+	}
+	published := make([]int64, 0, len(batch))
+	dups := 0
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			published = append(published, batch[i].id)
+			if ack != nil && ack.Duplicate {
+				dups++
+			}
+		case err := <-f.Err():
+			if firstErr == nil {
+				firstErr = fmt.Errorf("publish %s: %w", batch[i].subject, err)
+			}
+		case <-pubCtx.Done():
+			if firstErr == nil {
+				firstErr = fmt.Errorf("publish: no ack from the broker within %s: %w", r.cfg.PublishTimeout, pubCtx.Err())
+			}
+		}
+	}
+	if len(published) > 0 {
+		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
+			return 0, fmt.Errorf("mark published: %w", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return 0, fmt.Errorf("commit: %w", err)
+		}
+		if r.cfg.OnPublishFunc != nil {
+			r.cfg.OnPublishFunc(len(published), dups, time.Since(start))
+		}
+	}
+	return len(published), firstErr
+}
+
+// Backlog returns the number of unpublished rows and the age of the oldest.
+func Backlog(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (int64, time.Duration, error) {
+	var n int64
+	var age float64
+	if err := q.QueryRow(ctx, backlog).Scan(&n, &age); err != nil {
+		return 0, 0, fmt.Errorf("outbox backlog: %w", err)
+	}
+	return n, time.Duration(age * float64(time.Second)), nil
+}

@@ -1,0 +1,193 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+)
+
+// HandlerFunc runs one phase of a step. It receives the step's context,
+// which carries the step key, the attempt number, the saga input and, for a
+// local step, the database transaction in which the engine records the
+// step's outcome. It returns the step's result as JSON (nil for none).
+//
+// Returning an error rolls the transaction back, so no business write and no
+// dedup record survive; the step is retried under its policy unless the
+// error is marked with Permanent.
+type HandlerFunc func(ctx context.Context, sc *StepContext) (json.RawMessage, error)
+
+// Step is one step of a saga: a forward action, an optional compensation,
+// and the state the saga reaches when the forward action is done.
+type Step struct {
+	// Name identifies the step within its definition. It goes into the step
+	// key, so renaming a step of a running saga gives it new keys. Letters,
+	// digits, '_' and '-' only.
+	Name string
+	// Reaches is the saga state once this step's forward action succeeded,
+	// such as "deducted". Unique within the definition.
+	Reaches State
+	// Forward performs the step. Required.
+	Forward HandlerFunc
+	// Compensate undoes a completed Forward. Optional: a step without one
+	// has nothing to undo.
+	Compensate HandlerFunc
+	// Retry governs Forward. Zero fields take the defaults.
+	Retry RetryPolicy
+	// CompensateRetry governs Compensate. Zero fields take the defaults.
+	// When its attempts run out the saga ends in StateFailed.
+	CompensateRetry RetryPolicy
+}
+
+// Definition is a named, ordered list of steps. Build one with New; it is
+// immutable afterwards and safe for concurrent use.
+type Definition struct {
+	name  string
+	steps []Step
+	index map[string]int
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// New validates and returns a definition. The error wraps
+// ErrInvalidDefinition and names the offending field.
+func New(name string, steps ...Step) (*Definition, error) {
+	bad := func(field, format string, args ...any) error {
+		return &DefinitionError{Definition: name, Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	if !namePattern.MatchString(name) {
+		return nil, bad("name", "must be 1 to 64 letters, digits, '_' or '-'")
+	}
+	if len(steps) == 0 {
+		return nil, bad("steps", "a saga needs at least one step")
+	}
+	d := &Definition{name: name, index: make(map[string]int, len(steps))}
+	reached := map[State]string{}
+	for i, s := range steps {
+		field := fmt.Sprintf("steps[%d]", i)
+		if !namePattern.MatchString(s.Name) {
+			return nil, bad(field+".Name", "%q must be 1 to 64 letters, digits, '_' or '-'", s.Name)
+		}
+		if _, dup := d.index[s.Name]; dup {
+			return nil, bad(field+".Name", "step name %q is used twice", s.Name)
+		}
+		if s.Reaches == "" {
+			return nil, bad(field+".Reaches", "step %q must name the state the saga reaches", s.Name)
+		}
+		if !namePattern.MatchString(string(s.Reaches)) {
+			return nil, bad(field+".Reaches", "%q must be 1 to 64 letters, digits, '_' or '-'", s.Reaches)
+		}
+		if reservedState(s.Reaches) {
+			return nil, bad(field+".Reaches", "%q is a built-in state; pick another name", s.Reaches)
+		}
+		if other, dup := reached[s.Reaches]; dup {
+			return nil, bad(field+".Reaches", "state %q is already reached by step %q", s.Reaches, other)
+		}
+		if s.Forward == nil {
+			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)
+		}
+		if err := s.Retry.validate(); err != nil {
+			return nil, bad(field+".Retry", "%v", err)
+		}
+		if err := s.CompensateRetry.validate(); err != nil {
+			return nil, bad(field+".CompensateRetry", "%v", err)
+		}
+		s.Retry = s.Retry.WithDefaults()
+		s.CompensateRetry = s.CompensateRetry.WithDefaults()
+		reached[s.Reaches] = s.Name
+		d.index[s.Name] = i
+		d.steps = append(d.steps, s)
+	}
+	return d, nil
+}
+
+// MustNew is New that panics on an invalid definition, for package-level
+// variables.
+func MustNew(name string, steps ...Step) *Definition {
+	d, err := New(name, steps...)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// Name returns the definition's name.
+func (d *Definition) Name() string { return d.name }
+
+// Len returns the number of steps.
+func (d *Definition) Len() int { return len(d.steps) }
+
+// Step returns the i-th step, with retry defaults applied.
+func (d *Definition) Step(i int) Step { return d.steps[i] }
+
+// StepIndex returns the position of the named step, or -1.
+func (d *Definition) StepIndex(name string) int {
+	if i, ok := d.index[name]; ok {
+		return i
+	}
+	return -1
+}
+
+// Steps returns a copy of the steps in order.
+func (d *Definition) Steps() []Step { return append([]Step(nil), d.steps...) }
+
+// FinalState is the state of a saga whose every step succeeded.
+func (d *Definition) FinalState() State { return d.steps[len(d.steps)-1].Reaches }
+
+// StateBefore returns the state a saga is in while step i runs forward:
+// StateInit for the first step, else the state reached by step i-1.
+func (d *Definition) StateBefore(i int) State {
+	if i == 0 {
+		return StateInit
+	}
+	return d.steps[i-1].Reaches
+}
+
+// IsTerminal reports whether s ends a saga of this definition.
+func (d *Definition) IsTerminal(s State) bool {
+	return s == d.FinalState() || s == StateCompensated || s == StateFailed
+}
+
+// ValidState reports whether s is a state a saga of this definition can be in.
+func (d *Definition) ValidState(s State) bool {
+	if reservedState(s) {
+		return true
+	}
+	for _, st := range d.steps {
+		if st.Reaches == s {
+			return true
+		}
+	}
+	return false
+}
+
+// CanTransition reports whether the saga may move from one state to
+// another. Moves go one way: forward through the steps' states in order,
+// from any non-terminal state to StateCompensating, from StateCompensating
+// to StateCompensated or StateFailed. Nothing leaves a terminal state.
+func (d *Definition) CanTransition(from, to State) bool {
+	if !d.ValidState(from) || !d.ValidState(to) || d.IsTerminal(from) {
+		return false
+	}
+	switch to {
+	case StateInit:
+		return false
+	case StateCompensating:
+		return from != StateCompensating
+	case StateCompensated, StateFailed:
+		return from == StateCompensating
+	}
+	if from == StateCompensating {
+		return false
+	}
+	// to is a step state: only the next one in order.
+	next := 0
+	if from != StateInit {
+		for i, st := range d.steps {
+			if st.Reaches == from {
+				next = i + 1
+			}
+		}
+	}
+	return next < len(d.steps) && d.steps[next].Reaches == to
+}

@@ -1,0 +1,45 @@
+package saga
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Instance is a saga as stored: what Start returns and what inspection
+// reads.
+type Instance struct {
+	ID         uuid.UUID                  `json:"id"`
+	Definition string                     `json:"definition"`
+	Key        string                     `json:"key"`
+	State      State                      `json:"state"`
+	Version    int64                      `json:"version"`
+	Input      json.RawMessage            `json:"input"`
+	Results    map[string]json.RawMessage `json:"results,omitempty"`
+	Error      string                     `json:"error,omitempty"`
+	CreatedAt  time.Time                  `json:"created_at"`
+	UpdatedAt  time.Time                  `json:"updated_at"`
+	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
+	// Steps lists the step executions, filled by inspection calls only.
+	Steps []StepExecution `json:"steps,omitempty"`
+}
+
+// Finished reports whether the saga reached a terminal state.
+func (i *Instance) Finished() bool { return i.FinishedAt != nil }
+
+// StepExecution is one (saga, step, phase) row.
+type StepExecution struct {
+	Step          string          `json:"step"`
+	Phase         Phase           `json:"phase"`
+	Index         int             `json:"index"`
+	Key           uuid.UUID       `json:"key"`
+	Status        StepStatus      `json:"status"`
+	Attempt       int             `json:"attempt"`
+	LeaseUntil    *time.Time      `json:"lease_until,omitempty"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
+	LastError     string          `json:"last_error,omitempty"`
+	Result        json.RawMessage `json:"result,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+}

@@ -1,0 +1,57 @@
+package saga
+
+// State is the name of a saga's state. The engine moves a saga one way along
+// a directed acyclic graph: StateInit, then the state reached by each step in
+// order; on failure StateCompensating then StateCompensated, or StateFailed
+// when compensation cannot finish.
+type State string
+
+// Built-in states every saga can be in.
+const (
+	// StateInit is the state of a saga whose first step has not completed.
+	StateInit State = "init"
+	// StateCompensating is the state while completed steps are being undone.
+	StateCompensating State = "compensating"
+	// StateCompensated is terminal: every completed step was undone.
+	StateCompensated State = "compensated"
+	// StateFailed is terminal and needs a person: compensation could not
+	// finish. The saga's error says which step and why.
+	StateFailed State = "failed"
+)
+
+func reservedState(s State) bool {
+	switch s {
+	case StateInit, StateCompensating, StateCompensated, StateFailed:
+		return true
+	}
+	return false
+}
+
+// Phase tells a step's forward action from its compensation.
+type Phase string
+
+// The two phases of a step.
+const (
+	PhaseForward    Phase = "forward"
+	PhaseCompensate Phase = "compensate"
+)
+
+// Valid reports whether p is one of the two phases.
+func (p Phase) Valid() bool { return p == PhaseForward || p == PhaseCompensate }
+
+// StepStatus is the status of one step execution (saga, step, phase).
+type StepStatus string
+
+// Step execution statuses.
+const (
+	// StepDispatched: a command is out and its lease is running.
+	StepDispatched StepStatus = "dispatched"
+	// StepRetrying: the last attempt failed; the next one is due at a
+	// durable time.
+	StepRetrying StepStatus = "retrying"
+	// StepSucceeded is terminal.
+	StepSucceeded StepStatus = "succeeded"
+	// StepFailed is terminal: a permanent error, retries exhausted, or an
+	// outcome that stayed unknown.
+	StepFailed StepStatus = "failed"
+)

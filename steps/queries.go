@@ -1,0 +1,24 @@
+package steps
+
+const (
+	// claimKey inserts the inbox row first, before any business write, so a
+	// concurrent duplicate blocks on the unique key and then finds the
+	// committed outcome; if this transaction rolls back, so does the row.
+	claimKey = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
+values ($1, $2, $3, $4, $5, 'succeeded')
+on conflict (step_key) do nothing`
+
+	recordResult = `update idemsaga.inbox set result = $2 where step_key = $1`
+
+	recordFailure = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, error)
+values ($1, $2, $3, $4, $5, 'failed', $6)
+on conflict (step_key) do nothing`
+
+	// tombstone fences a forward step before its compensation: if the
+	// forward command has not run yet, it never will.
+	tombstone = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
+values ($1, $2, $3, 'forward', 0, 'tombstone')
+on conflict (step_key) do nothing`
+
+	readOutcome = `select outcome, result, coalesce(error, '') from idemsaga.inbox where step_key = $1`
+)

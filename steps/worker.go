@@ -1,0 +1,323 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemsaga/idemsaga/internal/broker"
+	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// ConcurrencyDefault is the number of commands a worker handles at once.
+const ConcurrencyDefault = 8
+
+// Config configures a Worker.
+type Config struct {
+	// Pool is the database of the inbox, the outbox and the business tables.
+	// Required.
+	Pool *pgxpool.Pool
+	// Consumer delivers commands. Required.
+	Consumer jetstream.Consumer
+	// Subjects names reply subjects. Required.
+	Subjects wire.Subjects
+	// Definitions the worker can run. Required.
+	Definitions []*saga.Definition
+	// Concurrency is the number of commands handled at once. Defaults to
+	// ConcurrencyDefault.
+	Concurrency int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, is updated.
+	Metrics *metrics.Metrics
+	// CommittedFunc, if set, is called after each commit that wrote to the
+	// outbox (the engine uses it to wake the relay).
+	CommittedFunc func()
+}
+
+// Worker consumes and runs step commands.
+type Worker struct {
+	cfg    Config
+	defs   map[string]*saga.Definition
+	runner lifecycle.Runner
+}
+
+// New returns a worker; Start runs it.
+func New(cfg Config) (*Worker, error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("steps: Config.Pool is required")
+	case cfg.Consumer == nil:
+		return nil, errors.New("steps: Config.Consumer is required")
+	case cfg.Subjects.Prefix == "":
+		return nil, errors.New("steps: Config.Subjects is required")
+	case len(cfg.Definitions) == 0:
+		return nil, errors.New("steps: Config.Definitions is empty; give the worker the sagas it runs")
+	case cfg.Concurrency < 0:
+		return nil, fmt.Errorf("steps: Config.Concurrency is %d; use a positive number, or 0 for %d", cfg.Concurrency, ConcurrencyDefault)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = ConcurrencyDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics, _ = metrics.New(nil)
+	}
+	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition)}
+	for _, d := range cfg.Definitions {
+		if _, dup := w.defs[d.Name()]; dup {
+			return nil, fmt.Errorf("steps: definition %q is given twice", d.Name())
+		}
+		w.defs[d.Name()] = d
+	}
+	return w, nil
+}
+
+// Start runs the worker in the background until Stop.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := w.cfg.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("step worker: database unreachable: %w", err)
+	}
+	return w.runner.Start(ctx, func(ctx context.Context) {
+		broker.Pool(ctx, w.cfg.Logger, w.cfg.Consumer, w.cfg.Concurrency, w.HandleMsg)
+	})
+}
+
+// Stop finishes the commands in hand and returns. Calling it twice is fine.
+func (w *Worker) Stop(ctx context.Context) error { return w.runner.Stop(ctx) }
+
+// HandleMsg runs one command message and acks it after commit.
+func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
+	cmd, err := wire.DecodeCommand(msg.Data())
+	if err != nil {
+		w.cfg.Logger.Error("step worker: dropping undecodable command", "subject", msg.Subject(), "error", err)
+		_ = msg.Term()
+		return
+	}
+	log := w.cfg.Logger.With("saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt)
+	if _, err := w.Handle(ctx, cmd); err != nil {
+		log.Warn("step worker: command not processed; it will be redelivered", "error", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		// The commit stands; a redelivery is absorbed by the inbox.
+		log.Debug("step worker: ack failed after commit", "error", err)
+	}
+}
+
+// Handle runs one command to a committed reply. It returns the reply
+// written; an error means nothing was committed and the command should be
+// delivered again.
+func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+	def, ok := w.defs[cmd.Definition]
+	if !ok {
+		return wire.Reply{}, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
+	}
+	idx := def.StepIndex(cmd.Step)
+	if idx < 0 {
+		return wire.Reply{}, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
+	}
+	step := def.Step(idx)
+	handler, policy := step.Forward, step.Retry
+	if cmd.Phase == saga.PhaseCompensate {
+		handler, policy = step.Compensate, step.CompensateRetry
+	}
+
+	start := time.Now()
+	reply, err := w.run(ctx, cmd, handler, policy)
+	if err != nil {
+		return reply, err
+	}
+	outcome := string(reply.Outcome)
+	if reply.Duplicate {
+		outcome = "duplicate"
+		w.cfg.Metrics.Duplicates.WithLabelValues(metrics.LayerInbox).Inc()
+	}
+	w.cfg.Metrics.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), outcome).Inc()
+	w.cfg.Metrics.StepHandler.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase)).Observe(time.Since(start).Seconds())
+	if w.cfg.CommittedFunc != nil {
+		w.cfg.CommittedFunc()
+	}
+	return reply, nil
+}
+
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy) (wire.Reply, error) {
+	reply := wire.Reply{
+		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
+		Phase: cmd.Phase, Key: cmd.Key, Attempt: cmd.Attempt,
+	}
+	attemptCtx, cancel := context.WithTimeout(ctx, policy.Timeout)
+	defer cancel()
+
+	tx, err := w.cfg.Pool.Begin(attemptCtx)
+	if err != nil {
+		return reply, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	tag, err := tx.Exec(attemptCtx, claimKey, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt)
+	if err != nil {
+		return reply, fmt.Errorf("claim step key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		// Already processed (or tombstoned): answer with the first outcome.
+		return w.replayStored(attemptCtx, tx, reply)
+	}
+
+	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
+	if herr == nil {
+		if _, err := tx.Exec(attemptCtx, recordResult, cmd.Key, nullJSON(result)); err != nil {
+			return reply, fmt.Errorf("record result: %w", err)
+		}
+		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
+		if err := w.writeReply(attemptCtx, tx, reply); err != nil {
+			return reply, err
+		}
+		if err := tx.Commit(attemptCtx); err != nil {
+			return reply, fmt.Errorf("commit: %w", err)
+		}
+		return reply, nil
+	}
+
+	// The handler failed: nothing it or we wrote survives.
+	_ = tx.Rollback(ctx)
+	reply.Error = herr.Error()
+	if d, ok := saga.RetryDelay(herr); ok {
+		reply.RetryAfterMillis = d.Milliseconds()
+	}
+	// Record the failure under a fresh context: the attempt's may have
+	// expired, and the outcome must still be reported.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
+	ftx, err := w.cfg.Pool.Begin(rctx)
+	if err != nil {
+		return reply, fmt.Errorf("begin failure record: %w", err)
+	}
+	defer ftx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if saga.IsPermanent(herr) {
+		tag, err := ftx.Exec(rctx, recordFailure, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt, reply.Error)
+		if err != nil {
+			return reply, fmt.Errorf("record permanent failure: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			// Someone else recorded an outcome meanwhile: that one stands.
+			return w.replayStored(rctx, ftx, reply)
+		}
+		reply.Outcome = wire.OutcomeFailed
+	} else {
+		reply.Outcome = wire.OutcomeRetry
+	}
+	if err := w.writeReply(rctx, ftx, reply); err != nil {
+		return reply, err
+	}
+	if err := ftx.Commit(rctx); err != nil {
+		return reply, fmt.Errorf("commit failure record: %w", err)
+	}
+	return reply, nil
+}
+
+// invoke runs the handler, turning a panic into a retryable error. For a
+// compensation it first tombstones the forward key and runs the handler only
+// if the forward step took effect.
+func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handler saga.HandlerFunc) (result json.RawMessage, err error) {
+	sc := &saga.StepContext{
+		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
+		Key: cmd.Key, Attempt: cmd.Attempt, Input: cmd.Input, Results: cmd.Results, Tx: tx,
+	}
+	if cmd.Phase == saga.PhaseCompensate {
+		forwardKey := saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward)
+		tag, err := tx.Exec(ctx, tombstone, forwardKey, cmd.SagaID, cmd.Step)
+		if err != nil {
+			return nil, fmt.Errorf("tombstone forward key: %w", err)
+		}
+		if tag.RowsAffected() == 1 {
+			return nil, nil // the forward step never ran and now never will
+		}
+		var outcome string
+		var fwd []byte
+		var ferr string
+		if err := tx.QueryRow(ctx, readOutcome, forwardKey).Scan(&outcome, &fwd, &ferr); err != nil {
+			return nil, fmt.Errorf("read forward outcome: %w", err)
+		}
+		if outcome != "succeeded" || handler == nil {
+			return nil, nil // nothing took effect, or nothing to undo
+		}
+		results := make(map[string]json.RawMessage, len(cmd.Results)+1)
+		for k, v := range cmd.Results {
+			results[k] = v
+		}
+		results[cmd.Step] = fwd
+		sc.Results = results
+	}
+	if handler == nil {
+		return nil, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			result, err = nil, fmt.Errorf("step handler panicked: %v", p)
+		}
+	}()
+	return handler(ctx, sc)
+}
+
+func (w *Worker) replayStored(ctx context.Context, tx pgx.Tx, reply wire.Reply) (wire.Reply, error) {
+	var outcome string
+	var result []byte
+	var errText string
+	if err := tx.QueryRow(ctx, readOutcome, reply.Key).Scan(&outcome, &result, &errText); err != nil {
+		return reply, fmt.Errorf("read stored outcome: %w", err)
+	}
+	reply.Duplicate = true
+	switch outcome {
+	case "succeeded":
+		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
+	case "failed":
+		reply.Outcome, reply.Error = wire.OutcomeFailed, errText
+	case "tombstone":
+		// The orchestrator gave up on this forward step and compensated
+		// it; there is nobody to answer.
+		reply.Outcome, reply.Error = wire.OutcomeFailed, "step was abandoned and compensated before this delivery"
+	default:
+		return reply, fmt.Errorf("unknown stored outcome %q", outcome)
+	}
+	if err := w.writeReply(ctx, tx, reply); err != nil {
+		return reply, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return reply, fmt.Errorf("commit: %w", err)
+	}
+	return reply, nil
+}
+
+func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) error {
+	payload, err := json.Marshal(reply)
+	if err != nil {
+		return fmt.Errorf("encode reply: %w", err)
+	}
+	return outbox.Write(ctx, tx, outbox.Message{
+		Subject: w.cfg.Subjects.Reply(reply.Definition),
+		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt),
+		Payload: payload,
+	})
+}
+
+func nullJSON(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return []byte(b)
+}
