@@ -12,6 +12,9 @@ import (
 // balance, and empties the ledger. Accounts listed in frozen are frozen.
 // It returns the total money seeded.
 func Seed(ctx context.Context, pool *pgxpool.Pool, n int, balance int64, frozen ...int64) (int64, error) {
+	if frozen == nil {
+		frozen = []int64{}
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err

@@ -1,0 +1,162 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+func TestStartSameKeyConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	const n = 50
+	var wg sync.WaitGroup
+	results := make([]engine.StartResult, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = cl.Start(ctx, def, "same-key", transferInput(1, 2, 10))
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	created := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, results[0].ID, results[i].ID, "every caller gets the same saga")
+		if !results[i].Duplicate {
+			created++
+		}
+	}
+	require.Equal(t, 1, created, "exactly one call creates the saga; the rest are duplicates")
+	var sagas, steps, outbox int
+	require.NoError(t, pool.QueryRow(ctx, `select (select count(*) from idemsaga.sagas), (select count(*) from idemsaga.steps), (select count(*) from idemsaga.outbox)`).Scan(&sagas, &steps, &outbox))
+	require.Equal(t, []int{1, 1, 1}, []int{sagas, steps, outbox}, "one saga, one dispatched step, one command")
+}
+
+func TestStartKeyReusedWithDifferentInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	first, err := cl.Start(ctx, def, "k", transferInput(1, 2, 10))
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+
+	// The same input written differently is the same intent.
+	again, err := cl.Start(ctx, def, "k", []byte(`{"amount": 10, "to": 2, "from": 1}`))
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.ID, again.ID)
+
+	snapshot := func() [3]int {
+		var s [3]int
+		require.NoError(t, pool.QueryRow(ctx, `select (select count(*) from idemsaga.sagas), (select count(*) from idemsaga.steps), (select count(*) from idemsaga.outbox)`).Scan(&s[0], &s[1], &s[2]))
+		return s
+	}
+	before := snapshot()
+	_, err = cl.Start(ctx, def, "k", transferInput(1, 2, 11))
+	require.ErrorIs(t, err, saga.ErrIdempotencyKeyReused)
+	require.Contains(t, err.Error(), "new key")
+	require.Equal(t, before, snapshot(), "a rejected start writes nothing")
+
+	// Racing starts with two different inputs: one saga, one input wins,
+	// every loser is told the key is taken.
+	const n = 40
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			_, errs[i] = cl.Start(ctx, def, "race", transferInput(1, 2, int64(100+i%2)))
+		})
+	}
+	close(gate)
+	wg.Wait()
+	var winners, reused [2]int
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			winners[i%2]++
+		case errors.Is(err, saga.ErrIdempotencyKeyReused):
+			reused[i%2]++
+		default:
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	require.True(t, (winners[0] == n/2 && reused[1] == n/2) || (winners[1] == n/2 && reused[0] == n/2),
+		"all callers with the winning input succeed, all others are rejected: winners %v reused %v", winners, reused)
+	var sagas int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where idem_key = 'race'`).Scan(&sagas))
+	require.Equal(t, 1, sagas)
+}
+
+func TestStartBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	_, err = cl.Start(ctx, def, "", transferInput(1, 2, 1))
+	require.ErrorContains(t, err, "idempotency key is empty")
+	_, err = cl.Start(ctx, def, "k", []byte(`{not json`))
+	require.ErrorContains(t, err, "not valid JSON")
+	other := saga.MustNew("other", saga.Step{Name: "a", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	_, err = cl.Start(ctx, other, "k", map[string]int{})
+	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
+	var sagas int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas`).Scan(&sagas))
+	require.Zero(t, sagas)
+}
+
+func TestStartTxFollowsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	rolled, err := cl.StartTx(ctx, tx, transfer.Definition, "rolled-back", transferInput(1, 2, 3))
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = cl.Get(ctx, rolled.ID)
+	require.ErrorIs(t, err, saga.ErrNotFound)
+
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `insert into transfer.accounts (id, balance) values (77, 5)`)
+	require.NoError(t, err)
+	kept, err := cl.StartTx(ctx, tx, transfer.Definition, "committed", transferInput(77, 2, 3))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	sg, err := cl.Get(ctx, kept.ID)
+	require.NoError(t, err)
+	require.Equal(t, "committed", sg.Key)
+	require.Len(t, sg.Steps, 1)
+	require.Equal(t, saga.StepKey(kept.ID, transfer.StepDeduct, saga.PhaseForward), sg.Steps[0].Key)
+}
