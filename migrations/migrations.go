@@ -29,7 +29,6 @@ const VersionTable = Schema + ".schema_version"
 // lockKey serializes concurrent Migrate calls across processes.
 const lockKey = 0x1de5a6a
 
-
 // Migrate applies every engine migration not yet applied.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	return Apply(ctx, conn, Schema, files)
