@@ -28,7 +28,7 @@ type Config struct {
 	// Pool is the database of the inbox, the outbox and the business tables.
 	// Required.
 	Pool *pgxpool.Pool
-	// Consumer delivers commands. Required.
+	// Consumer delivers commands. Required by Start; Handle works without.
 	Consumer jetstream.Consumer
 	// Subjects names reply subjects. Required.
 	Subjects wire.Subjects
@@ -58,8 +58,6 @@ func New(cfg Config) (*Worker, error) {
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("steps: Config.Pool is required")
-	case cfg.Consumer == nil:
-		return nil, errors.New("steps: Config.Consumer is required")
 	case cfg.Subjects.Prefix == "":
 		return nil, errors.New("steps: Config.Subjects is required")
 	case len(cfg.Definitions) == 0:
@@ -88,6 +86,9 @@ func New(cfg Config) (*Worker, error) {
 
 // Start runs the worker in the background until Stop.
 func (w *Worker) Start(ctx context.Context) error {
+	if w.cfg.Consumer == nil {
+		return errors.New("steps: Config.Consumer is required to start the worker")
+	}
 	if err := w.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("step worker: database unreachable: %w", err)
 	}

@@ -1,0 +1,226 @@
+package steps_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+func newWorker(t *testing.T, pool *pgxpool.Pool, defs ...*saga.Definition) *steps.Worker {
+	t.Helper()
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: defs,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	return w
+}
+
+func command(sagaID uuid.UUID, def, step string, phase saga.Phase, attempt int, input any) wire.Command {
+	raw, _ := json.Marshal(input)
+	return wire.Command{SagaID: sagaID, Definition: def, Step: step, Phase: phase,
+		Key: saga.StepKey(sagaID, step, phase), Attempt: attempt, Input: raw}
+}
+
+func ledgerRows(t *testing.T, pool *pgxpool.Pool, sagaID uuid.UUID) map[string]int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `select step, amount from transfer.ledger where saga_id = $1`, sagaID)
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for rows.Next() {
+		var s string
+		var a int64
+		require.NoError(t, rows.Scan(&s, &a))
+		out[s] = a
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
+	var b int64
+	require.NoError(t, pool.QueryRow(context.Background(), `select balance from transfer.accounts where id = $1`, id).Scan(&b))
+	return b
+}
+
+// TestSameCommandConcurrently runs one command from 32 goroutines at once
+// (as many workers receiving redeliveries would): one effect, one outcome.
+func TestSameCommandConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 2, 100)
+	require.NoError(t, err)
+	w := newWorker(t, pool, transfer.Definition)
+	id := uuid.New()
+
+	const n = 32
+	replies := make([]wire.Reply, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			replies[i], errs[i] = w.Handle(ctx, command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1+i%3, transfer.Input{From: 1, To: 2, Amount: 30}))
+		})
+	}
+	close(gate)
+	wg.Wait()
+	fresh := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, wire.OutcomeSucceeded, replies[i].Outcome)
+		require.JSONEq(t, `{"account":1,"amount":-30}`, string(replies[i].Result), "every delivery returns the first outcome")
+		require.Equal(t, 1+i%3, replies[i].Attempt, "the reply answers the attempt it was asked")
+		if !replies[i].Duplicate {
+			fresh++
+		}
+	}
+	require.Equal(t, 1, fresh, "one delivery ran the handler")
+	require.Equal(t, int64(70), balance(t, pool, 1), "debited once")
+	require.Equal(t, map[string]int64{"deduct": -30}, ledgerRows(t, pool, id))
+	var replyRows int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&replyRows))
+	require.Equal(t, n, replyRows, "every delivery is answered")
+}
+
+// TestHandlerErrorRollsBackInbox: a failing attempt leaves neither its
+// business write nor its inbox row, so the next attempt does the work.
+func TestHandlerErrorRollsBackInbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 1, 100)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	def := saga.MustNew("flaky", saga.Step{
+		Name: "write", Reaches: "written",
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if _, err := sc.Tx.Exec(ctx, `update transfer.accounts set balance = balance + 1 where id = 1`); err != nil {
+				return nil, err
+			}
+			if calls.Add(1) == 1 {
+				return nil, errors.New("downstream timed out")
+			}
+			return json.RawMessage(`"ok"`), nil
+		},
+	})
+	w := newWorker(t, pool, def)
+	id := uuid.New()
+
+	r, err := w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 1, map[string]int{}))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeRetry, r.Outcome)
+	require.Contains(t, r.Error, "downstream timed out")
+	var inbox int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox`).Scan(&inbox))
+	require.Zero(t, inbox, "the inbox row rolled back with the handler's write")
+	require.Equal(t, int64(100), balance(t, pool, 1))
+
+	r, err = w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 2, map[string]int{}))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
+	require.False(t, r.Duplicate)
+	require.Equal(t, int64(101), balance(t, pool, 1))
+}
+
+func TestPermanentFailureIsRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 2, 10)
+	require.NoError(t, err)
+	w := newWorker(t, pool, transfer.Definition)
+	id := uuid.New()
+	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 50})
+	r, err := w.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeFailed, r.Outcome)
+	require.Contains(t, r.Error, "insufficient funds")
+
+	// Money arrives; a redelivery must still return the first outcome.
+	_, err = pool.Exec(ctx, `update transfer.accounts set balance = 1000 where id = 1`)
+	require.NoError(t, err)
+	again, err := w.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, wire.OutcomeFailed, again.Outcome)
+	require.Empty(t, ledgerRows(t, pool, id))
+}
+
+// TestCompensationTombstonesForward: a compensation that arrives before its
+// forward command fences the key, so the late forward does nothing; a
+// compensation after a forward that ran undoes it, once.
+func TestCompensationTombstonesForward(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 2, 100)
+	require.NoError(t, err)
+	w := newWorker(t, pool, transfer.Definition)
+	in := transfer.Input{From: 1, To: 2, Amount: 25}
+
+	// Forward never ran: compensation is a no-op and fences it.
+	lost := uuid.New()
+	r, err := w.Handle(ctx, command(lost, "transfer", transfer.StepDeduct, saga.PhaseCompensate, 1, in))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
+	late, err := w.Handle(ctx, command(lost, "transfer", transfer.StepDeduct, saga.PhaseForward, 3, in))
+	require.NoError(t, err)
+	require.True(t, late.Duplicate)
+	require.Equal(t, wire.OutcomeFailed, late.Outcome)
+	require.Empty(t, ledgerRows(t, pool, lost))
+	require.Equal(t, int64(100), balance(t, pool, 1))
+
+	// Forward ran: compensation refunds, and only once under concurrency.
+	ran := uuid.New()
+	_, err = w.Handle(ctx, command(ran, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, in))
+	require.NoError(t, err)
+	require.Equal(t, int64(75), balance(t, pool, 1))
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			_, err := w.Handle(ctx, command(ran, "transfer", transfer.StepDeduct, saga.PhaseCompensate, 1+i%2, in))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(100), balance(t, pool, 1))
+	require.Equal(t, map[string]int64{"deduct": -25, "refund": 25}, ledgerRows(t, pool, ran))
+}
+
+func TestHandlerPanicIsRetryable(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	def := saga.MustNew("panicky", saga.Step{Name: "boom", Reaches: "boomed",
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { panic("kaboom") }})
+	w := newWorker(t, pool, def)
+	r, err := w.Handle(context.Background(), command(uuid.New(), "panicky", "boom", saga.PhaseForward, 1, 1))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeRetry, r.Outcome)
+	require.Contains(t, r.Error, "kaboom")
+}
+
+func TestUnknownDefinitionIsNotAcked(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	w := newWorker(t, pool, transfer.Definition)
+	_, err := w.Handle(context.Background(), command(uuid.New(), "nope", "x", saga.PhaseForward, 1, 1))
+	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
+}
