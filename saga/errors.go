@@ -30,7 +30,7 @@ var ErrConflict = errors.New("idemsaga: concurrent transition; re-read and retry
 // permanentError marks an error that must not be retried.
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Permanent marks err as permanent: the step is not retried, and a forward

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type demoCmd struct {
+	DBName    string        `name:"db-name" default:"idemsaga_demo" help:"Database the demo creates afresh on the DATABASE_URL server (dropped and recreated at each run)."`
+	Transfers int           `default:"300" help:"Transfers to submit."`
+	Accounts  int           `default:"20" help:"Accounts to seed; the last one is frozen, so credits to it fail and are compensated."`
+	Pools     int           `default:"2" help:"Worker pools (engines) sharing the database and the stream."`
+	Timeout   time.Duration `default:"3m" help:"How long to wait for every saga to finish."`
+}
+
+func (d *demoCmd) Run(ctx context.Context, g *globals) error {
+	if d.Transfers < 1 || d.Accounts < 3 || d.Pools < 1 {
+		return errors.New("--transfers and --pools must be at least 1, --accounts at least 3")
+	}
+	if !validDBName(d.DBName) {
+		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", d.DBName)
+	}
+	log := newLogger("warn")
+	if g.LogLevel == "debug" {
+		log = newLogger(g.LogLevel)
+	}
+
+	// A fresh database on the configured server.
+	admin, err := openDB(ctx, g.DatabaseURL, 1)
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{"drop database if exists " + d.DBName + " with (force)", "create database " + d.DBName} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			admin.Close()
+			return fmt.Errorf("prepare demo database %q: %w (the DATABASE_URL user needs CREATEDB)", d.DBName, err)
+		}
+	}
+	admin.Close()
+	dsn, err := withDBName(g.DatabaseURL, d.DBName)
+	if err != nil {
+		return err
+	}
+
+	// An embedded NATS server with JetStream in a temporary folder.
+	dir, err := os.MkdirTemp("", "idemsaga-demo-nats-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.Start()
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return errors.New("embedded NATS did not start within 10s")
+	}
+
+	pool, err := openDB(ctx, dsn, 10)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrateAll(ctx, pool); err != nil {
+		return err
+	}
+	frozen := int64(d.Accounts)
+	const balance = 10_000
+	seeded, err := transfer.Seed(ctx, pool, d.Accounts, balance, frozen)
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("idemsaga demo: %d transfers, %d accounts (account %d frozen), %d worker pools, embedded NATS at %s, database %s\n",
+		d.Transfers, d.Accounts, frozen, d.Pools, ns.ClientURL(), d.DBName)
+
+	var engines []*engine.Engine
+	var regs []*prometheus.Registry
+	for i := range d.Pools {
+		p, err := openDB(ctx, dsn, 10)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		nc, err := connectNATS(ns.ClientURL(), fmt.Sprintf("demo-pool-%d", i))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		reg := prometheus.NewRegistry()
+		e, err := engine.New(engine.Config{
+			Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
+			Logger: log, Registerer: reg, LeaseGrace: 10 * time.Second, RelayPollInterval: 20 * time.Millisecond,
+		})
+		if err != nil {
+			return err
+		}
+		if err := e.Start(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = e.Stop(sctx)
+		}()
+		engines, regs = append(engines, e), append(regs, reg)
+	}
+
+	// The workload: 10% of credits go to the frozen account, 3% of
+	// transfers ask for more than the source holds, 10% are submitted twice
+	// with the same key (half of those at the same moment).
+	rng := rand.New(rand.NewPCG(42, uint64(d.Transfers)))
+	type job struct {
+		key   string
+		in    transfer.Input
+		twice bool
+	}
+	jobs := make([]job, d.Transfers)
+	for i := range jobs {
+		from := 1 + rng.Int64N(frozen-1)
+		to := 1 + (from+rng.Int64N(frozen-2))%(frozen-1)
+		amount := 1 + rng.Int64N(100)
+		switch {
+		case i%10 == 3:
+			to = frozen
+		case i%33 == 5:
+			amount = 10 * balance
+		}
+		jobs[i] = job{key: fmt.Sprintf("demo-%05d", i), in: transfer.Input{From: from, To: to, Amount: amount}, twice: i%10 == 7}
+	}
+
+	start := time.Now()
+	var submitted, dupReplies atomic.Int64
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	errc := make(chan error, 1)
+	submit := func(i, copyNo int) {
+		defer wg.Done()
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		res, err := engines[(i+copyNo)%len(engines)].Client().Start(ctx, transfer.Definition, jobs[i].key, jobs[i].in)
+		if err != nil {
+			select {
+			case errc <- err:
+			default:
+			}
+			return
+		}
+		submitted.Add(1)
+		if res.Duplicate {
+			dupReplies.Add(1)
+		}
+	}
+	for i := range jobs {
+		copies := 1
+		if jobs[i].twice {
+			copies = 2
+		}
+		for c := range copies {
+			wg.Add(1)
+			go submit(i, c)
+		}
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("submit: %w", err)
+	default:
+	}
+	// A client that reuses a key for a different transfer is refused.
+	_, reuseErr := engines[0].Client().Start(ctx, transfer.Definition, jobs[0].key, transfer.Input{From: 1, To: 2, Amount: 999})
+	keyReuseRefused := errors.Is(reuseErr, saga.ErrIdempotencyKeyReused)
+
+	// Wait for every saga to finish, reporting progress.
+	deadline := time.Now().Add(d.Timeout)
+	lastPrint := time.Time{}
+	for {
+		var done, total int
+		if err := pool.QueryRow(ctx, `select count(*) filter (where finished_at is not null), count(*) from idemsaga.sagas`).Scan(&done, &total); err != nil {
+			return err
+		}
+		if time.Since(lastPrint) > time.Second || done == total {
+			fmt.Printf("  %5d / %d sagas finished\n", done, total)
+			lastPrint = time.Now()
+		}
+		if done == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d sagas still running after %s; inspect them with `worker status <id>` against database %s", total-done, d.Timeout, d.DBName)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	if err != nil {
+		return err
+	}
+	var deductFailed int
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where state = 'compensated' and error like '%insufficient funds%'`).Scan(&deductFailed); err != nil {
+		return err
+	}
+	sum := func(name string, labels ...string) int {
+		return int(counterSum(regs, name, labels...))
+	}
+	fmt.Println()
+	fmt.Printf("  submitted        %d requests for %d transfers (%d answered as duplicates of an existing saga)\n", submitted.Load(), d.Transfers, dupReplies.Load())
+	fmt.Printf("  credited         %d\n", rep.ByState["credited"])
+	fmt.Printf("  compensated      %d (%d credits refused by the frozen account and refunded, %d deductions refused for insufficient funds)\n",
+		rep.ByState["compensated"], rep.ByState["compensated"]-deductFailed, deductFailed)
+	fmt.Printf("  failed           %d\n", rep.ByState["failed"])
+	fmt.Printf("  duplicates absorbed: start %d, broker %d, inbox %d, orchestrator %d\n",
+		sum("idemsaga_duplicates_absorbed_total", "layer", "start"), sum("idemsaga_duplicates_absorbed_total", "layer", "broker"),
+		sum("idemsaga_duplicates_absorbed_total", "layer", "inbox"), sum("idemsaga_duplicates_absorbed_total", "layer", "orchestrator"))
+	fmt.Printf("  key reused with other input: refused=%v\n", keyReuseRefused)
+	fmt.Printf("  lease takeovers  %d, retries %d\n", sum("idemsaga_lease_takeovers_total"), sum("idemsaga_retries_scheduled_total"))
+	fmt.Printf("  wall time        %s (%.0f sagas/s)\n", elapsed.Round(time.Millisecond), float64(d.Transfers)/elapsed.Seconds())
+	conserved := "conserved"
+	if rep.Total != seeded {
+		conserved = "NOT conserved"
+	}
+	fmt.Printf("  money            seeded %d, held now %d: %s\n", seeded, rep.Total, conserved)
+	if len(rep.Differences) > 0 || !keyReuseRefused {
+		for _, diff := range rep.Differences {
+			fmt.Printf("  DIFFERENCE: %s\n", diff)
+		}
+		return fmt.Errorf("%d differences found", len(rep.Differences))
+	}
+	fmt.Println("  ledgers          every ledger matches its saga's terminal state; 0 differences")
+	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker status %s\n", redact(dsn), jobs[0].key)
+	return nil
+}
+
+func counterSum(regs []*prometheus.Registry, name string, labels ...string) float64 {
+	total := 0.0
+	for _, reg := range regs {
+		families, err := reg.Gather()
+		if err != nil {
+			continue
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+		metric:
+			for _, m := range f.GetMetric() {
+				for i := 0; i+1 < len(labels); i += 2 {
+					found := false
+					for _, lp := range m.GetLabel() {
+						if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+							found = true
+						}
+					}
+					if !found {
+						continue metric
+					}
+				}
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func validDBName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// withDBName returns dsn pointing at database name instead.
+func withDBName(dsn, name string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		u.Path = "/" + name
+		return u.String(), nil
+	}
+	if _, err := pgx.ParseConfig(dsn); err != nil {
+		return "", fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	return dsn + " dbname=" + name, nil
+}
+
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+	}
+	return dsn
+}
+

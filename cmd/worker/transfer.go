@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type transferCmd struct {
+	From    int64         `required:"" help:"Source account."`
+	To      int64         `required:"" help:"Destination account."`
+	Amount  int64         `required:"" help:"Amount, in the smallest unit."`
+	Key     string        `required:"" help:"Idempotency key: the business identifier of this transfer. Resending the same key and input returns the same saga."`
+	Wait    bool          `help:"Wait for the saga to finish and print its final state (needs a running worker)."`
+	Timeout time.Duration `default:"60s" help:"How long --wait waits."`
+}
+
+func (t *transferCmd) Run(ctx context.Context, g *globals) error {
+	in := transfer.Input{From: t.From, To: t.To, Amount: t.Amount}
+	if err := in.Validate(); err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, g.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	if err != nil {
+		return err
+	}
+	res, err := cl.Start(ctx, transfer.Definition, t.Key, in)
+	if err != nil {
+		if errors.Is(err, saga.ErrIdempotencyKeyReused) {
+			return fmt.Errorf("key %q already started a transfer with different details (saga %s); resend the original details or use a new key", t.Key, res.ID)
+		}
+		return err
+	}
+	fmt.Println(res.ID)
+	if res.Duplicate {
+		fmt.Fprintf(os.Stderr, "key %q already names this saga (state %s); nothing new was started\n", t.Key, res.State)
+	}
+	if !t.Wait {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, t.Timeout)
+	defer cancel()
+	sg, err := cl.Wait(wctx, res.ID)
+	if err != nil {
+		return fmt.Errorf("%w (is a worker running? start one with `worker run`)", err)
+	}
+	fmt.Println(sg.State)
+	return nil
+}
+
+type statusCmd struct {
+	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
+	JSON    bool   `name:"json" help:"Print JSON."`
+}
+
+func (s *statusCmd) Run(ctx context.Context, g *globals) error {
+	pool, err := openDB(ctx, g.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	if err != nil {
+		return err
+	}
+	sg, err := cl.Lookup(ctx, s.IDOrKey)
+	if err != nil {
+		return err
+	}
+	if s.JSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(sg)
+	}
+	printSaga(sg)
+	return nil
+}
+
+func printSaga(sg *saga.Instance) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "id\t%s\n", sg.ID)
+	fmt.Fprintf(w, "definition\t%s\n", sg.Definition)
+	fmt.Fprintf(w, "key\t%s\n", sg.Key)
+	fmt.Fprintf(w, "state\t%s\n", sg.State)
+	fmt.Fprintf(w, "version\t%d\n", sg.Version)
+	fmt.Fprintf(w, "input\t%s\n", sg.Input)
+	fmt.Fprintf(w, "created\t%s\n", sg.CreatedAt.Format(time.RFC3339Nano))
+	if sg.FinishedAt != nil {
+		fmt.Fprintf(w, "finished\t%s (%s)\n", sg.FinishedAt.Format(time.RFC3339Nano), sg.FinishedAt.Sub(sg.CreatedAt).Round(time.Millisecond))
+	}
+	if sg.Error != "" {
+		fmt.Fprintf(w, "error\t%s\n", sg.Error)
+	}
+	_ = w.Flush()
+	if len(sg.Steps) == 0 {
+		return
+	}
+	fmt.Println()
+	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "STEP\tPHASE\tSTATUS\tATTEMPT\tKEY\tERROR")
+	for _, st := range sg.Steps {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Phase, st.Status, st.Attempt, st.Key, st.LastError)
+	}
+	_ = w.Flush()
+}

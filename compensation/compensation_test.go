@@ -1,0 +1,149 @@
+package compensation_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/compensation"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+func noop(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+
+// definition builds a saga whose step i has a compensation when
+// compensable[i] is true.
+func definition(t *testing.T, compensable ...bool) *saga.Definition {
+	t.Helper()
+	steps := make([]saga.Step, len(compensable))
+	for i, c := range compensable {
+		steps[i] = saga.Step{Name: fmt.Sprintf("s%d", i), Reaches: saga.State(fmt.Sprintf("r%d", i)), Forward: noop}
+		if c {
+			steps[i].Compensate = noop
+		}
+	}
+	def, err := saga.New("d", steps...)
+	require.NoError(t, err)
+	return def
+}
+
+func TestPlan(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		compensable []bool
+		failed      int
+		want        []int
+	}{
+		{"first step fails", []bool{true, true, true}, 0, []int{0}},
+		{"first step without compensation fails", []bool{false, true}, 0, []int{0}},
+		{"only step fails", []bool{false}, 0, []int{0}},
+		{"step 2 of 3 fails, step 1 not compensable", []bool{true, false, true}, 2, []int{2, 0}},
+		{"last step fails, all compensable", []bool{true, true, true, true}, 3, []int{3, 2, 1, 0}},
+		{"last step fails, none compensable", []bool{false, false, false}, 2, []int{2}},
+		{"middle step fails", []bool{true, true, false, true, true}, 3, []int{3, 1, 0}},
+		{"failing step kept without compensation", []bool{true, false}, 1, []int{1, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			def := definition(t, tt.compensable...)
+			plan := compensation.Plan(def, tt.failed)
+			require.Equal(t, tt.want, plan)
+			for i := 0; i+1 < len(plan); i++ {
+				require.Equal(t, plan[i+1], compensation.Next(def, plan[i]))
+			}
+			require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1]))
+		})
+	}
+}
+
+func TestNext(t *testing.T) {
+	t.Parallel()
+	def := definition(t, true, false, true, false)
+	require.Equal(t, 2, compensation.Next(def, 3))
+	require.Equal(t, 0, compensation.Next(def, 2))
+	require.Equal(t, 0, compensation.Next(def, 1))
+	require.Equal(t, -1, compensation.Next(def, 0))
+	require.Equal(t, -1, compensation.Next(def, -1))
+}
+
+func TestPlanPanicsOutOfRange(t *testing.T) {
+	t.Parallel()
+	def := definition(t, true, true)
+	require.Panics(t, func() { compensation.Plan(def, -1) })
+	require.Panics(t, func() { compensation.Plan(def, 2) })
+}
+
+func TestPlanProperties(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(7, 11))
+	for range 2000 {
+		n := 1 + r.IntN(8)
+		compensable := make([]bool, n)
+		for i := range compensable {
+			compensable[i] = r.IntN(2) == 0
+		}
+		def := definition(t, compensable...)
+		failed := r.IntN(n)
+		plan := compensation.Plan(def, failed)
+		desc := fmt.Sprintf("compensable %v failed %d plan %v", compensable, failed, plan)
+
+		// Starts with the failed step and is strictly decreasing: the
+		// reverse of the order in which steps started.
+		require.NotEmpty(t, plan, desc)
+		require.Equal(t, failed, plan[0], desc)
+		for i := 1; i < len(plan); i++ {
+			require.Less(t, plan[i], plan[i-1], desc)
+		}
+
+		// Exactly the failed step plus every earlier compensable step.
+		want := map[int]bool{failed: true}
+		for i := range failed {
+			if compensable[i] {
+				want[i] = true
+			}
+		}
+		got := map[int]bool{}
+		for _, i := range plan {
+			got[i] = true
+		}
+		require.Equal(t, want, got, desc)
+		require.Len(t, plan, len(want), desc)
+
+		// Next walks the same plan and ends with -1.
+		for i := 0; i+1 < len(plan); i++ {
+			require.Equal(t, plan[i+1], compensation.Next(def, plan[i]), desc)
+		}
+		require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1]), desc)
+
+		// Walking with Next alone from the failed step visits the plan.
+		walk := []int{failed}
+		for next := compensation.Next(def, failed); next >= 0; next = compensation.Next(def, next) {
+			walk = append(walk, next)
+		}
+		require.Equal(t, plan, walk, desc)
+	}
+}
+
+func ExamplePlan() {
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	def := saga.MustNew("transfer",
+		saga.Step{Name: "debit", Reaches: "debited", Forward: noop, Compensate: noop},
+		saga.Step{Name: "audit", Reaches: "audited", Forward: noop},
+		saga.Step{Name: "credit", Reaches: "credited", Forward: noop, Compensate: noop},
+	)
+	// credit failed: it is compensated first (its outcome may be unknown),
+	// audit has nothing to undo, then debit.
+	plan := compensation.Plan(def, 2)
+	fmt.Println(plan)
+	fmt.Println(compensation.Next(def, 2), compensation.Next(def, 0))
+
+	// Output:
+	// [2 0]
+	// 0 -1
+}

@@ -1,0 +1,130 @@
+package saga_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type order struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+}
+
+type reservation struct {
+	Hold string `json:"hold"`
+}
+
+func Example() {
+	reserve := saga.Handle(func(ctx context.Context, sc *saga.StepContext, o order) (reservation, error) {
+		// Pass sc.Key downstream as the idempotency key of the hold.
+		return reservation{Hold: "hold-" + o.ID}, nil
+	})
+	release := saga.Handle(func(ctx context.Context, sc *saga.StepContext, o order) (struct{}, error) {
+		var r reservation
+		if _, err := sc.DecodeResult("reserve", &r); err != nil {
+			return struct{}{}, err
+		}
+		// Release r.Hold, keyed by sc.Key.
+		return struct{}{}, nil
+	})
+	charge := saga.Handle(func(ctx context.Context, sc *saga.StepContext, o order) (string, error) {
+		if o.Amount <= 0 {
+			return "", saga.Permanent(fmt.Errorf("amount %d is not positive", o.Amount))
+		}
+		return fmt.Sprintf("charged %d", o.Amount), nil
+	})
+
+	def, err := saga.New("checkout",
+		saga.Step{Name: "reserve", Reaches: "reserved", Forward: reserve, Compensate: release},
+		saga.Step{Name: "charge", Reaches: "charged", Forward: charge,
+			Retry: saga.RetryPolicy{MaxAttempts: 3, Timeout: 10 * time.Second}},
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for i, s := range def.Steps() {
+		fmt.Printf("%d %s: %s -> %s, compensable %t, %d attempts\n",
+			i, s.Name, def.StateBefore(i), s.Reaches, s.Compensate != nil, s.Retry.MaxAttempts)
+	}
+	fmt.Println("final state:", def.FinalState())
+
+	// The engine runs the handlers; here one is called by hand.
+	out, err := def.Step(0).Forward(context.Background(), &saga.StepContext{
+		Step:  "reserve",
+		Input: json.RawMessage(`{"id":"o-1","amount":25}`),
+	})
+	fmt.Println(string(out), err)
+
+	// Output:
+	// 0 reserve: init -> reserved, compensable true, 5 attempts
+	// 1 charge: reserved -> charged, compensable false, 3 attempts
+	// final state: charged
+	// {"hold":"hold-o-1"} <nil>
+}
+
+func ExampleNew_invalid() {
+	_, err := saga.New("checkout", saga.Step{Name: "charge", Reaches: saga.StateFailed})
+	fmt.Println(errors.Is(err, saga.ErrInvalidDefinition))
+	fmt.Println(err)
+
+	// Output:
+	// true
+	// idemsaga: invalid saga definition "checkout": steps[0].Reaches: "failed" is a built-in state; pick another name
+}
+
+func ExamplePermanent() {
+	declined := errors.New("card declined")
+	err := fmt.Errorf("charge order o-1: %w", saga.Permanent(declined))
+
+	fmt.Println(saga.IsPermanent(err))
+	fmt.Println(errors.Is(err, declined))
+	fmt.Println(saga.IsPermanent(errors.New("connection reset")))
+	fmt.Println(saga.Permanent(nil) == nil)
+
+	// Output:
+	// true
+	// true
+	// false
+	// true
+}
+
+func ExampleRetryAfter() {
+	err := saga.RetryAfter(errors.New("429 Too Many Requests"), 2*time.Second)
+	d, ok := saga.RetryDelay(err)
+	fmt.Println(d, ok, saga.IsPermanent(err))
+
+	// Output:
+	// 2s true false
+}
+
+func ExampleStepKey() {
+	id := [16]byte{0x01, 0x90}
+	fwd := saga.StepKey(id, "charge", saga.PhaseForward)
+	fmt.Println(fwd == saga.StepKey(id, "charge", saga.PhaseForward))
+	fmt.Println(fwd == saga.StepKey(id, "charge", saga.PhaseCompensate))
+	fmt.Println(fwd.Version())
+	fmt.Println(saga.MessageID(fwd, 2) == fwd.String()+"-2")
+
+	// Output:
+	// true
+	// false
+	// VERSION_5
+	// true
+}
+
+func ExampleCanonicalInput() {
+	a, _ := saga.CanonicalInput(json.RawMessage(`{"b": 2, "a": 12345678901234567890}`))
+	b, _ := saga.CanonicalInput(map[string]any{"a": json.Number("12345678901234567890"), "b": 2})
+	fmt.Println(string(a))
+	fmt.Println(string(a) == string(b))
+
+	// Output:
+	// {"a":12345678901234567890,"b":2}
+	// true
+}
