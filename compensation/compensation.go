@@ -28,9 +28,12 @@ func Plan(def *saga.Definition, failed int) []int {
 }
 
 // Next returns the step to compensate after step done, or -1 when the
-// compensation is complete. It agrees with Plan: for consecutive entries
+// compensation is complete. It panics if done is out of range. It agrees with Plan: for consecutive entries
 // a, b of any plan, Next(def, a) == b.
 func Next(def *saga.Definition, done int) int {
+	if done < 0 || done >= def.Len() {
+		panic("compensation: compensated step index out of range")
+	}
 	for i := done - 1; i >= 0; i-- {
 		if def.Step(i).Compensate != nil {
 			return i

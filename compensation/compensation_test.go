@@ -69,7 +69,8 @@ func TestNext(t *testing.T) {
 	require.Equal(t, 0, compensation.Next(def, 2))
 	require.Equal(t, 0, compensation.Next(def, 1))
 	require.Equal(t, -1, compensation.Next(def, 0))
-	require.Equal(t, -1, compensation.Next(def, -1))
+	require.Panics(t, func() { compensation.Next(def, -1) })
+	require.Panics(t, func() { compensation.Next(def, 4) })
 }
 
 func TestPlanPanicsOutOfRange(t *testing.T) {

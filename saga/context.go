@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -103,7 +104,7 @@ func CanonicalInput(v any) (json.RawMessage, error) {
 	if err := dec.Decode(&tree); err != nil {
 		return nil, fmt.Errorf("idemsaga: saga input is not valid JSON: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("idemsaga: saga input has trailing data after the JSON value")
 	}
 	out, err := json.Marshal(tree)

@@ -134,7 +134,8 @@ func TestNewAcceptsValidDefinition(t *testing.T) {
 	// Set fields are kept; a negative Jitter means none.
 	got := def.Step(1).Retry
 	require.Equal(t, 3, got.MaxAttempts)
-	require.Zero(t, got.Jitter)
+	require.Negative(t, got.Jitter)
+	require.Equal(t, got.Backoff(1), got.Backoff(1), "no jitter: the same delay every time")
 	require.Equal(t, saga.InitialBackoffDefault, got.InitialBackoff)
 	got = def.Step(2).Retry
 	require.Equal(t, 1.0, got.Multiplier)

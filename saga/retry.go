@@ -59,9 +59,8 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 	if p.Jitter == 0 {
 		p.Jitter = JitterDefault
 	}
-	if p.Jitter < 0 {
-		p.Jitter = 0
-	}
+	// A negative Jitter stays negative, so that applying the defaults
+	// again does not turn "no jitter" into the default.
 	if p.Timeout == 0 {
 		p.Timeout = TimeoutDefault
 	}
@@ -78,6 +77,8 @@ func (p RetryPolicy) validate() error {
 		return fmt.Errorf("MaxBackoff is negative (%s)", p.MaxBackoff)
 	case p.MaxBackoff != 0 && p.InitialBackoff > p.MaxBackoff:
 		return fmt.Errorf("InitialBackoff %s exceeds MaxBackoff %s", p.InitialBackoff, p.MaxBackoff)
+	case p.MaxBackoff == 0 && p.InitialBackoff > MaxBackoffDefault:
+		return fmt.Errorf("InitialBackoff %s exceeds the default MaxBackoff %s; set MaxBackoff too", p.InitialBackoff, MaxBackoffDefault)
 	case p.Multiplier != 0 && p.Multiplier < 1:
 		return fmt.Errorf("Multiplier is %g; use 1 or more", p.Multiplier)
 	case p.Jitter > 1:
@@ -97,12 +98,18 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 	if attempt < 1 {
 		attempt = 1
 	}
-	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
-	if d > float64(p.MaxBackoff) || math.IsInf(d, 0) || math.IsNaN(d) {
-		d = float64(p.MaxBackoff)
+	base := p.MaxBackoff
+	if d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1)); d < float64(p.MaxBackoff) {
+		base = time.Duration(d)
 	}
-	if p.Jitter > 0 {
-		d -= d * p.Jitter * rand.Float64()
+	if p.Jitter <= 0 {
+		return base
 	}
-	return time.Duration(d)
+	// Computed in float64, then clamped, so that a base near the largest
+	// Duration cannot overflow into a negative delay.
+	cut := float64(base) * p.Jitter * rand.Float64()
+	if cut >= float64(base) {
+		return 0
+	}
+	return base - time.Duration(cut)
 }

@@ -322,4 +322,3 @@ func redact(dsn string) string {
 	}
 	return dsn
 }
-

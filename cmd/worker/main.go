@@ -31,7 +31,11 @@ const NATSURLDefault = "nats://127.0.0.1:4222"
 
 type globals struct {
 	DatabaseURL string `name:"database-url" env:"DATABASE_URL" default:"${database_url}" help:"PostgreSQL connection string."`
-	LogLevel    string `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	// Stream and SubjectPrefix must match across every worker and client
+	// of one deployment: clients write the first command's subject.
+	Stream        string `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name."`
+	SubjectPrefix string `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject; the same for all workers and clients of a deployment."`
+	LogLevel      string `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
 }
 
 type cli struct {

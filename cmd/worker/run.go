@@ -13,8 +13,6 @@ import (
 
 type runCmd struct {
 	NATSURL          string        `name:"nats-url" env:"NATS_URL" default:"${nats_url}" help:"NATS server with JetStream."`
-	Stream           string        `default:"${stream}" help:"JetStream stream name."`
-	SubjectPrefix    string        `name:"subject-prefix" default:"${prefix}" help:"Prefix of every subject."`
 	StepConcurrency  int           `name:"step-concurrency" default:"8" help:"Step commands handled at once."`
 	ReplyConcurrency int           `name:"reply-concurrency" default:"4" help:"Replies applied at once."`
 	LeaseGrace       time.Duration `name:"lease-grace" default:"30s" help:"Added to a step's timeout to make its lease."`
@@ -42,7 +40,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	defer nc.Close()
 	e, err := engine.New(engine.Config{
 		Pool: pool, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
-		Stream: r.Stream, SubjectPrefix: r.SubjectPrefix,
+		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
 		LeaseGrace: r.LeaseGrace, Logger: log,
 	})
@@ -52,7 +50,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
-	log.Info("worker running; SIGINT or SIGTERM drains and stops", "pid", os.Getpid(), "stream", r.Stream)
+	log.Info("worker running; SIGINT or SIGTERM drains and stops", "pid", os.Getpid(), "stream", g.Stream)
 	<-ctx.Done()
 	log.Info("draining")
 	sctx, cancel := context.WithTimeout(context.Background(), r.DrainTimeout)

@@ -1,0 +1,172 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+)
+
+var workerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemsaga-worker-bin-")
+	if err != nil {
+		panic(err)
+	}
+	workerBin = filepath.Join(dir, "worker")
+	if out, err := exec.Command("go", "build", "-race", "-o", workerBin, ".").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := m.Run()
+	testenv.Cleanup()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func worker(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, workerBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func TestWorkerCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := testenv.DBWithURL(t)
+	srv, _ := testenv.NATS(t)
+	stream := testenv.Name("CLI")
+	env := []string{"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(), "IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=cli." + stream}
+	_, err := transfer.Seed(ctx, pool, 3, 100, 3)
+	require.NoError(t, err)
+
+	r := worker(t, env, "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "migrated")
+
+	run := exec.Command(workerBin, "run", "--lease-grace", "5s")
+	run.Env = append(os.Environ(), env...)
+	var runErr bytes.Buffer
+	run.Stderr = &runErr
+	require.NoError(t, run.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	t.Cleanup(func() {
+		_ = run.Process.Kill()
+	})
+
+	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount", "10", "--key", "T-1", "--wait")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Fields(r.stdout)
+	require.Len(t, lines, 2, r.stdout)
+	id, err := uuid.Parse(lines[0])
+	require.NoError(t, err)
+	require.Equal(t, "credited", lines[1])
+
+	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount", "10", "--key", "T-1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, id.String(), strings.TrimSpace(r.stdout), "the same key gives the same saga")
+	require.Contains(t, r.stderr, "already names this saga")
+
+	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount", "11", "--key", "T-1")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "different details")
+
+	r = worker(t, env, "transfer", "--from", "1", "--to", "3", "--amount", "10", "--key", "T-2", "--wait")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "compensated")
+
+	r = worker(t, env, "status", "T-1", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st struct {
+		ID    uuid.UUID `json:"id"`
+		Key   string    `json:"key"`
+		State string    `json:"state"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, id, st.ID)
+	require.Equal(t, "T-1", st.Key)
+	require.Equal(t, "credited", st.State)
+
+	r = worker(t, env, "status", id.String())
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "credited")
+	require.Contains(t, r.stdout, "deduct")
+
+	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount=-5", "--key", "bad")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "amount must be positive")
+
+	// SIGTERM drains and exits cleanly.
+	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, runErr.String())
+	case <-time.After(45 * time.Second):
+		t.Fatal("worker run did not stop within 45s of SIGTERM")
+	}
+	require.Contains(t, runErr.String(), "stopped cleanly")
+}
+
+func TestWorkerErrorsAreOneLine(t *testing.T) {
+	t.Parallel()
+	r := worker(t, []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "status", "x")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, r.stderr)
+	require.Contains(t, r.stderr, "cannot reach PostgreSQL")
+
+	_, dbURL := testenv.DBWithURL(t)
+	r = worker(t, []string{"DATABASE_URL=" + dbURL, "NATS_URL=nats://127.0.0.1:1"}, "run")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "cannot reach NATS")
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, r.stderr)
+}
+
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	name := "idemsaga_demo_test_" + strings.ToLower(testenv.Name("d")[2:])
+	t.Cleanup(func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, testenv.AdminURL())
+		if err == nil {
+			_, _ = conn.Exec(ctx, "drop database if exists "+name+" with (force)")
+			_ = conn.Close(ctx)
+		}
+	})
+	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "demo", "--transfers", "60", "--db-name", name)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "0 differences")
+	require.Contains(t, r.stdout, "conserved")
+	require.Contains(t, r.stdout, "refused=true")
+}
