@@ -1,0 +1,33 @@
+// Package engine runs sagas: it starts them (Client.Start and StartTx),
+// applies step replies, schedules retries, takes over expired leases and
+// runs the worker pool (Engine.Start, Engine.Stop).
+//
+//	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	nc, _ := nats.Connect(os.Getenv("NATS_URL"))
+//	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}})
+//	if err != nil { ... }
+//	if err := e.Start(ctx); err != nil { ... }
+//	defer e.Stop(context.Background())
+//	res, err := e.Client().Start(ctx, def, "order-1234", order)
+//
+// # Guarantees
+//
+//   - Start: one saga per (definition, key), adjudicated by a unique
+//     constraint. The same key and input returns the existing saga with
+//     Duplicate set; a different input returns saga.ErrIdempotencyKeyReused
+//     and writes nothing.
+//   - Every state change is one conditional update on (state, version) in
+//     the same transaction as the step's outcome and the next command in
+//     the outbox. A reply already applied, or from an older attempt, changes
+//     nothing.
+//   - A dispatched step holds a lease taken from the database clock. When
+//     it expires with no reply, the step is dispatched again with the same
+//     key and the next attempt number; when the last attempt's lease
+//     expires, the step is compensated, and its compensation tombstones the
+//     forward key first so a late delivery does nothing.
+//   - Retries wait for a due time stored in the database, not a timer in
+//     memory, so they survive restarts.
+//   - Any number of engines may share one database and one stream. The
+//     reaper locks a saga before its step (as the orchestrator does) and
+//     skips sagas another process holds.
+package engine
