@@ -80,11 +80,11 @@ func (p RetryPolicy) validate() error {
 	case p.MaxBackoff == 0 && p.InitialBackoff > MaxBackoffDefault:
 		return fmt.Errorf("InitialBackoff %s exceeds the default MaxBackoff %s; set MaxBackoff too", p.InitialBackoff, MaxBackoffDefault)
 	case p.Multiplier != 0 && p.Multiplier < 1:
-		return fmt.Errorf("Multiplier is %g; use 1 or more", p.Multiplier)
+		return fmt.Errorf("field Multiplier is %g; use 1 or more", p.Multiplier)
 	case p.Jitter > 1:
-		return fmt.Errorf("Jitter is %g; use a fraction between 0 and 1", p.Jitter)
+		return fmt.Errorf("field Jitter is %g; use a fraction between 0 and 1", p.Jitter)
 	case p.Timeout < 0:
-		return fmt.Errorf("Timeout is negative (%s)", p.Timeout)
+		return fmt.Errorf("field Timeout is negative (%s)", p.Timeout)
 	}
 	return nil
 }
