@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -27,11 +29,15 @@ type demoCmd struct {
 	Accounts  int           `default:"20" help:"Accounts to seed; the last one is frozen, so credits to it fail and are compensated."`
 	Pools     int           `default:"2" help:"Worker pools (engines) sharing the database and the stream."`
 	Timeout   time.Duration `default:"3m" help:"How long to wait for every saga to finish."`
+	Redeliver float64       `default:"0.1" help:"Fraction of commands the demo publishes a second time under a new message id, as a broker redelivery would; the inbox absorbs them."`
 }
 
 func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	if d.Transfers < 1 || d.Accounts < 3 || d.Pools < 1 {
 		return errors.New("--transfers and --pools must be at least 1, --accounts at least 3")
+	}
+	if d.Redeliver < 0 || d.Redeliver > 1 {
+		return fmt.Errorf("--redeliver %g must be a fraction between 0 and 1", d.Redeliver)
 	}
 	if !validDBName(d.DBName) {
 		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", d.DBName)
@@ -91,6 +97,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 
 	fmt.Printf("idemsaga demo: %d transfers, %d accounts (account %d frozen), %d worker pools, embedded NATS at %s, database %s\n",
 		d.Transfers, d.Accounts, frozen, d.Pools, ns.ClientURL(), d.DBName)
+	fmt.Printf("  10%% of credits go to the frozen account, 3%% of transfers overdraw, 10%% are submitted twice, %.0f%% of commands are delivered twice\n\n", d.Redeliver*100)
 
 	var engines []*engine.Engine
 	var regs []*prometheus.Registry
@@ -122,6 +129,39 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 			_ = e.Stop(sctx)
 		}()
 		engines, regs = append(engines, e), append(regs, reg)
+	}
+
+	// Simulated redeliveries: copy a fraction of the commands back into the
+	// stream under a fresh message id, so the broker's dedup cannot drop
+	// them and the step workers' inbox must.
+	var copyWG sync.WaitGroup
+	if d.Redeliver > 0 {
+		nc, err := connectNATS(ns.ClientURL(), "demo-redeliverer")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		var n atomic.Int64
+		every := int64(1 / d.Redeliver)
+		sub, err := nc.Subscribe(engine.SubjectPrefixDefault+".cmd.>", func(m *nats.Msg) {
+			if m.Header.Get("X-Demo-Copy") != "" || n.Add(1)%every != 0 {
+				return
+			}
+			copyWG.Go(func() {
+				c := nats.NewMsg(m.Subject)
+				c.Data = m.Data
+				c.Header.Set("X-Demo-Copy", "1")
+				_, _ = js.PublishMsg(context.Background(), c, jetstream.WithMsgID("copy-"+m.Header.Get(nats.MsgIdHdr)))
+			})
+		})
+		if err != nil {
+			return err
+		}
+		defer sub.Unsubscribe() //nolint:errcheck
 	}
 
 	// The workload: 10% of credits go to the frozen account, 3% of
@@ -214,6 +254,19 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 	elapsed := time.Since(start)
+	// Let the redelivered copies still queued be consumed (and absorbed).
+	copyWG.Wait()
+	for range 100 {
+		var pending int
+		if err := pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is null`).Scan(&pending); err != nil {
+			return err
+		}
+		if pending == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
 
 	rep, err := transfer.Audit(ctx, pool, seeded)
 	if err != nil {
