@@ -52,6 +52,8 @@ func (c *core) woke() {
 // effects are observed after a transaction commits.
 type effects struct {
 	finished []finished
+	// retries holds (definition, step, phase) of retries scheduled.
+	retries [][3]string
 }
 
 type finished struct {
@@ -61,6 +63,9 @@ type finished struct {
 }
 
 func (c *core) emit(fx *effects) {
+	for _, r := range fx.retries {
+		c.metrics.RetriesScheduled.WithLabelValues(r[0], r[1], r[2]).Inc()
+	}
 	for _, f := range fx.finished {
 		c.metrics.SagasFinished.WithLabelValues(f.definition, f.outcome).Inc()
 		c.metrics.SagaDuration.WithLabelValues(f.definition, f.outcome).Observe(f.took.Seconds())
@@ -212,13 +217,71 @@ func (c *core) redispatch(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def
 	return true, c.command(ctx, tx, sg, def, idx, phase, attempt)
 }
 
-// compensate starts rolling back after forward step failedIdx failed.
+// succeed records a step's success and moves the saga on: to the next
+// forward step or the final state, or to the next compensation.
+func (c *core) succeed(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
+	key := saga.StepKey(sg.ID, def.Step(idx).Name, phase)
+	if err := c.finishStep(ctx, tx, key, attempt, saga.StepSucceeded, result, ""); err != nil {
+		return err
+	}
+	if phase == saga.PhaseCompensate {
+		return c.compensateNext(ctx, tx, sg, def, idx, fx)
+	}
+	step := def.Step(idx)
+	last := idx == def.Len()-1
+	if err := c.transition(ctx, tx, sg, step.Reaches, last, nil, &step.Name, result, fx); err != nil {
+		return err
+	}
+	if last {
+		return nil
+	}
+	return c.dispatch(ctx, tx, sg, def, idx+1, saga.PhaseForward)
+}
+
+// abandon gives a step up (a permanent failure, retries exhausted, or the
+// last lease expired with no reply). It first settles the step through the
+// inbox: a tombstone under its key makes every later delivery of its
+// command a no-op, and whatever the inbox already holds is the truth. If
+// the step did take effect (a success whose reply was lost, or is still on
+// its way), it is applied as a success; otherwise a forward step starts
+// compensation of the steps before it and a compensation ends the saga in
+// StateFailed.
+func (c *core) abandon(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
+	step := def.Step(idx)
+	key := saga.StepKey(sg.ID, step.Name, phase)
+	b := &pgx.Batch{}
+	b.Queue(settleLockTimeout)
+	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
+	var outcome string
+	var result []byte
+	b.Queue(settleRead, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
+	}
+	if outcome == "succeeded" {
+		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attempt)
+		return c.succeed(ctx, tx, sg, def, idx, phase, attempt, result, fx)
+	}
+	if err := c.finishStep(ctx, tx, key, attempt, saga.StepFailed, nil, reason); err != nil {
+		return err
+	}
+	if phase == saga.PhaseCompensate {
+		return c.giveUp(ctx, tx, sg, def, idx, reason, fx)
+	}
+	return c.compensate(ctx, tx, sg, def, idx, reason, fx)
+}
+
+// compensate starts rolling back after forward step failedIdx failed and
+// was settled as not having taken effect.
 func (c *core) compensate(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, failedIdx int, reason string, fx *effects) error {
 	msg := fmt.Sprintf("step %q failed: %s", def.Step(failedIdx).Name, reason)
 	if err := c.transition(ctx, tx, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
 		return err
 	}
 	plan := compensation.Plan(def, failedIdx)
+	if len(plan) == 0 {
+		return c.transition(ctx, tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
+	}
 	return c.dispatch(ctx, tx, sg, def, plan[0], saga.PhaseCompensate)
 }
 

@@ -46,6 +46,10 @@ func judge(st stepRow, r wire.Reply) Verdict {
 		return VerdictStale
 	case r.Attempt < st.attempt:
 		return VerdictStale
+	case st.status == saga.StepRetrying && r.Outcome == wire.OutcomeSucceeded:
+		// A retry was scheduled, but a redelivery of the same attempt
+		// succeeded: the success is the truth, and stops the retry.
+		return VerdictApplied
 	case st.status == saga.StepSucceeded || st.status == saga.StepFailed || st.status == saga.StepRetrying:
 		return VerdictDuplicate
 	default:
@@ -94,7 +98,9 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 		return v, nil
 	}
 	fx := &effects{}
-	if err := c.apply(ctx, tx, sg, def, idx, r, fx); err != nil {
+	if err := c.apply(ctx, tx, sg, def, idx, r, fx); errors.Is(err, errAlreadyApplied) {
+		return VerdictDuplicate, nil
+	} else if err != nil {
 		return "", err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -106,31 +112,11 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 
 func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, r wire.Reply, fx *effects) error {
 	policy := policyOf(def, idx, r.Phase)
-	outcome := r.Outcome
-	if outcome == wire.OutcomeRetry && r.Attempt >= policy.MaxAttempts {
-		outcome = wire.OutcomeFailed
-		r.Error = fmt.Sprintf("%d attempts exhausted; last error: %s", r.Attempt, r.Error)
-	}
+	switch {
+	case r.Outcome == wire.OutcomeSucceeded:
+		return c.succeed(ctx, tx, sg, def, idx, r.Phase, r.Attempt, r.Result, fx)
 
-	switch outcome {
-	case wire.OutcomeSucceeded:
-		if err := c.finishStep(ctx, tx, r.Key, r.Attempt, saga.StepSucceeded, r.Result, ""); err != nil {
-			return err
-		}
-		if r.Phase == saga.PhaseCompensate {
-			return c.compensateNext(ctx, tx, sg, def, idx, fx)
-		}
-		step := def.Step(idx)
-		last := idx == def.Len()-1
-		if err := c.transition(ctx, tx, sg, step.Reaches, last, nil, &step.Name, r.Result, fx); err != nil {
-			return err
-		}
-		if last {
-			return nil
-		}
-		return c.dispatch(ctx, tx, sg, def, idx+1, saga.PhaseForward)
-
-	case wire.OutcomeRetry:
+	case r.Outcome == wire.OutcomeRetry && r.Attempt < policy.MaxAttempts:
 		delay := policy.Backoff(r.Attempt)
 		if r.RetryAfterMillis > 0 {
 			delay = time.Duration(r.RetryAfterMillis) * time.Millisecond
@@ -142,17 +128,15 @@ func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *sag
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
 		}
-		c.metrics.RetriesScheduled.WithLabelValues(def.Name(), r.Step, string(r.Phase)).Inc()
+		fx.retries = append(fx.retries, [3]string{def.Name(), r.Step, string(r.Phase)})
 		return nil
 
-	default: // failed
-		if err := c.finishStep(ctx, tx, r.Key, r.Attempt, saga.StepFailed, nil, r.Error); err != nil {
-			return err
-		}
-		if r.Phase == saga.PhaseCompensate {
-			return c.giveUp(ctx, tx, sg, def, idx, r.Error, fx)
-		}
-		return c.compensate(ctx, tx, sg, def, idx, r.Error, fx)
+	case r.Outcome == wire.OutcomeRetry:
+		reason := fmt.Sprintf("%d attempts exhausted; last error: %s", r.Attempt, r.Error)
+		return c.abandon(ctx, tx, sg, def, idx, r.Phase, r.Attempt, reason, fx)
+
+	default: // a permanent failure
+		return c.abandon(ctx, tx, sg, def, idx, r.Phase, r.Attempt, r.Error, fx)
 	}
 }
 

@@ -50,7 +50,20 @@ returning attempt`
 
 	finishStep = `update idemsaga.steps set
     status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
-where key = $1 and attempt = $2 and status = 'dispatched'`
+where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')`
+
+	// settleLockTimeout bounds the wait on a step worker still holding the
+	// key uncommitted: the engine retries the decision later rather than
+	// block behind a stalled process.
+	settleLockTimeout = `select set_config('lock_timeout', '100ms', true)`
+
+	// settleTombstone fences a step the engine gives up on: once it
+	// commits, no delivery of the step's command can take effect.
+	settleTombstone = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
+values ($1, $2, $3, $4, 0, 'tombstone')
+on conflict (step_key) do nothing`
+
+	settleRead = `select outcome, result from idemsaga.inbox where step_key = $1`
 
 	scheduleRetry = `update idemsaga.steps set
     status = 'retrying', last_error = $3, lease_until = null,

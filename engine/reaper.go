@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -93,25 +94,26 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 		}
 	default:
 		// The last attempt's lease expired with no reply: the outcome is
-		// unknown. Give the step up; its compensation tombstones the key
-		// first, so a late delivery does nothing.
-		c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
+		// unknown. Settle it through the inbox (tombstone, then read) and
+		// give it up, or apply it if it did take effect.
 		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
-		if err := c.finishStep(ctx, tx, key, st.attempt, saga.StepFailed, nil, reason); err != nil {
+		if err := c.abandon(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, fx); err != nil {
+			if isLockTimeout(err) {
+				return false, nil // a worker still holds the key; decide on a later pass
+			}
 			return false, err
 		}
-		if st.phase == saga.PhaseCompensate {
-			err = c.giveUp(ctx, tx, sg, def, st.index, reason, fx)
-		} else {
-			err = c.compensate(ctx, tx, sg, def, st.index, reason, fx)
-		}
-		if err != nil {
-			return false, err
-		}
+		c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
 	c.emit(fx)
 	return true, nil
+}
+
+// isLockTimeout reports a lock_timeout expiry (SQLSTATE 55P03).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

@@ -1,6 +1,8 @@
 package steps
 
 const (
+	idleTimeout = `select set_config('idle_in_transaction_session_timeout', $1, true)`
+
 	// claimKey inserts the inbox row first, before any business write, so a
 	// concurrent duplicate blocks on the unique key and then finds the
 	// committed outcome; if this transaction rolls back, so does the row.

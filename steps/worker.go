@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -170,11 +171,19 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	tag, err := tx.Exec(attemptCtx, claimKey, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt)
-	if err != nil {
+	// One round trip: bound how long this transaction may sit idle (a
+	// stalled or stopped process must not hold the key forever: the engine
+	// settles abandoned steps through the same inbox row), then claim the
+	// key.
+	b := &pgx.Batch{}
+	b.Queue(idleTimeout, idleTimeoutFor(policy))
+	claim := b.Queue(claimKey, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt)
+	var claimed int64
+	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
+	if err := tx.SendBatch(attemptCtx, b).Close(); err != nil {
 		return reply, fmt.Errorf("claim step key: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if claimed == 0 {
 		// Already processed (or tombstoned): answer with the first outcome.
 		return w.replayStored(attemptCtx, tx, reply)
 	}
@@ -254,8 +263,11 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		if err := tx.QueryRow(ctx, readOutcome, forwardKey).Scan(&outcome, &fwd, &ferr); err != nil {
 			return nil, fmt.Errorf("read forward outcome: %w", err)
 		}
-		if outcome != "succeeded" || handler == nil {
-			return nil, nil // nothing took effect, or nothing to undo
+		if outcome != "succeeded" {
+			return nil, nil // the forward step took no effect: nothing to undo
+		}
+		if handler == nil {
+			return nil, saga.Permanent(fmt.Errorf("step %q took effect and has no compensation; its effect must be undone by hand", cmd.Step))
 		}
 		results := make(map[string]json.RawMessage, len(cmd.Results)+1)
 		for k, v := range cmd.Results {
@@ -311,9 +323,18 @@ func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) er
 	}
 	return outbox.Write(ctx, tx, outbox.Message{
 		Subject: w.cfg.Subjects.Reply(reply.Definition),
-		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt),
+		// The outcome is part of the id: two deliveries of one attempt can
+		// report different outcomes (a retryable error, then a success),
+		// and the broker must not drop the second as a duplicate.
+		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt) + "-" + string(reply.Outcome),
 		Payload: payload,
 	})
+}
+
+// idleTimeoutFor is the longest a step transaction may sit idle: the
+// attempt's timeout plus a margin. PostgreSQL ends the session past it.
+func idleTimeoutFor(p saga.RetryPolicy) string {
+	return fmt.Sprintf("%dms", (p.Timeout + 5*time.Second).Milliseconds())
 }
 
 func nullJSON(b json.RawMessage) any {
