@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/saga"
@@ -81,6 +82,9 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 	if err != nil {
 		return StartResult{}, err
 	}
+	if len(canonical) > cl.c.maxInput {
+		return StartResult{}, fmt.Errorf("idemsaga: saga input is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)
+	}
 	sum := sha256.Sum256(canonical)
 
 	id, err := uuid.NewV7()
@@ -88,6 +92,10 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
 	tag, err := tx.Exec(ctx, insertSaga, id, def.Name(), key, sum[:], []byte(canonical))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
+		return StartResult{}, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
+	}
 	if err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 	}

@@ -29,6 +29,7 @@ type core struct {
 	defs       map[string]*saga.Definition
 	subjects   wire.Subjects
 	leaseGrace time.Duration
+	maxInput   int
 	metrics    *metrics.Metrics
 	log        *slog.Logger
 	// notify wakes the local relay after a commit that wrote the outbox.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,6 +34,7 @@ const (
 	ReapIntervalDefault     = 100 * time.Millisecond
 	ReapBatchDefault        = 100
 	AckWaitDefault          = 60 * time.Second
+	MaxInputBytesDefault    = 256 << 10
 )
 
 // Config configures an Engine. Only Pool, NATS and Definitions are required.
@@ -66,8 +68,13 @@ type Config struct {
 	// for. Defaults to ReapIntervalDefault.
 	ReapInterval time.Duration
 	// AckWait is how long JetStream waits for an ack before redelivering.
-	// Defaults to AckWaitDefault.
+	// It must exceed every step's Timeout. Defaults to AckWaitDefault, or
+	// the longest step Timeout plus 30s when that is longer.
 	AckWait time.Duration
+	// MaxInputBytes bounds a saga's input, in canonical JSON. Commands carry
+	// the input and earlier results and must fit the broker's max payload
+	// (1 MiB by default). Defaults to MaxInputBytesDefault.
+	MaxInputBytes int
 	// RelayBatch is the outbox relay's batch size. Defaults to
 	// outbox.BatchSizeDefault.
 	RelayBatch int
@@ -120,13 +127,17 @@ func (c *Config) validate(needNATS bool) error {
 	if c.ReapInterval == 0 {
 		c.ReapInterval = ReapIntervalDefault
 	}
-	if c.AckWait == 0 {
-		c.AckWait = AckWaitDefault
+	if c.MaxInputBytes < 0 {
+		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
+	}
+	if c.MaxInputBytes == 0 {
+		c.MaxInputBytes = MaxInputBytesDefault
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	seen := map[string]bool{}
+	var longest time.Duration
 	for _, d := range c.Definitions {
 		if d == nil {
 			return errors.New("idemsaga: Config.Definitions holds a nil definition")
@@ -135,6 +146,21 @@ func (c *Config) validate(needNATS bool) error {
 			return fmt.Errorf("idemsaga: Config.Definitions names %q twice", d.Name())
 		}
 		seen[d.Name()] = true
+		for _, st := range d.Steps() {
+			longest = max(longest, st.Retry.Timeout)
+			if st.Compensate != nil {
+				longest = max(longest, st.CompensateRetry.Timeout)
+			}
+		}
+	}
+	// The broker must not redeliver a command while its handler may still
+	// be running: the copy would wait on the first's inbox row, holding a
+	// handler slot and a connection.
+	if c.AckWait == 0 {
+		c.AckWait = max(AckWaitDefault, longest+30*time.Second)
+	}
+	if c.AckWait <= longest {
+		return fmt.Errorf("idemsaga: Config.AckWait (%s) must exceed the longest step Timeout (%s); raise it or leave it 0 for a fitting default", c.AckWait, longest)
 	}
 	return nil
 }
@@ -150,7 +176,7 @@ func newCore(cfg *Config) (*core, error) {
 	}
 	return &core{
 		pool: cfg.Pool, defs: defs, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
-		leaseGrace: cfg.LeaseGrace, metrics: m, log: cfg.Logger,
+		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
 	}, nil
 }
 
@@ -172,12 +198,17 @@ func NewClient(cfg Config) (*Client, error) {
 // step workers, the orchestrator and the reaper of due retries and expired
 // leases. Any number of engines may share one database and one stream.
 type Engine struct {
-	cfg    Config
-	c      *core
-	client *Client
-	relay  *outbox.Relay
-	worker *steps.Worker
-	runner lifecycle.Runner
+	cfg      Config
+	c        *core
+	client   *Client
+	js       jetstream.JetStream
+	subjects wire.Subjects
+	relay    *outbox.Relay
+	worker   *steps.Worker
+	runner   lifecycle.Runner
+
+	mu      sync.Mutex
+	started bool
 }
 
 // New returns an engine; Start runs it.
@@ -189,7 +220,64 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, c: c, client: &Client{c: c}}, nil
+	e := &Engine{cfg: cfg, c: c, client: &Client{c: c}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
+	e.js, err = jetstream.New(cfg.NATS,
+		jetstream.WithPublishAsyncMaxPending(4096),
+		jetstream.WithPublishAsyncTimeout(outbox.PublishTimeoutDefault))
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
+	}
+	m := c.metrics
+	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
+		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
+		Logger: cfg.Logger,
+		OnPublishFunc: func(rows, dups int, took time.Duration) {
+			m.OutboxPublished.Add(float64(rows))
+			m.Duplicates.WithLabelValues(metrics.LayerBroker).Add(float64(dups))
+			m.RelayBatchSeconds.Observe(took.Seconds())
+		},
+		RecoverFunc: func(ctx context.Context) error { _, err := e.stream(ctx); return err },
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.notify = e.relay.Notify
+	e.worker, err = steps.New(steps.Config{
+		Pool: cfg.Pool, Consumer: e.consumerFunc("_steps", e.subjects.AllCommands()), Subjects: e.subjects,
+		Definitions: cfg.Definitions, Concurrency: cfg.StepConcurrency, Logger: cfg.Logger, Metrics: m,
+		CommittedFunc: e.relay.Notify,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// stream creates or updates the engine's stream.
+func (e *Engine) stream(ctx context.Context) (jetstream.Stream, error) {
+	s, err := broker.EnsureStream(ctx, e.js, broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{e.subjects.All()}})
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: %w (check NATS_URL and that nats-server runs with -js)", err)
+	}
+	return s, nil
+}
+
+// consumerFunc returns a function that ensures the stream and one durable
+// consumer exist and returns the consumer.
+func (e *Engine) consumerFunc(suffix, filter string) broker.ConsumerFunc {
+	return func(ctx context.Context) (jetstream.Consumer, error) {
+		s, err := e.stream(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
+			Durable: e.cfg.Stream + suffix, Filter: filter, AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("idemsaga: %w", err)
+		}
+		return c, nil
+	}
 }
 
 // Client returns a client whose starts wake this engine's relay at once.
@@ -208,57 +296,33 @@ func (e *Engine) ReapOnce(ctx context.Context) (int, error) {
 
 // Start checks the database (reachable, migrated) and the broker, creates
 // the stream and durable consumers if missing, and runs everything in the
-// background until Stop. It returns at once.
+// background until Stop. It returns at once. An engine runs once: Start
+// after Stop returns an error; build a new engine instead.
 func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started {
+		return errors.New("idemsaga: engine already started; an engine runs once, build a new one with engine.New")
+	}
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
 	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
 		return err
 	}
-	js, err := jetstream.New(e.cfg.NATS, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		return fmt.Errorf("idemsaga: JetStream: %w", err)
+	if e.cfg.NATS.Opts.MaxReconnect >= 0 {
+		e.cfg.Logger.Warn("the NATS connection stops reconnecting after a while; connect with nats.MaxReconnects(-1) so the engine survives long broker outages",
+			"max_reconnects", e.cfg.NATS.Opts.MaxReconnect)
 	}
-	subjects := wire.Subjects{Prefix: e.cfg.SubjectPrefix}
-	stream, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{subjects.All()}})
-	if err != nil {
-		return fmt.Errorf("idemsaga: %w (check NATS_URL and that nats-server runs with -js)", err)
-	}
-	stepCons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{
-		Durable: e.cfg.Stream + "_steps", Filter: subjects.AllCommands(), AckWait: e.cfg.AckWait, MaxAckPending: 10000,
-	})
-	if err != nil {
-		return fmt.Errorf("idemsaga: %w", err)
-	}
-	replyCons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{
-		Durable: e.cfg.Stream + "_orchestrator", Filter: subjects.AllReplies(), AckWait: e.cfg.AckWait, MaxAckPending: 10000,
-	})
-	if err != nil {
-		return fmt.Errorf("idemsaga: %w", err)
-	}
-
-	m := e.c.metrics
-	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
-		Pool: e.cfg.Pool, JetStream: js, BatchSize: e.cfg.RelayBatch, PollInterval: e.cfg.RelayPollInterval,
-		Logger: e.cfg.Logger,
-		OnPublishFunc: func(rows, dups int, took time.Duration) {
-			m.OutboxPublished.Add(float64(rows))
-			m.Duplicates.WithLabelValues(metrics.LayerBroker).Add(float64(dups))
-			m.RelayBatchSeconds.Observe(took.Seconds())
-		},
-	})
-	if err != nil {
+	// Fail fast when the broker cannot host the stream and consumers.
+	replies := e.consumerFunc("_orchestrator", e.subjects.AllReplies())
+	if _, err := replies(ctx); err != nil {
 		return err
 	}
-	e.c.notify = e.relay.Notify
-	e.worker, err = steps.New(steps.Config{
-		Pool: e.cfg.Pool, Consumer: stepCons, Subjects: subjects, Definitions: e.cfg.Definitions,
-		Concurrency: e.cfg.StepConcurrency, Logger: e.cfg.Logger, Metrics: m, CommittedFunc: e.relay.Notify,
-	})
-	if err != nil {
+	if _, err := e.consumerFunc("_steps", e.subjects.AllCommands())(ctx); err != nil {
 		return err
 	}
+	e.started = true
 	if err := e.relay.Start(ctx); err != nil {
 		return err
 	}
@@ -268,7 +332,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
-			broker.Pool(ctx, e.cfg.Logger, replyCons, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
+			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
 		},
 		e.reapLoop,
 	)
@@ -300,17 +364,21 @@ func (e *Engine) reapLoop(ctx context.Context) {
 // stops. Work not finished by ctx's deadline is left to lease expiry.
 // Calling Stop twice is fine.
 func (e *Engine) Stop(ctx context.Context) error {
-	var errs []error
-	if e.worker != nil {
-		errs = append(errs, e.worker.Stop(ctx))
+	e.mu.Lock()
+	started := e.started
+	e.mu.Unlock()
+	if !started {
+		return nil
 	}
+	var errs []error
+	errs = append(errs, e.worker.Stop(ctx))
 	errs = append(errs, e.runner.Stop(ctx))
-	if e.relay != nil {
+	if e.relay.Running() {
 		if _, err := e.relay.RelayOnce(ctx); err != nil && ctx.Err() == nil {
 			e.cfg.Logger.Warn("relay: final flush failed; rows stay in the outbox for the next relay", "error", err)
 		}
-		errs = append(errs, e.relay.Stop(ctx))
 	}
+	errs = append(errs, e.relay.Stop(ctx))
 	return errors.Join(errs...)
 }
 

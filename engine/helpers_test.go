@@ -34,7 +34,7 @@ func startEngine(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, stream string,
 	t.Helper()
 	cfg := engine.Config{
 		Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
-		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, AckWait: 30 * time.Second,
+		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond,
 		RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger(),
 	}
 	for _, o := range opts {

@@ -56,7 +56,11 @@ create table idemsaga.outbox (
     payload      bytea not null,
     headers      jsonb,
     created_at   timestamptz not null default now(),
-    published_at timestamptz
+    published_at timestamptz,
+    -- Failed publish attempts and the last broker error, so a row the
+    -- broker refuses (too large, say) is visible instead of silent.
+    attempts     int not null default 0,
+    last_error   text
 );
 
 create index outbox_unpublished_idx on idemsaga.outbox (id) where published_at is null;

@@ -44,6 +44,10 @@ type RelayConfig struct {
 	// as duplicates (dropped by its Nats-Msg-Id window), and how long
 	// publishing took.
 	OnPublishFunc func(rows, duplicates int, took time.Duration)
+	// RecoverFunc, if set, is called when the broker answered that no
+	// stream captures a subject (a server restarted without its storage,
+	// say), to create the stream again before the next batch.
+	RecoverFunc func(ctx context.Context) error
 }
 
 func (c *RelayConfig) validate() error {
@@ -96,6 +100,9 @@ func (r *Relay) Start(ctx context.Context) error {
 
 // Stop finishes the batch in hand and returns. Calling it twice is fine.
 func (r *Relay) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
+
+// Running reports whether the relay is started.
+func (r *Relay) Running() bool { return r.runner.Running() }
 
 // Notify hints that rows were committed, so the relay looks now instead of
 // at its next poll. It never blocks.
@@ -166,19 +173,16 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	futures := make([]jetstream.PubAckFuture, len(batch))
-	var firstErr error
+	failures := make([]error, len(batch))
 	for i, x := range batch {
 		msg := nats.NewMsg(x.subject)
 		msg.Data = x.payload
 		for k, v := range x.headers {
 			msg.Header.Set(k, v)
 		}
-		f, err := r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
-		if err != nil {
-			firstErr = fmt.Errorf("publish %s: %w", x.subject, err)
-			break
-		}
-		futures[i] = f
+		// A row the broker refuses must not hold back the rows after it:
+		// record its error and go on.
+		futures[i], failures[i] = r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
 	}
 	published := make([]int64, 0, len(batch))
 	dups := 0
@@ -193,25 +197,46 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 				dups++
 			}
 		case err := <-f.Err():
-			if firstErr == nil {
-				firstErr = fmt.Errorf("publish %s: %w", batch[i].subject, err)
-			}
+			failures[i] = err
 		case <-pubCtx.Done():
-			if firstErr == nil {
-				firstErr = fmt.Errorf("publish: no ack from the broker within %s: %w", r.cfg.PublishTimeout, pubCtx.Err())
-			}
+			failures[i] = fmt.Errorf("no ack from the broker within %s: %w", r.cfg.PublishTimeout, pubCtx.Err())
+		}
+	}
+	var firstErr error
+	failed, missingStream := 0, false
+	for i, err := range failures {
+		if err == nil {
+			continue
+		}
+		failed++
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			missingStream = true
+		}
+		if firstErr == nil {
+			firstErr = fmt.Errorf("publish outbox row %d to %s: %w", batch[i].id, batch[i].subject, err)
+		}
+		if _, err := tx.Exec(ctx, markFailed, batch[i].id, err.Error()); err != nil {
+			return 0, fmt.Errorf("record publish failure: %w", err)
 		}
 	}
 	if len(published) > 0 {
 		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
 			return 0, fmt.Errorf("mark published: %w", err)
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return 0, fmt.Errorf("commit: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	if len(published) > 0 && r.cfg.OnPublishFunc != nil {
+		r.cfg.OnPublishFunc(len(published), dups, time.Since(start))
+	}
+	if missingStream && r.cfg.RecoverFunc != nil {
+		if err := r.cfg.RecoverFunc(ctx); err != nil {
+			r.cfg.Logger.Warn("outbox relay: recreate the stream", "error", err)
 		}
-		if r.cfg.OnPublishFunc != nil {
-			r.cfg.OnPublishFunc(len(published), dups, time.Since(start))
-		}
+	}
+	if failed > 0 {
+		firstErr = fmt.Errorf("%d of %d rows not published; first: %w", failed, len(batch), firstErr)
 	}
 	return len(published), firstErr
 }

@@ -120,3 +120,43 @@ func TestNewRelayValidates(t *testing.T) {
 	_, err := outbox.NewRelay(outbox.RelayConfig{})
 	require.ErrorContains(t, err, "Pool is required")
 }
+
+// TestRelaySkipsARowTheBrokerRefuses: a row over the broker's max payload
+// is recorded as failing and does not hold back the rows after it.
+func TestRelaySkipsARowTheBrokerRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	name := testenv.Name("POISON")
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	huge := make([]byte, nc.MaxPayload()+1)
+	require.NoError(t, outbox.Write(ctx, tx,
+		outbox.Message{Subject: name + ".x", MsgID: "huge", Payload: huge},
+		outbox.Message{Subject: name + ".x", MsgID: "small-1", Payload: []byte("a")},
+		outbox.Message{Subject: name + ".x", MsgID: "small-2", Payload: []byte("b")},
+	))
+	require.NoError(t, tx.Commit(ctx))
+
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, JetStream: js, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	n, err := r.RelayOnce(ctx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "1 of 3 rows not published")
+	require.Equal(t, 2, n)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, info.State.Msgs)
+
+	var attempts int
+	var lastErr string
+	require.NoError(t, pool.QueryRow(ctx, `select attempts, last_error from idemsaga.outbox where msg_id = 'huge' and published_at is null`).Scan(&attempts, &lastErr))
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastErr, "maximum payload")
+}

@@ -29,8 +29,9 @@ type Config struct {
 	// Pool is the database of the inbox, the outbox and the business tables.
 	// Required.
 	Pool *pgxpool.Pool
-	// Consumer delivers commands. Required by Start; Handle works without.
-	Consumer jetstream.Consumer
+	// Consumer returns the consumer of commands, creating it again when the
+	// server lost it. Required by Start; Handle works without.
+	Consumer broker.ConsumerFunc
 	// Subjects names reply subjects. Required.
 	Subjects wire.Subjects
 	// Definitions the worker can run. Required.

@@ -21,6 +21,13 @@ import (
 // fast path only; the inbox and fenced updates are the guarantee.
 const DuplicateWindowDefault = 2 * time.Minute
 
+// Pull request settings of every consumer: how long one pull waits on the
+// server, and how often the server proves it is alive meanwhile.
+const (
+	PullExpiry    = 5 * time.Second
+	PullHeartbeat = time.Second
+)
+
 // StreamConfig describes the engine's stream.
 type StreamConfig struct {
 	// Name of the stream.
@@ -83,25 +90,51 @@ func EnsureConsumer(ctx context.Context, s jetstream.Stream, cfg ConsumerConfig)
 // finishes.
 type HandlerFunc func(ctx context.Context, msg jetstream.Msg)
 
-// Pool runs Concurrency handlers on a consumer until its context ends,
-// then drains: messages already fetched are handled, none are fetched anew.
-func Pool(ctx context.Context, log *slog.Logger, c jetstream.Consumer, concurrency int, handle HandlerFunc) {
+// ConsumerFunc returns the consumer to read, creating the stream and the
+// consumer again when the server lost them. Pool calls it at every start
+// and restart.
+type ConsumerFunc func(ctx context.Context) (jetstream.Consumer, error)
+
+// Pool runs concurrency handlers on a consumer until ctx ends, then drains:
+// messages already fetched are handled, none are fetched anew. When the
+// consumer stops for any other reason (the connection closed, the consumer
+// was deleted), Pool gets the consumer again and resumes; it never gives up
+// while ctx lives.
+func Pool(ctx context.Context, log *slog.Logger, consumer ConsumerFunc, concurrency int, handle HandlerFunc) {
+	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := runPool(ctx, c, concurrency, handle)
-		if err == nil || ctx.Err() != nil {
+		c, err := consumer(ctx)
+		if err == nil {
+			err = runPool(ctx, c, concurrency, handle)
+			if err == nil {
+				delay = 100 * time.Millisecond
+			}
+		}
+		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("consumer stopped; restarting", "consumer", c.CachedInfo().Name, "error", err)
+		if err == nil {
+			err = errors.New("message iterator closed")
+		}
+		log.Warn("consumer stopped; resuming", "error", err, "in", delay)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(delay):
 		}
+		delay = min(2*delay, 5*time.Second)
 	}
 }
 
+// runPool consumes until the iterator closes. It returns nil when it
+// closed because ctx ended, or the error that closed it.
 func runPool(ctx context.Context, c jetstream.Consumer, concurrency int, handle HandlerFunc) error {
-	it, err := c.Messages(jetstream.PullMaxMessages(concurrency * 2))
+	// Short pull expiry and heartbeats: a consumer the server lost (a
+	// restart without storage) shows up as missing heartbeats within
+	// seconds, and Pool recreates it.
+	it, err := c.Messages(jetstream.PullMaxMessages(concurrency*2),
+		jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(PullHeartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return err
 	}
@@ -120,7 +153,9 @@ func runPool(ctx context.Context, c jetstream.Consumer, concurrency int, handle 
 	for {
 		m, err := it.Next()
 		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() == nil {
+				// Not our Stop: the connection closed or the consumer
+				// went away. Report it so the caller resumes.
 				loopErr = err
 				it.Stop()
 			}

@@ -12,7 +12,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -201,6 +203,21 @@ func StartNATS(t testing.TB, dir string, port int) *natsserver.Server {
 		srv.WaitForShutdown()
 	})
 	return srv
+}
+
+// StartNATSAt starts a JetStream server storing in dir on the host:port
+// addr of an earlier server, so its clients reconnect to it.
+func StartNATSAt(t testing.TB, dir, addr string) *natsserver.Server {
+	t.Helper()
+	_, portText, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StartNATS(t, dir, port)
 }
 
 // Connect opens a client connection closed when the test ends.

@@ -1,0 +1,47 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestBrokerRestartLosingEverything replaces the NATS server mid-run with a
+// new one that has no stream, no consumers and no messages. The engine
+// recreates what it needs, and leases re-drive every step the broker lost:
+// all sagas finish and money is conserved.
+func TestBrokerRestartLosingEverything(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	srv, nc := testenv.NATS(t)
+	policy := fastPolicy
+	policy.Timeout = time.Second
+	def, err := transfer.NewDefinition(policy)
+	require.NoError(t, err)
+	seeded := seedForLoad(t, pool)
+	e := startEngine(t, pool, nc, testenv.Name("RESTART"), []*saga.Definition{def}, func(c *engine.Config) {
+		c.LeaseGrace = time.Second
+	})
+
+	credited, compensated := submitTransfers(t, def, 100, e.Client())
+	addr := srv.Addr().String()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	// Work continues against the database while the broker is gone.
+	time.Sleep(300 * time.Millisecond)
+	_ = testenv.StartNATSAt(t, t.TempDir(), addr)
+
+	waitAllFinished(t, pool, 2*time.Minute)
+	requireAudit(t, pool, seeded, credited, compensated)
+	var takeovers int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where attempt > 1`).Scan(&takeovers))
+	t.Logf("steps re-dispatched after the broker lost them: %d", takeovers)
+}

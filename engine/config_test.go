@@ -1,0 +1,102 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	defs := []*saga.Definition{transfer.Definition}
+	cases := []struct {
+		cfg  engine.Config
+		want string
+	}{
+		{engine.Config{NATS: nc, Definitions: defs}, "Config.Pool is required"},
+		{engine.Config{Pool: pool, Definitions: defs}, "Config.NATS is required"},
+		{engine.Config{Pool: pool, NATS: nc}, "Config.Definitions is empty"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: "a.b"}, "Config.Stream"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, SubjectPrefix: "a.>"}, "Config.SubjectPrefix"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, AckWait: time.Second}, "Config.AckWait"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, transfer.Definition)}, "names \"transfer\" twice"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, LeaseGrace: -time.Second}, "must not be negative"},
+	}
+	for _, tc := range cases {
+		_, err := engine.New(tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+func TestEngineRunsOnce(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	e := startEngine(t, pool, nc, testenv.Name("ONCE"), []*saga.Definition{transferDef(t)})
+	require.ErrorContains(t, e.Start(context.Background()), "already started")
+}
+
+func TestEngineRefusesUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	_, err := pool.Exec(ctx, `drop schema idemsaga cascade`)
+	require.NoError(t, err)
+	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{transfer.Definition}, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.ErrorContains(t, e.Start(ctx), "run `worker migrate` first")
+	require.NoError(t, e.Stop(ctx), "stopping an engine that never started is fine")
+}
+
+func TestStartRejectsOversizedInput(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, MaxInputBytes: 100})
+	require.NoError(t, err)
+	_, err = cl.Start(context.Background(), transfer.Definition, "big", map[string]string{"note": strings.Repeat("x", 200)})
+	require.ErrorContains(t, err, "over the 100-byte limit")
+}
+
+// TestStartTxUnderRepeatableRead: concurrent starts of one key inside
+// REPEATABLE READ transactions still make one saga; the loser gets a
+// conflict it can retry, not a driver error.
+func TestStartTxUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	require.NoError(t, err)
+	tx1, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx) //nolint:errcheck
+	tx2, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx2.Rollback(ctx)                                        //nolint:errcheck
+	_, err = tx2.Exec(ctx, `select 1 from idemsaga.sagas limit 1`) // take the snapshot now
+	require.NoError(t, err)
+
+	_, err = cl.StartTx(ctx, tx1, transfer.Definition, "rr", transferInput(1, 2, 3))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cl.StartTx(ctx, tx2, transfer.Definition, "rr", transferInput(1, 2, 3))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let tx2 block on tx1's key
+	require.NoError(t, tx1.Commit(ctx))
+	err = <-done
+	require.ErrorIs(t, err, saga.ErrConflict)
+	require.ErrorContains(t, err, "READ COMMITTED")
+}
