@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -55,6 +56,9 @@ func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, i
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: commit: %w", err)
+	}
+	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
+		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
 	}
 	if !res.Duplicate {
 		cl.c.woke()

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -177,6 +178,9 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 		c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc()
 	case VerdictMissing:
 		c.log.Warn("orchestrator: reply for a saga or step that does not exist; dropped", "saga_id", r.SagaID, "step", r.Step)
+	}
+	if err := failpoint.Inject(failpoint.OrchestratorBeforeAck); err != nil {
+		return // as if the ack was lost: JetStream redelivers after AckWait
 	}
 	_ = msg.Ack()
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -104,6 +105,9 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 			return false, err
 		}
 		c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
+	}
+	if err := failpoint.Inject(failpoint.LeaseTakeover); err != nil {
+		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)

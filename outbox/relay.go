@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 )
 
@@ -201,6 +202,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		case <-pubCtx.Done():
 			failures[i] = fmt.Errorf("no ack from the broker within %s: %w", r.cfg.PublishTimeout, pubCtx.Err())
 		}
+	}
+	if err := failpoint.Inject(failpoint.RelayBeforeMark); err != nil {
+		return 0, err // published, not marked: the next batch publishes again
 	}
 	var firstErr error
 	failed, missingStream := 0, false

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemsaga/idemsaga/internal/broker"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -116,6 +117,9 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
+	if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
+		return // as if the ack was lost: JetStream redelivers after AckWait
+	}
 	if err := msg.Ack(); err != nil {
 		// The commit stands; a redelivery is absorbed by the inbox.
 		log.Debug("step worker: ack failed after commit", "error", err)
@@ -189,6 +193,9 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		return w.replayStored(attemptCtx, tx, reply)
 	}
 
+	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
+		return reply, err
+	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
 	if herr == nil {
 		if _, err := tx.Exec(attemptCtx, recordResult, cmd.Key, nullJSON(result)); err != nil {

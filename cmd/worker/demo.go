@@ -296,13 +296,17 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		conserved = "NOT conserved"
 	}
 	fmt.Printf("  money            seeded %d, held now %d: %s\n", seeded, rep.Total, conserved)
-	if len(rep.Differences) > 0 || !keyReuseRefused {
-		for _, diff := range rep.Differences {
+	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
+	if err != nil {
+		return err
+	}
+	if len(recon.Differences) > 0 || !keyReuseRefused {
+		for _, diff := range recon.Differences {
 			fmt.Printf("  DIFFERENCE: %s\n", diff)
 		}
-		return fmt.Errorf("%d differences found", len(rep.Differences))
+		return fmt.Errorf("reconcile: %d differences found", len(recon.Differences))
 	}
-	fmt.Println("  ledgers          every ledger matches its saga's terminal state; 0 differences")
+	fmt.Println("  reconcile        engine and ledger invariants hold; 0 differences")
 	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker status %s\n", redact(dsn), jobs[0].key)
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 )
 
 // DatabaseURLDefault is used when neither --database-url nor DATABASE_URL is set.
@@ -41,11 +42,12 @@ type globals struct {
 type cli struct {
 	globals
 
-	Migrate  migrateCmd  `cmd:"" help:"Create or update the engine's and the transfer example's tables."`
-	Run      runCmd      `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator and lease reaper, until SIGINT or SIGTERM."`
-	Transfer transferCmd `cmd:"" help:"Start a money transfer saga (the same key gives the same saga)."`
-	Status   statusCmd   `cmd:"" help:"Show a saga by ID or idempotency key."`
-	Demo     demoCmd     `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
+	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's and the transfer example's tables."`
+	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator and lease reaper, until SIGINT or SIGTERM."`
+	Transfer  transferCmd  `cmd:"" help:"Start a money transfer saga (the same key gives the same saga)."`
+	Status    statusCmd    `cmd:"" help:"Show a saga by ID or idempotency key."`
+	Reconcile reconcileCmd `cmd:"" help:"Check the engine's and the transfer example's invariants; print each difference and exit non-zero when any is found."`
+	Demo      demoCmd      `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
 }
 
 func main() {
@@ -59,6 +61,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
+	if err := failpoint.FromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
+		os.Exit(2)
+	}
 	if err := kctx.Run(&c.globals); err != nil {
 		fmt.Fprintf(os.Stderr, "worker %s: %v\n", kctx.Command(), err)
 		stop()

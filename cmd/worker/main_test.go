@@ -166,7 +166,7 @@ func TestDemo(t *testing.T) {
 	})
 	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "demo", "--transfers", "60", "--db-name", name)
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stdout, "0 differences")
+	require.Contains(t, r.stdout, "invariants hold; 0 differences")
 	require.Contains(t, r.stdout, "conserved")
 	require.Contains(t, r.stdout, "refused=true")
 }

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -19,6 +22,10 @@ type runCmd struct {
 	MaxConns         int32         `name:"max-conns" default:"20" help:"Database connections of this process."`
 	DrainTimeout     time.Duration `name:"drain-timeout" default:"30s" help:"How long SIGINT/SIGTERM waits for work in hand."`
 	Migrate          bool          `help:"Apply migrations before starting."`
+	StepTimeout      time.Duration `name:"step-timeout" default:"30s" help:"Timeout of one attempt of a transfer step."`
+	MaxAttempts      int           `name:"max-attempts" default:"5" help:"Attempts of a transfer step, the first included."`
+	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
+	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
 
 func (r *runCmd) Run(ctx context.Context, g *globals) error {
@@ -38,14 +45,23 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer nc.Close()
+	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: r.StepTimeout, MaxAttempts: r.MaxAttempts})
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
 	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
 		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
-		LeaseGrace: r.LeaseGrace, Logger: log,
+		LeaseGrace: r.LeaseGrace, AckWait: r.AckWait, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return err
+	}
+	if r.MetricsFile != "" {
+		stopMetrics := writeMetricsEvery(ctx, reg, r.MetricsFile, 500*time.Millisecond)
+		defer stopMetrics()
 	}
 	if err := e.Start(ctx); err != nil {
 		return err
@@ -63,4 +79,58 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// writeMetricsEvery writes reg's counters to path every interval (through
+// a temporary file and a rename, so readers never see half a file) until
+// the returned function is called, which writes them a last time.
+func writeMetricsEvery(ctx context.Context, reg *prometheus.Registry, path string, every time.Duration) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			_ = writeMetrics(reg, path)
+			select {
+			case <-done:
+				_ = writeMetrics(reg, path)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+func writeMetrics(reg *prometheus.Registry, path string) error {
+	families, err := reg.Gather()
+	if err != nil {
+		return err
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, lp := range m.GetLabel() {
+				name += "|" + lp.GetName() + "=" + lp.GetValue()
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"|count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -27,6 +28,11 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, n int, balance int64, frozen 
 select g, $2, g = any($3) from generate_series(1, $1::bigint) g`, n, balance, frozen); err != nil {
 		return 0, fmt.Errorf("seed: %w", err)
 	}
+	if _, err := tx.Exec(ctx, `insert into transfer.seeds (id, accounts, per_account, total) values (1, $1, $2, $3)
+on conflict (id) do update set accounts = excluded.accounts, per_account = excluded.per_account, total = excluded.total, seeded_at = now()`,
+		n, balance, int64(n)*balance); err != nil {
+		return 0, fmt.Errorf("seed: %w", err)
+	}
 	return int64(n) * balance, tx.Commit(ctx)
 }
 
@@ -40,14 +46,36 @@ type Report struct {
 	Differences []string
 }
 
+// Querier is what Audit reads through: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Seeded returns the total recorded by Seed, and false when nothing was
+// seeded through it.
+func Seeded(ctx context.Context, q Querier) (int64, bool, error) {
+	var total int64
+	err := q.QueryRow(ctx, `select total from transfer.seeds where id = 1`).Scan(&total)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read seed: %w", err)
+	}
+	return total, true, nil
+}
+
 // Audit checks the example's invariants against the seeded total: money is
 // conserved to the unit; every credited saga has exactly one deduct and one
 // credit; every compensated saga has one deduct and one refund, or none;
 // no ledger row lacks its saga; no saga is left unfinished.
-func Audit(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, seeded int64) (Report, error) {
+//
+// When the accounts were made by Seed, it also checks each seeded account:
+// its balance equals what it was seeded with plus its ledger lines, so an
+// effect applied without its ledger line, or twice, is caught.
+func Audit(ctx context.Context, q Querier, seeded int64) (Report, error) {
 	r := Report{ByState: map[string]int{}}
 	if err := q.QueryRow(ctx, `select coalesce(sum(balance), 0) from transfer.accounts`).Scan(&r.Total); err != nil {
 		return r, fmt.Errorf("audit: %w", err)
@@ -89,6 +117,26 @@ group by s.id, s.state, s.finished_at`)
 	if err := rows.Err(); err != nil {
 		return r, fmt.Errorf("audit: %w", err)
 	}
+	perAccount, err := q.Query(ctx, `select a.id, a.balance, s.per_account + coalesce((select sum(l.amount) from transfer.ledger l where l.account_id = a.id), 0)
+from transfer.accounts a cross join transfer.seeds s
+where a.id between 1 and s.accounts
+  and a.balance <> s.per_account + coalesce((select sum(l.amount) from transfer.ledger l where l.account_id = a.id), 0)
+order by a.id`)
+	if err != nil {
+		return r, fmt.Errorf("audit: %w", err)
+	}
+	for perAccount.Next() {
+		var id, balance, expected int64
+		if err := perAccount.Scan(&id, &balance, &expected); err != nil {
+			perAccount.Close()
+			return r, fmt.Errorf("audit: %w", err)
+		}
+		r.Differences = append(r.Differences, fmt.Sprintf("account %d holds %d but its seed and ledger say %d", id, balance, expected))
+	}
+	if err := perAccount.Err(); err != nil {
+		return r, fmt.Errorf("audit: %w", err)
+	}
+
 	var orphans int
 	if err := q.QueryRow(ctx, `select count(*) from transfer.ledger l where not exists (select 1 from idemsaga.sagas s where s.id = l.saga_id)`).Scan(&orphans); err != nil {
 		return r, fmt.Errorf("audit: %w", err)

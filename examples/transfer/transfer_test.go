@@ -70,8 +70,30 @@ func TestAuditFindsDifferences(t *testing.T) {
 	require.NoError(t, err)
 	rep, err = transfer.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
-	require.Len(t, rep.Differences, 3, "%v", rep.Differences)
+	require.Len(t, rep.Differences, 4, "%v", rep.Differences)
 	require.Contains(t, rep.Differences[0], "money not conserved")
 	require.Contains(t, rep.Differences[1], "credited but its ledger has 1 deduct, 0 credit")
-	require.Contains(t, rep.Differences[2], "1 ledger rows belong to no saga")
+	require.Contains(t, rep.Differences[2], "account 2 holds 100 but its seed and ledger say 105")
+	require.Contains(t, rep.Differences[3], "1 ledger rows belong to no saga")
+
+	total, ok, err := transfer.Seeded(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, seeded, total)
+}
+
+// TestAuditCatchesAnEffectAppliedTwice: money moved twice between two
+// accounts with one ledger line each conserves the total, but not the
+// accounts' balances against their ledgers.
+func TestAuditCatchesAnEffectAppliedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 100)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update transfer.accounts set balance = balance + case id when 1 then -10 else 10 end`)
+	require.NoError(t, err)
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Equal(t, []string{"account 1 holds 90 but its seed and ledger say 100", "account 2 holds 110 but its seed and ledger say 100"}, rep.Differences)
 }

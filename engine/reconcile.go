@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// StaleAfterDefault is how overdue a lease, a retry or an unpublished
+// outbox row may be before Reconcile reports it.
+const StaleAfterDefault = 30 * time.Second
+
+// Difference is one broken engine invariant.
+type Difference struct {
+	// SagaID is the saga concerned, if any.
+	SagaID *uuid.UUID `json:"saga_id,omitempty"`
+	// What says what is wrong.
+	What string `json:"what"`
+}
+
+func (d Difference) String() string {
+	if d.SagaID != nil {
+		return fmt.Sprintf("saga %s: %s", d.SagaID, d.What)
+	}
+	return d.What
+}
+
+// Reconcile checks the engine's invariants across the database and
+// returns every difference found (none when all hold):
+//
+//   - every running saga has exactly one step in flight, with a live lease
+//     or a retry due no more than staleAfter ago; a finished saga has none;
+//   - a saga's state agrees with its steps: a saga in its final state has
+//     every forward step succeeded, a compensated saga every compensation
+//     it started succeeded;
+//   - the engine and the inbox agree: no step recorded as failed took
+//     effect, no step recorded as succeeded is missing from the inbox
+//     (each step key's effect is recorded once, by the inbox's primary key);
+//   - the outbox is drained or draining: no row unpublished for longer than
+//     staleAfter, none the broker refused;
+//   - sagas in StateFailed are listed: they need a person.
+//
+// defs gives the final state of each definition; sagas of other
+// definitions are checked for everything else. staleAfter <= 0 means
+// StaleAfterDefault.
+func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition, staleAfter time.Duration) ([]Difference, error) {
+	if staleAfter <= 0 {
+		staleAfter = StaleAfterDefault
+	}
+	finals := map[string]string{}
+	lengths := map[string]int{}
+	for _, d := range defs {
+		finals[d.Name()] = string(d.FinalState())
+		lengths[d.Name()] = d.Len()
+	}
+	var diffs []Difference
+	add := func(rows pgx.Rows, format string) error {
+		for rows.Next() {
+			var id *uuid.UUID
+			var detail string
+			if err := rows.Scan(&id, &detail); err != nil {
+				rows.Close()
+				return err
+			}
+			diffs = append(diffs, Difference{SagaID: id, What: fmt.Sprintf(format, detail)})
+		}
+		return rows.Err()
+	}
+	stale := staleAfter.Seconds()
+	checks := []struct {
+		format string
+		sql    string
+		args   []any
+	}{
+		{"running (state %s) with no step in flight: stuck", `select s.id, s.state from idemsaga.sagas s
+where s.finished_at is null and not exists (
+  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))`, nil},
+		{"has several steps in flight: %s", `select s.id, string_agg(st.step || '/' || st.phase, ', ' order by st.step)
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
+where st.status in ('dispatched', 'retrying')
+group by s.id having count(*) > 1`, nil},
+		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
+where s.finished_at is not null and st.status in ('dispatched', 'retrying')`, nil},
+		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from now() - st.lease_until)) || 's ago'
+from idemsaga.steps st where st.status = 'dispatched' and st.lease_until < now() - $1 * interval '1 second'`, []any{stale}},
+		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from now() - st.next_attempt_at)) || 's ago'
+from idemsaga.steps st where st.status = 'retrying' and st.next_attempt_at < now() - $1 * interval '1 second'`, []any{stale}},
+		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
+from idemsaga.steps st join idemsaga.inbox i on i.step_key = st.key
+where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
+		{"step recorded as succeeded has no success in the inbox: %s", `select st.saga_id, st.step || '/' || st.phase
+from idemsaga.steps st left join idemsaga.inbox i on i.step_key = st.key
+where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')`, nil},
+		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
+where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, nil},
+		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
+		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from now() - created_at)) || 's'
+  || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
+from idemsaga.outbox where published_at is null and (created_at < now() - $1 * interval '1 second' or attempts > 0)
+order by id limit 100`, []any{stale}},
+	}
+	for _, c := range checks {
+		rows, err := pool.Query(ctx, c.sql, c.args...)
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+		if err := add(rows, c.format); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+
+	// Sagas in their final state: every forward step succeeded.
+	rows, err := pool.Query(ctx, `select s.id, s.definition, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
+from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
+where s.finished_at is not null and s.state not in ('compensated', 'failed')
+group by s.id, s.definition, s.state`)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uuid.UUID
+		var def, state string
+		var succeeded int
+		if err := rows.Scan(&id, &def, &state, &succeeded); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+		final, known := finals[def]
+		switch {
+		case !known:
+			continue
+		case state != final:
+			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("finished in state %q, which is not terminal for %q", state, def)})
+		case succeeded != lengths[def]:
+			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("in final state %q with %d of %d forward steps succeeded", state, succeeded, lengths[def])})
+		}
+	}
+	if err := rows.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return diffs, nil
+}
