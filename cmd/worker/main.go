@@ -17,11 +17,15 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/saga"
 )
 
 // DatabaseURLDefault is used when neither --database-url nor DATABASE_URL is set.
@@ -36,7 +40,13 @@ type globals struct {
 	// of one deployment: clients write the first command's subject.
 	Stream        string `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name."`
 	SubjectPrefix string `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject; the same for all workers and clients of a deployment."`
-	LogLevel      string `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	// The transfer saga's policy and the lease grace are used by clients
+	// too (they dispatch the first step and set its lease): give every
+	// worker and client of a deployment the same values.
+	StepTimeout time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a transfer step."`
+	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a transfer step, the first included."`
+	LeaseGrace  time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease."`
+	LogLevel    string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
 }
 
 type cli struct {
@@ -48,6 +58,24 @@ type cli struct {
 	Status    statusCmd    `cmd:"" help:"Show a saga by ID or idempotency key."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's and the transfer example's invariants; print each difference and exit non-zero when any is found."`
 	Demo      demoCmd      `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
+}
+
+// definition returns the transfer saga with the configured policy.
+func (g *globals) definition() (*saga.Definition, error) {
+	if g.StepTimeout <= 0 || g.MaxAttempts < 1 || g.LeaseGrace <= 0 {
+		return nil, fmt.Errorf("--step-timeout and --lease-grace must be positive and --max-attempts at least 1")
+	}
+	return transfer.NewDefinition(saga.RetryPolicy{Timeout: g.StepTimeout, MaxAttempts: g.MaxAttempts})
+}
+
+// client returns a saga client configured like the workers.
+func (g *globals) client(pool *pgxpool.Pool) (*engine.Client, *saga.Definition, error) {
+	def, err := g.definition()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: g.SubjectPrefix, LeaseGrace: g.LeaseGrace})
+	return cl, def, err
 }
 
 func main() {

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -18,12 +17,9 @@ type runCmd struct {
 	NATSURL          string        `name:"nats-url" env:"NATS_URL" default:"${nats_url}" help:"NATS server with JetStream."`
 	StepConcurrency  int           `name:"step-concurrency" default:"8" help:"Step commands handled at once."`
 	ReplyConcurrency int           `name:"reply-concurrency" default:"4" help:"Replies applied at once."`
-	LeaseGrace       time.Duration `name:"lease-grace" default:"30s" help:"Added to a step's timeout to make its lease."`
 	MaxConns         int32         `name:"max-conns" default:"20" help:"Database connections of this process."`
 	DrainTimeout     time.Duration `name:"drain-timeout" default:"30s" help:"How long SIGINT/SIGTERM waits for work in hand."`
 	Migrate          bool          `help:"Apply migrations before starting."`
-	StepTimeout      time.Duration `name:"step-timeout" default:"30s" help:"Timeout of one attempt of a transfer step."`
-	MaxAttempts      int           `name:"max-attempts" default:"5" help:"Attempts of a transfer step, the first included."`
 	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
@@ -45,7 +41,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer nc.Close()
-	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: r.StepTimeout, MaxAttempts: r.MaxAttempts})
+	def, err := g.definition()
 	if err != nil {
 		return err
 	}
@@ -54,7 +50,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
 		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
-		LeaseGrace: r.LeaseGrace, AckWait: r.AckWait, Logger: log, Registerer: reg,
+		LeaseGrace: g.LeaseGrace, AckWait: r.AckWait, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return err

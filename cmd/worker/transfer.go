@@ -33,11 +33,11 @@ func (t *transferCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, SubjectPrefix: g.SubjectPrefix})
+	cl, def, err := g.client(pool)
 	if err != nil {
 		return err
 	}
-	res, err := cl.Start(ctx, transfer.Definition, t.Key, in)
+	res, err := cl.Start(ctx, def, t.Key, in)
 	if err != nil {
 		if errors.Is(err, saga.ErrIdempotencyKeyReused) {
 			return fmt.Errorf("key %q already started a transfer with different details (saga %s); resend the original details or use a new key", t.Key, res.ID)

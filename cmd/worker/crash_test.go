@@ -1,0 +1,196 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// deployment is one isolated database, broker and stream for worker
+// subprocesses.
+type deployment struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	env    []string
+	client *engine.Client
+	def    *saga.Definition
+	seeded int64
+}
+
+func newDeployment(t *testing.T) *deployment {
+	pool, dbURL := testenv.DBWithURL(t)
+	srv, _ := testenv.NATS(t)
+	stream := testenv.Name("CRASH")
+	prefix := "crash." + stream
+	seeded, err := transfer.Seed(context.Background(), pool, 6, 1000, 6)
+	require.NoError(t, err)
+	// Short timeouts, so that leases and redeliveries happen within
+	// seconds; the test's client uses the same definition and lease grace
+	// as the workers, as every client of a deployment must.
+	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: time.Second, MaxAttempts: 20})
+	require.NoError(t, err)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: prefix, LeaseGrace: time.Second})
+	require.NoError(t, err)
+	return &deployment{t: t, pool: pool, client: cl, def: def, seeded: seeded, env: []string{
+		"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(),
+		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix,
+		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_LEASE_GRACE=1s",
+	}}
+}
+
+type proc struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+// startWorker runs `worker run` with short timeouts so that leases and
+// redeliveries happen within seconds.
+func (d *deployment) startWorker(failpoints string) *proc {
+	cmd := exec.Command(workerBin, "run", "--ack-wait", "3s", "--log-level", "warn")
+	cmd.Env = append(append(os.Environ(), d.env...), failpoint.EnvVar+"="+failpoints)
+	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	cmd.Stderr = p.stderr
+	require.NoError(d.t, cmd.Start())
+	go func() { p.done <- cmd.Wait() }()
+	d.t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return p
+}
+
+func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		require.NoError(t, err, p.stderr.String())
+		return 0
+	case <-time.After(timeout):
+		t.Fatalf("worker still running after %s; stderr:\n%s", timeout, p.stderr.String())
+		return -1
+	}
+}
+
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 45*time.Second), p.stderr.String())
+}
+
+// submit starts n transfers; every fifth goes to the frozen account 6.
+func (d *deployment) submit(n int) (credited, compensated int) {
+	for i := range n {
+		to := int64(1 + (i+1)%5)
+		if i%5 == 4 {
+			to = 6
+			compensated++
+		} else {
+			credited++
+		}
+		from := int64(1 + i%5)
+		if from == to {
+			to = 1 + to%5
+		}
+		_, err := d.client.Start(context.Background(), d.def, fmt.Sprintf("k-%03d", i), transfer.Input{From: from, To: to, Amount: int64(1 + i)})
+		require.NoError(d.t, err)
+	}
+	return credited, compensated
+}
+
+func (d *deployment) waitFinished(timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var running int
+		require.NoError(d.t, d.pool.QueryRow(context.Background(), `select count(*) from idemsaga.sagas where finished_at is null`).Scan(&running))
+		if running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("%d sagas still running after %s", running, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// check requires the outcome of a run without any crash: every transfer
+// credited or compensated as its input says, money conserved, ledgers
+// matching, and the engine's invariants holding.
+func (d *deployment) check(credited, compensated int) {
+	d.t.Helper()
+	ctx := context.Background()
+	rep, err := transfer.Audit(ctx, d.pool, d.seeded)
+	require.NoError(d.t, err)
+	require.Empty(d.t, rep.Differences)
+	want := map[string]int{"credited": credited}
+	if compensated > 0 {
+		want["compensated"] = compensated
+	}
+	require.Equal(d.t, want, rep.ByState)
+	diffs, err := engine.Reconcile(ctx, d.pool, []*saga.Definition{transfer.Definition}, time.Minute)
+	require.NoError(d.t, err)
+	require.Empty(d.t, diffs)
+}
+
+// TestCrashAtEachFailpoint crashes a worker process at each failpoint,
+// starts a fresh one, and requires the outcome of a run without a crash.
+func TestCrashAtEachFailpoint(t *testing.T) {
+	t.Parallel()
+	for _, fp := range []string{failpoint.StepAfterInbox, failpoint.StepBeforeAck, failpoint.OrchestratorBeforeAck, failpoint.RelayBeforeMark, failpoint.LeaseTakeover} {
+		t.Run(fp, func(t *testing.T) {
+			t.Parallel()
+			d := newDeployment(t)
+			credited, compensated := d.submit(20)
+			if fp == failpoint.LeaseTakeover {
+				// Lose some commands on the way to the broker, so their
+				// leases expire and are taken over.
+				_, err := d.pool.Exec(context.Background(), `update idemsaga.outbox set published_at = now() where id % 3 = 0`)
+				require.NoError(t, err)
+			}
+			crashing := d.startWorker(fp + "=exit*1")
+			require.Equal(t, failpoint.ExitCode, crashing.wait(t, 60*time.Second), crashing.stderr.String())
+			require.Contains(t, crashing.stderr.String(), "failpoint "+fp)
+
+			fresh := d.startWorker("")
+			d.waitFinished(90 * time.Second)
+			fresh.stop(t)
+			d.check(credited, compensated)
+		})
+	}
+}
+
+// TestCrashAfterStartCommits: the client process dies after its start
+// committed and before it learned the saga's ID. Retrying with the same key
+// finds the saga; it runs once.
+func TestCrashAfterStartCommits(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t)
+	args := []string{"transfer", "--from", "1", "--to", "2", "--amount", "7", "--key", "lost-answer"}
+	r := worker(t, append(d.env, failpoint.EnvVar+"="+failpoint.StartAfterCommit+"=exit"), args...)
+	require.Equal(t, failpoint.ExitCode, r.code, r.stderr)
+	require.Empty(t, strings.TrimSpace(r.stdout), "the caller never got its answer")
+
+	w := d.startWorker("")
+	r = worker(t, d.env, append(args, "--wait")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "already names this saga")
+	require.Contains(t, r.stdout, "credited")
+	w.stop(t)
+	d.check(1, 0)
+}
