@@ -2,7 +2,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 WORKER_PKG := ./cmd/worker
 
-.PHONY: test lint demo build migrate
+.PHONY: test lint demo build migrate chaos
 
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
 # scripts/ensure-postgres.sh sets that up when it is missing.
@@ -24,3 +24,10 @@ build:
 migrate:
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) migrate
+
+# The full chaos run: 5,000 transfers across 3 worker processes, a SIGKILL
+# about every second, a NATS restart, a SIGSTOP past the leases and a cut of
+# the workers' database connections; ends with reconcile (must be 0).
+chaos:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) chaos

@@ -379,3 +379,11 @@ func redact(dsn string) string {
 	}
 	return dsn
 }
+
+func parseURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	return u, nil
+}

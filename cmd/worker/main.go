@@ -58,6 +58,7 @@ type cli struct {
 	Status    statusCmd    `cmd:"" help:"Show a saga by ID or idempotency key."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's and the transfer example's invariants; print each difference and exit non-zero when any is found."`
 	Demo      demoCmd      `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
+	Chaos     chaosCmd     `cmd:"" help:"Run transfers across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile."`
 }
 
 // definition returns the transfer saga with the configured policy.

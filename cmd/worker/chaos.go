@@ -1,0 +1,560 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/tcpproxy"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type chaosCmd struct {
+	DBName      string        `name:"db-name" default:"idemsaga_chaos" help:"Database created afresh on the DATABASE_URL server."`
+	Transfers   int           `default:"5000" help:"Transfers to submit; 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
+	Workers     int           `default:"3" help:"Worker processes kept running."`
+	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
+	MaxKills    int           `name:"max-kills" default:"0" help:"Stop killing after this many kills (0: no limit)."`
+	NATSRestart bool          `name:"nats-restart" default:"true" negatable:"" help:"Restart the NATS server once, a third of the way through."`
+	Pause       bool          `default:"true" negatable:"" help:"SIGSTOP a worker past its lease halfway through, then SIGCONT it."`
+	CutDB       bool          `name:"cut-db" default:"true" negatable:"" help:"Cut every worker's PostgreSQL connection once, two thirds of the way through."`
+	Deadline    time.Duration `default:"15m" help:"How long every saga has to finish once submitted."`
+	Seed        uint64        `default:"1" help:"Random seed of the workload and the chaos."`
+}
+
+// chaosFigures is what the run prints, and what the tests read.
+type chaosFigures struct {
+	Sagas, Credited, Compensated, Failed int
+	Submissions, StartDuplicates         int
+	Kills, NATSRestarts, Pauses, Cuts    int
+	BrokerDuplicates, InboxDuplicates    int
+	OrchestratorDuplicates, Stale        int
+	LeaseTakeovers, Retries              int
+	WallTime                             time.Duration
+	Differences                          []string
+}
+
+const (
+	chaosStepTimeout = 2 * time.Second
+	chaosLeaseGrace  = 3 * time.Second
+	chaosAttempts    = 10
+)
+
+func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
+	if c.Transfers < 1 || c.Workers < 1 {
+		return errors.New("--transfers and --workers must be at least 1")
+	}
+	if !validDBName(c.DBName) {
+		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", c.DBName)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	rng := rand.New(rand.NewPCG(c.Seed, 7))
+
+	// A fresh database.
+	admin, err := openDB(ctx, g.DatabaseURL, 1)
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{"drop database if exists " + c.DBName + " with (force)", "create database " + c.DBName} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			admin.Close()
+			return fmt.Errorf("prepare chaos database %q: %w", c.DBName, err)
+		}
+	}
+	admin.Close()
+	dsn, err := withDBName(g.DatabaseURL, c.DBName)
+	if err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, dsn, 20)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrateAll(ctx, pool); err != nil {
+		return err
+	}
+	const accounts = 50
+	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000, accounts+1)
+	if err != nil {
+		return err
+	}
+
+	// The workers reach PostgreSQL through a proxy the harness can cut.
+	pgAddr, err := dbAddr(pool)
+	if err != nil {
+		return err
+	}
+	proxy, err := tcpproxy.New(pgAddr)
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	workerDSN, err := withHostPort(dsn, proxy.Addr())
+	if err != nil {
+		return err
+	}
+
+	// An embedded NATS server that can be restarted on the same port with
+	// the same storage.
+	dir, err := os.MkdirTemp("", "idemsaga-chaos-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := startEmbeddedNATS(filepath.Join(dir, "nats"), -1)
+	if err != nil {
+		return err
+	}
+	natsPort := ns.Addr().(*net.TCPAddr).Port
+	var nsMu sync.Mutex
+	defer func() { nsMu.Lock(); ns.Shutdown(); ns.WaitForShutdown(); nsMu.Unlock() }()
+
+	fig := &chaosFigures{}
+	workers := &workerSet{self: self, dir: dir, env: []string{
+		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
+		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
+		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(chaosAttempts),
+		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error",
+	}}
+	defer workers.killAll()
+	for range c.Workers {
+		if err := workers.start(); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("chaos: %d transfers, %d workers, database %s (workers through a proxy at %s), NATS on port %d\n",
+		c.Transfers, c.Workers, c.DBName, proxy.Addr(), natsPort)
+
+	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: chaosStepTimeout, MaxAttempts: chaosAttempts})
+	if err != nil {
+		return err
+	}
+	client, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: g.SubjectPrefix, LeaseGrace: chaosLeaseGrace})
+	if err != nil {
+		return err
+	}
+
+	// The workload, submitted while the chaos runs.
+	var submitted, startDups atomic.Int64
+	submitErr := make(chan error, 1)
+	submitDone := make(chan struct{})
+	go func() {
+		defer close(submitDone)
+		if err := submitChaosWorkload(ctx, client, def, c.Transfers, accounts, c.Seed, &submitted, &startDups); err != nil {
+			submitErr <- err
+		}
+	}()
+
+	// The chaos.
+	progress := func() float64 {
+		var done int
+		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null`).Scan(&done)
+		return float64(done) / float64(c.Transfers)
+	}
+	deadline := time.Now().Add(c.Deadline)
+	nextKill := time.Now().Add(jittered(rng, c.KillEvery))
+	natsDone, pauseDone, cutDone := !c.NATSRestart, !c.Pause, !c.CutDB
+	lastReport := time.Now()
+	for {
+		p := progress()
+		select {
+		case <-submitDone:
+			if p >= 1 {
+				goto finished
+			}
+		default:
+		}
+		select {
+		case err := <-submitErr:
+			return err
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sagas still running after %s: the chaos run failed; inspect database %s with `worker reconcile`", c.Deadline, c.DBName)
+		}
+		now := time.Now()
+		if c.KillEvery > 0 && now.After(nextKill) && (c.MaxKills == 0 || fig.Kills < c.MaxKills) {
+			if workers.killRandom(rng) {
+				fig.Kills++
+			}
+			if err := workers.start(); err != nil {
+				return err
+			}
+			nextKill = now.Add(jittered(rng, c.KillEvery))
+		}
+		if !natsDone && p >= 0.33 {
+			natsDone = true
+			nsMu.Lock()
+			ns.Shutdown()
+			ns.WaitForShutdown()
+			time.Sleep(500 * time.Millisecond)
+			ns, err = startEmbeddedNATS(filepath.Join(dir, "nats"), natsPort)
+			nsMu.Unlock()
+			if err != nil {
+				return fmt.Errorf("restart NATS: %w", err)
+			}
+			fig.NATSRestarts++
+			fmt.Printf("  %5.1f%%  NATS restarted\n", p*100)
+		}
+		if !pauseDone && p >= 0.5 {
+			pauseDone = true
+			if pid := workers.pauseRandom(rng, chaosStepTimeout+chaosLeaseGrace+2*time.Second); pid > 0 {
+				fig.Pauses++
+				fmt.Printf("  %5.1f%%  worker %d stopped with SIGSTOP past its leases\n", p*100, pid)
+			}
+		}
+		if !cutDone && p >= 0.66 {
+			cutDone = true
+			n := proxy.Cut()
+			fig.Cuts++
+			fmt.Printf("  %5.1f%%  cut %d worker connections to PostgreSQL\n", p*100, n)
+		}
+		if time.Since(lastReport) > 2*time.Second {
+			fmt.Printf("  %5.1f%%  finished, %d submitted, %d kills\n", p*100, submitted.Load(), fig.Kills)
+			lastReport = time.Now()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+finished:
+	fig.WallTime = time.Since(start)
+	// Let the workers drain and flush what they committed, then stop them.
+	time.Sleep(500 * time.Millisecond)
+	workers.stopAll(30 * time.Second)
+	// A last clean worker publishes whatever a killed one left in the outbox.
+	if err := flushOutbox(ctx, pool, workers); err != nil {
+		return err
+	}
+
+	fig.Submissions, fig.StartDuplicates = int(submitted.Load()), int(startDups.Load())
+	counters := workers.counters()
+	fig.BrokerDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=broker"])
+	fig.OrchestratorDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=orchestrator"])
+	fig.Stale = int(sumPrefix(counters, "idemsaga_stale_replies_total"))
+	fig.LeaseTakeovers = int(sumPrefix(counters, "idemsaga_lease_takeovers_total"))
+	fig.Retries = int(sumPrefix(counters, "idemsaga_retries_scheduled_total"))
+	// Inbox duplicates are counted exactly from the replies they wrote.
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where subject like '%.reply.%' and convert_from(payload, 'UTF8')::jsonb ? 'duplicate'`).Scan(&fig.InboxDuplicates); err != nil {
+		return err
+	}
+	res, err := reconcile(ctx, pool, 5*time.Second, seeded)
+	if err != nil {
+		return err
+	}
+	fig.Sagas = res.Sagas["credited"] + res.Sagas["compensated"] + res.Sagas["failed"]
+	fig.Credited, fig.Compensated, fig.Failed = res.Sagas["credited"], res.Sagas["compensated"], res.Sagas["failed"]
+	for _, d := range res.Differences {
+		fig.Differences = append(fig.Differences, d.String())
+	}
+	if fig.Sagas != c.Transfers {
+		fig.Differences = append(fig.Differences, fmt.Sprintf("%d sagas exist for %d transfers", fig.Sagas, c.Transfers))
+	}
+	fig.print()
+	if len(fig.Differences) > 0 {
+		return fmt.Errorf("%d differences", len(fig.Differences))
+	}
+	return nil
+}
+
+func (f *chaosFigures) print() {
+	fmt.Println()
+	fmt.Printf("  sagas              %d (credited %d, compensated %d, failed %d)\n", f.Sagas, f.Credited, f.Compensated, f.Failed)
+	fmt.Printf("  submissions        %d (%d answered as duplicates at start)\n", f.Submissions, f.StartDuplicates)
+	fmt.Printf("  chaos              %d SIGKILLs, %d NATS restarts, %d SIGSTOP pauses, %d database cuts\n", f.Kills, f.NATSRestarts, f.Pauses, f.Cuts)
+	fmt.Printf("  duplicates absorbed  start %d, broker %d, inbox %d, orchestrator %d (stale replies %d)\n",
+		f.StartDuplicates, f.BrokerDuplicates, f.InboxDuplicates, f.OrchestratorDuplicates, f.Stale)
+	fmt.Printf("  lease takeovers    %d, retries %d\n", f.LeaseTakeovers, f.Retries)
+	fmt.Printf("  wall time          %s\n", f.WallTime.Round(time.Millisecond))
+	for _, d := range f.Differences {
+		fmt.Printf("  DIFFERENCE %s\n", d)
+	}
+	fmt.Printf("  differences: %d\n", len(f.Differences))
+	fmt.Println("  (broker, orchestrator, takeover and retry counts come from the workers' last metric snapshots, so killed workers' last half second is missing; inbox duplicates are exact)")
+}
+
+func submitChaosWorkload(ctx context.Context, cl *engine.Client, def *saga.Definition, n, accounts int, seed uint64, submitted, dups *atomic.Int64) error {
+	rng := rand.New(rand.NewPCG(seed, uint64(n)))
+	type job struct {
+		key string
+		in  transfer.Input
+	}
+	jobs := make([]job, n)
+	for i := range jobs {
+		from := 1 + rng.Int64N(int64(accounts))
+		to := 1 + (from+rng.Int64N(int64(accounts-1)))%int64(accounts)
+		if i%10 == 3 {
+			to = int64(accounts + 1) // frozen: the credit fails
+		}
+		jobs[i] = job{key: fmt.Sprintf("chaos-%06d", i), in: transfer.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
+	}
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	submit := func(j job) {
+		defer wg.Done()
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		for attempt := 0; ; attempt++ {
+			res, err := cl.Start(ctx, def, j.key, j.in)
+			if err == nil {
+				submitted.Add(1)
+				if res.Duplicate {
+					dups.Add(1)
+				}
+				return
+			}
+			if attempt == 20 || ctx.Err() != nil {
+				select {
+				case errc <- fmt.Errorf("submit %s: %w", j.key, err):
+				default:
+				}
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // a client retries with the same key
+		}
+	}
+	for i, j := range jobs {
+		wg.Add(1)
+		go submit(j)
+		switch {
+		case i%10 == 1: // again at once, racing the first
+			wg.Add(1)
+			go submit(j)
+		case i%10 == 6 && i >= 50: // again later
+			wg.Add(1)
+			go submit(jobs[i-50])
+		}
+		if i%50 == 49 {
+			time.Sleep(10 * time.Millisecond) // spread the load over the run
+		}
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+func jittered(rng *rand.Rand, d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Hour
+	}
+	return d/2 + time.Duration(rng.Int64N(int64(d)))
+}
+
+func startEmbeddedNATS(dir string, port int) (*natsserver.Server, error) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return nil, err
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return nil, errors.New("embedded NATS did not start within 10s")
+	}
+	return ns, nil
+}
+
+// workerSet runs and kills `worker run` processes.
+type workerSet struct {
+	self string
+	dir  string
+	env  []string
+
+	mu    sync.Mutex
+	n     int
+	procs map[int]*exec.Cmd
+	files []string
+}
+
+func (w *workerSet) start() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.procs == nil {
+		w.procs = map[int]*exec.Cmd{}
+	}
+	w.n++
+	metrics := filepath.Join(w.dir, fmt.Sprintf("worker-%d.json", w.n))
+	cmd := exec.Command(w.self, "run", "--ack-wait", "8s", "--metrics-file", metrics)
+	cmd.Env = append(os.Environ(), w.env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start worker: %w", err)
+	}
+	w.procs[cmd.Process.Pid] = cmd
+	w.files = append(w.files, metrics)
+	go func() {
+		_ = cmd.Wait()
+		w.mu.Lock()
+		delete(w.procs, cmd.Process.Pid)
+		w.mu.Unlock()
+	}()
+	return nil
+}
+
+func (w *workerSet) pick(rng *rand.Rand) *exec.Cmd {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.procs) == 0 {
+		return nil
+	}
+	pids := make([]int, 0, len(w.procs))
+	for pid := range w.procs {
+		pids = append(pids, pid)
+	}
+	return w.procs[pids[rng.IntN(len(pids))]]
+}
+
+func (w *workerSet) killRandom(rng *rand.Rand) bool {
+	cmd := w.pick(rng)
+	return cmd != nil && cmd.Process.Signal(syscall.SIGKILL) == nil
+}
+
+func (w *workerSet) pauseRandom(rng *rand.Rand, d time.Duration) int {
+	for range 10 { // the one picked may have just been killed
+		cmd := w.pick(rng)
+		if cmd == nil || cmd.Process.Signal(syscall.SIGSTOP) != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		time.AfterFunc(d, func() { _ = cmd.Process.Signal(syscall.SIGCONT) })
+		return cmd.Process.Pid
+	}
+	return 0
+}
+
+func (w *workerSet) stopAll(timeout time.Duration) {
+	w.mu.Lock()
+	procs := make([]*exec.Cmd, 0, len(w.procs))
+	for _, p := range w.procs {
+		procs = append(procs, p)
+	}
+	w.mu.Unlock()
+	for _, p := range procs {
+		_ = p.Process.Signal(syscall.SIGCONT)
+		_ = p.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		w.mu.Lock()
+		left := len(w.procs)
+		w.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.killAll()
+}
+
+func (w *workerSet) killAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.procs {
+		_ = p.Process.Kill()
+	}
+}
+
+// counters adds up the last snapshot of every worker's counters.
+func (w *workerSet) counters() map[string]float64 {
+	w.mu.Lock()
+	files := append([]string(nil), w.files...)
+	w.mu.Unlock()
+	total := map[string]float64{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var m map[string]float64
+		if json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		for k, v := range m {
+			total[k] += v
+		}
+	}
+	return total
+}
+
+func sumPrefix(m map[string]float64, prefix string) float64 {
+	t := 0.0
+	for k, v := range m {
+		if strings.HasPrefix(k, prefix) {
+			t += v
+		}
+	}
+	return t
+}
+
+// flushOutbox runs one clean worker until the outbox is empty.
+func flushOutbox(ctx context.Context, pool *pgxpool.Pool, w *workerSet) error {
+	var left int
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is null`).Scan(&left); err != nil || left == 0 {
+		return err
+	}
+	if err := w.start(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if err := pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is null`).Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.stopAll(30 * time.Second)
+	return nil
+}
+
+func dbAddr(pool *pgxpool.Pool) (string, error) {
+	cc := pool.Config().ConnConfig
+	if strings.HasPrefix(cc.Host, "/") {
+		return "", errors.New("chaos needs PostgreSQL over TCP (a host name in DATABASE_URL), to put a proxy in front of it")
+	}
+	return net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), nil
+}
+
+// withHostPort returns dsn pointing at addr instead.
+func withHostPort(dsn, addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := parseURL(dsn)
+		if err != nil {
+			return "", err
+		}
+		u.Host = net.JoinHostPort(host, port)
+		return u.String(), nil
+	}
+	return dsn + " host=" + host + " port=" + port, nil
+}

@@ -1,0 +1,41 @@
+package main_test
+
+import (
+	"context"
+	"flag"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/testenv"
+)
+
+var fullChaos = flag.Bool("chaos.full", false, "run the full chaos run (5,000 transfers, a kill every second) instead of the small one")
+
+// TestChaos runs `worker chaos`: worker processes killed with SIGKILL,
+// one paused with SIGSTOP past its leases, NATS restarted, database
+// connections cut, while transfers (10% failing, 20% submitted twice) run.
+// Every saga must end terminal with zero reconcile differences. The small
+// version runs in the normal suite; -chaos.full runs the full one.
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	name := "idemsaga_chaos_test_" + strings.ToLower(testenv.Name("c")[2:])
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if conn, err := pgx.Connect(ctx, testenv.AdminURL()); err == nil {
+			_, _ = conn.Exec(ctx, "drop database if exists "+name+" with (force)")
+			_ = conn.Close(ctx)
+		}
+	})
+	args := []string{"chaos", "--db-name", name, "--transfers", "500", "--max-kills", "4", "--kill-every", "700ms"}
+	if *fullChaos {
+		args = []string{"chaos", "--db-name", name}
+	}
+	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, args...)
+	t.Log(r.stdout)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "differences: 0")
+	require.Contains(t, r.stdout, "failed 0")
+}
