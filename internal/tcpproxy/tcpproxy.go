@@ -86,7 +86,7 @@ func (p *Proxy) Cut() int {
 	clear(p.pairs)
 	p.mu.Unlock()
 	for _, c := range cut {
-		_ = c
+		c.close()
 	}
 	return len(cut)
 }
