@@ -88,7 +88,7 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
-	pool, err := openDB(ctx, dsn, 20)
+	pool, err := openDB(ctx, dsn, 8)
 	if err != nil {
 		return err
 	}
@@ -398,7 +398,7 @@ func (w *workerSet) start() error {
 	}
 	w.n++
 	metrics := filepath.Join(w.dir, fmt.Sprintf("worker-%d.json", w.n))
-	cmd := exec.Command(w.self, "run", "--ack-wait", "8s", "--metrics-file", metrics)
+	cmd := exec.Command(w.self, "run", "--ack-wait", "8s", "--max-conns", "6", "--metrics-file", metrics)
 	cmd.Env = append(os.Environ(), w.env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

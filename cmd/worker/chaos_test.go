@@ -3,6 +3,8 @@ package main_test
 import (
 	"context"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -33,9 +35,18 @@ func TestChaos(t *testing.T) {
 	if *fullChaos {
 		args = []string{"chaos", "--db-name", name}
 	}
-	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, args...)
+	raceLog := filepath.Join(t.TempDir(), "race")
+	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL(), "GORACE=log_path=" + raceLog}, args...)
 	t.Log(r.stdout)
-	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	if r.code != 0 {
+		t.Log(r.stderr)
+		reports, _ := filepath.Glob(raceLog + "*")
+		for _, f := range reports {
+			b, _ := os.ReadFile(f)
+			t.Logf("race report %s:\n%s", f, b)
+		}
+	}
+	require.Equal(t, 0, r.code, "exit code of worker chaos")
 	require.Contains(t, r.stdout, "differences: 0")
 	require.Contains(t, r.stdout, "failed 0")
 }

@@ -62,7 +62,7 @@ type proc struct {
 // startWorker runs `worker run` with short timeouts so that leases and
 // redeliveries happen within seconds.
 func (d *deployment) startWorker(failpoints string) *proc {
-	cmd := exec.Command(workerBin, "run", "--ack-wait", "3s", "--log-level", "warn")
+	cmd := exec.Command(workerBin, "run", "--ack-wait", "3s", "--max-conns", "6", "--log-level", "warn")
 	cmd.Env = append(append(os.Environ(), d.env...), failpoint.EnvVar+"="+failpoints)
 	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
@@ -113,7 +113,7 @@ func (d *deployment) submit(n int) (credited, compensated int) {
 	return credited, compensated
 }
 
-func (d *deployment) waitFinished(timeout time.Duration) {
+func (d *deployment) waitFinished(timeout time.Duration, workers ...*proc) {
 	d.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -123,7 +123,15 @@ func (d *deployment) waitFinished(timeout time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			d.t.Fatalf("%d sagas still running after %s", running, timeout)
+			var logs strings.Builder
+			for _, w := range workers {
+				logs.WriteString(w.stderr.String())
+			}
+			var steps string
+			_ = d.pool.QueryRow(context.Background(), `select string_agg(step || '/' || phase || '/' || status || '/' || attempt, ', ') from (select * from idemsaga.steps limit 10) s`).Scan(&steps)
+			var outbox string
+			_ = d.pool.QueryRow(context.Background(), `select count(*) filter (where published_at is null) || ' unpublished of ' || count(*) from idemsaga.outbox`).Scan(&outbox)
+			d.t.Fatalf("%d sagas still running after %s; steps: %s; outbox: %s; worker logs:\n%s", running, timeout, steps, outbox, logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -168,7 +176,7 @@ func TestCrashAtEachFailpoint(t *testing.T) {
 			require.Contains(t, crashing.stderr.String(), "failpoint "+fp)
 
 			fresh := d.startWorker("")
-			d.waitFinished(90 * time.Second)
+			d.waitFinished(90*time.Second, crashing, fresh)
 			fresh.stop(t)
 			d.check(credited, compensated)
 		})

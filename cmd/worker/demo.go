@@ -80,7 +80,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		return errors.New("embedded NATS did not start within 10s")
 	}
 
-	pool, err := openDB(ctx, dsn, 10)
+	pool, err := openDB(ctx, dsn, 4)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	var engines []*engine.Engine
 	var regs []*prometheus.Registry
 	for i := range d.Pools {
-		p, err := openDB(ctx, dsn, 10)
+		p, err := openDB(ctx, dsn, 8)
 		if err != nil {
 			return err
 		}

@@ -75,7 +75,7 @@ func TestWorkerCommands(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "migrated")
 
-	run := exec.Command(workerBin, "run", "--lease-grace", "5s")
+	run := exec.Command(workerBin, "run", "--lease-grace", "5s", "--max-conns", "6")
 	run.Env = append(os.Environ(), env...)
 	var runErr bytes.Buffer
 	run.Stderr = &runErr

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,20 +39,36 @@ type StreamConfig struct {
 	DuplicateWindow time.Duration
 }
 
-// EnsureStream creates the stream, or updates it to cfg, idempotently.
+// EnsureStream returns the stream, creating it when missing and updating it
+// only when its configuration differs: it is called at every consumer
+// (re)start, and needless updates race with consumer creation on the server.
 // Messages are removed once acknowledged (work-queue retention).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
 	if cfg.DuplicateWindow == 0 {
 		cfg.DuplicateWindow = DuplicateWindowDefault
 	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name:        cfg.Name,
 		Description: "idemsaga commands and replies",
 		Subjects:    cfg.Subjects,
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Duplicates:  cfg.DuplicateWindow,
-	})
+	}
+	s, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case err == nil:
+		have := s.CachedInfo().Config
+		if slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention && have.Duplicates == want.Duplicates {
+			return s, nil
+		}
+		s, err = js.UpdateStream(ctx, want)
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		s, err = js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = js.Stream(ctx, cfg.Name) // another process created it
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create JetStream stream %q (is JetStream enabled on the server? start nats-server with -js): %w", cfg.Name, err)
 	}
@@ -68,9 +85,10 @@ type ConsumerConfig struct {
 	MaxAckPending int
 }
 
-// EnsureConsumer creates or updates a durable pull consumer idempotently.
+// EnsureConsumer returns the durable pull consumer, creating it when
+// missing and updating it only when its configuration differs.
 func EnsureConsumer(ctx context.Context, s jetstream.Stream, cfg ConsumerConfig) (jetstream.Consumer, error) {
-	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	want := jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,
 		FilterSubject: cfg.Filter,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -78,7 +96,18 @@ func EnsureConsumer(ctx context.Context, s jetstream.Stream, cfg ConsumerConfig)
 		MaxDeliver:    -1,
 		MaxAckPending: cfg.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	}
+	c, err := s.Consumer(ctx, cfg.Durable)
+	if err == nil {
+		have := c.CachedInfo().Config
+		if have.FilterSubject == want.FilterSubject && have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending {
+			return c, nil
+		}
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("look up JetStream consumer %q: %w", cfg.Durable, err)
+	}
+	c, err = s.CreateOrUpdateConsumer(ctx, want)
 	if err != nil {
 		return nil, fmt.Errorf("create JetStream consumer %q: %w", cfg.Durable, err)
 	}

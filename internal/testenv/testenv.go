@@ -153,7 +153,7 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 20
+	cfg.MaxConns = 8
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("testenv: open pool: %v", err)
