@@ -103,7 +103,9 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 	if err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 	}
+	cl.c.metrics.Deliveries.WithLabelValues(metrics.LayerStart).Inc()
 	if tag.RowsAffected() == 0 {
+		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
 		// The unique key already names a saga (committed, since an
 		// uncommitted one would have made us wait): adjudicate by input.
 		var existing uuid.UUID

@@ -220,6 +220,11 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newBacklogCollector(cfg.Pool)); err != nil {
+			return nil, fmt.Errorf("idemsaga: register the outbox backlog metric: %w", err)
+		}
+	}
 	e := &Engine{cfg: cfg, c: c, client: &Client{c: c}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
 	e.js, err = jetstream.New(cfg.NATS,
 		jetstream.WithPublishAsyncMaxPending(4096),
@@ -233,6 +238,7 @@ func New(cfg Config) (*Engine, error) {
 		Logger: cfg.Logger,
 		OnPublishFunc: func(rows, dups int, took time.Duration) {
 			m.OutboxPublished.Add(float64(rows))
+			m.Deliveries.WithLabelValues(metrics.LayerBroker).Add(float64(rows))
 			m.Duplicates.WithLabelValues(metrics.LayerBroker).Add(float64(dups))
 			m.RelayBatchSeconds.Observe(took.Seconds())
 		},

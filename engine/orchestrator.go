@@ -171,6 +171,7 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(200 * time.Millisecond)
 		return
 	}
+	c.metrics.Deliveries.WithLabelValues(metrics.LayerOrchestrator).Inc()
 	switch v {
 	case VerdictDuplicate:
 		c.metrics.Duplicates.WithLabelValues(metrics.LayerOrchestrator).Inc()

@@ -149,8 +149,10 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	if err != nil {
 		return reply, err
 	}
+	w.cfg.Metrics.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 	outcome := string(reply.Outcome)
 	if reply.Duplicate {
+		w.cfg.Metrics.UniqueConflicts.WithLabelValues("inbox").Inc()
 		outcome = "duplicate"
 		w.cfg.Metrics.Duplicates.WithLabelValues(metrics.LayerInbox).Inc()
 	}

@@ -137,7 +137,7 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
 		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(chaosAttempts),
-		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error",
+		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
 	}}
 	defer workers.killAll()
 	for range c.Workers {

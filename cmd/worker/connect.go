@@ -14,10 +14,15 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func newLogger(level string) *slog.Logger {
+// newLogger logs to stderr at level, as text or JSON.
+func newLogger(level string, format ...string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	opts := &slog.HandlerOptions{Level: l}
+	if len(format) > 0 && format[0] == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
 // openDB opens a pool and checks the database answers, with a one-line

@@ -49,7 +49,7 @@ func newDeployment(t *testing.T) *deployment {
 	return &deployment{t: t, pool: pool, client: cl, def: def, seeded: seeded, env: []string{
 		"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(),
 		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix,
-		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_LEASE_GRACE=1s",
+		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_LEASE_GRACE=1s", "HTTP_ADDR=127.0.0.1:0",
 	}}
 }
 

@@ -47,6 +47,7 @@ type globals struct {
 	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a transfer step, the first included."`
 	LeaseGrace  time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease."`
 	LogLevel    string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat   string        `name:"log-format" env:"LOG_FORMAT" default:"text" enum:"text,json" help:"Log format (text or json)."`
 }
 
 type cli struct {

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,7 +79,8 @@ func TestWorkerCommands(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "migrated")
 
-	run := exec.Command(workerBin, "run", "--lease-grace", "5s", "--max-conns", "6")
+	httpAddr := freeAddr(t)
+	run := exec.Command(workerBin, "run", "--lease-grace", "5s", "--max-conns", "6", "--http-addr", httpAddr)
 	run.Env = append(os.Environ(), env...)
 	var runErr bytes.Buffer
 	run.Stderr = &runErr
@@ -128,6 +133,25 @@ func TestWorkerCommands(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "amount must be positive")
 
+	// The worker's metrics tell what it did: two sagas finished, one
+	// completed and one compensated, through these step attempts.
+	metrics := scrape(t, "http://"+httpAddr+"/metrics")
+	for series, want := range map[string]float64{
+		`idemsaga_sagas_finished_total{definition="transfer",outcome="completed"}`:                                 1,
+		`idemsaga_sagas_finished_total{definition="transfer",outcome="compensated"}`:                               1,
+		`idemsaga_step_attempts_total{definition="transfer",outcome="succeeded",phase="forward",step="deduct"}`:    2,
+		`idemsaga_step_attempts_total{definition="transfer",outcome="succeeded",phase="forward",step="credit"}`:    1,
+		`idemsaga_step_attempts_total{definition="transfer",outcome="failed",phase="forward",step="credit"}`:       1,
+		`idemsaga_step_attempts_total{definition="transfer",outcome="succeeded",phase="compensate",step="deduct"}`: 1,
+		`idemsaga_outbox_backlog_rows`: 0,
+	} {
+		require.Contains(t, metrics, series, "metric %s missing", series)
+		require.Equal(t, want, metrics[series], series)
+	}
+	require.Equal(t, 2.0, metrics[`idemsaga_saga_duration_seconds_count{definition="transfer",outcome="completed"}`]+metrics[`idemsaga_saga_duration_seconds_count{definition="transfer",outcome="compensated"}`])
+	require.Equal(t, "ok\n", get(t, "http://"+httpAddr+"/healthz"))
+	require.Equal(t, "ready\n", get(t, "http://"+httpAddr+"/readyz"))
+
 	// SIGTERM drains and exits cleanly.
 	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
 	select {
@@ -169,4 +193,40 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, r.stdout, "invariants hold; 0 differences")
 	require.Contains(t, r.stdout, "conserved")
 	require.Contains(t, r.stdout, "refused=true")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	return string(b)
+}
+
+// scrape reads a Prometheus text exposition into series → value.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, line := range strings.Split(get(t, url), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	return out
 }

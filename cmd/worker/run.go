@@ -21,11 +21,12 @@ type runCmd struct {
 	DrainTimeout     time.Duration `name:"drain-timeout" default:"30s" help:"How long SIGINT/SIGTERM waits for work in hand."`
 	Migrate          bool          `help:"Apply migrations before starting."`
 	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
+	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
 
 func (r *runCmd) Run(ctx context.Context, g *globals) error {
-	log := newLogger(g.LogLevel)
+	log := newLogger(g.LogLevel, g.LogFormat)
 	pool, err := openDB(ctx, g.DatabaseURL, r.MaxConns)
 	if err != nil {
 		return err
@@ -62,6 +63,11 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
+	ops, err := newOpsServer(r.HTTPAddr, reg, e.Ready, log)
+	if err != nil {
+		_ = e.Stop(context.Background())
+		return err
+	}
 	log.Info("worker running; SIGINT or SIGTERM drains and stops", "pid", os.Getpid(), "stream", g.Stream)
 	<-ctx.Done()
 	log.Info("draining")
@@ -69,6 +75,9 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	defer cancel()
 	if err := e.Stop(sctx); err != nil {
 		return fmt.Errorf("drain: %w", err)
+	}
+	if err := ops.Shutdown(sctx); err != nil {
+		log.Warn("http server shutdown", "error", err)
 	}
 	if err := nc.Drain(); err != nil {
 		log.Warn("nats drain", "error", err)

@@ -34,6 +34,8 @@ type Metrics struct {
 	RetriesScheduled  *prometheus.CounterVec
 	OutboxPublished   prometheus.Counter
 	RelayBatchSeconds prometheus.Histogram
+	Deliveries        *prometheus.CounterVec
+	UniqueConflicts   *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -92,6 +94,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
+	m.Deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "deliveries_total",
+		Help: "Requests seen by each dedup layer: start calls (start), rows published (broker), commands handled (inbox), replies handled (orchestrator). The hit rate of a layer is duplicates_absorbed_total / deliveries_total.",
+	}, []string{"layer"})
+	m.UniqueConflicts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "unique_conflicts_total",
+		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
+	}, []string{"table"})
 	if reg == nil {
 		return m, nil
 	}
@@ -99,6 +109,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
+		m.Deliveries, m.UniqueConflicts,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

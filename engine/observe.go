@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/outbox"
+)
+
+// backlogCollector reports the outbox backlog when scraped: the rows not
+// yet published and the age of the oldest, read from the database (the
+// partial index on unpublished rows keeps this cheap).
+type backlogCollector struct {
+	pool      *pgxpool.Pool
+	rows, age *prometheus.Desc
+}
+
+func newBacklogCollector(pool *pgxpool.Pool) *backlogCollector {
+	return &backlogCollector{
+		pool: pool,
+		rows: prometheus.NewDesc(metrics.Namespace+"_outbox_backlog_rows", "Outbox rows not yet published.", nil, nil),
+		age:  prometheus.NewDesc(metrics.Namespace+"_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
+	}
+}
+
+func (b *backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- b.rows; ch <- b.age }
+
+func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	n, age, err := outbox.Backlog(ctx, b.pool)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(b.rows, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(b.rows, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(b.age, prometheus.GaugeValue, age.Seconds())
+}
+
+// Ready reports whether this engine can do its work: started, the database
+// reachable and migrated, the broker connected. The error says what is
+// missing.
+func (e *Engine) Ready(ctx context.Context) error {
+	e.mu.Lock()
+	started := e.started
+	e.mu.Unlock()
+	if !started {
+		return errors.New("engine not started")
+	}
+	if err := e.cfg.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
+		return err
+	}
+	if st := e.cfg.NATS.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("broker not connected (connection %s)", st)
+	}
+	return nil
+}
