@@ -219,7 +219,67 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		s.Phase, s.Status = saga.Phase(phase), saga.StepStatus(status)
 		sg.Steps = append(sg.Steps, s)
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
+	}
+	arows, err := cl.c.pool.Query(ctx, selectAttempts, sg.ID)
+	if err != nil {
+		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
+	}
+	defer arows.Close()
+	sg.Attempts = sg.Attempts[:0]
+	for arows.Next() {
+		var a saga.StepAttempt
+		var phase string
+		if err := arows.Scan(&a.Step, &phase, &a.Attempt, &a.DispatchedAt, &a.FinishedAt, &a.Outcome, &a.Error); err != nil {
+			return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
+		}
+		a.Phase = saga.Phase(phase)
+		a.Key = saga.StepKey(sg.ID, a.Step, a.Phase)
+		sg.Attempts = append(sg.Attempts, a)
+	}
+	return arows.Err()
+}
+
+// ListOptions filters List. Zero fields do not filter.
+type ListOptions struct {
+	// Definition keeps sagas of this definition.
+	Definition string
+	// State keeps sagas in this state.
+	State saga.State
+	// OlderThan keeps sagas created longer ago than this.
+	OlderThan time.Duration
+	// Stuck keeps running sagas with no step in flight, or whose step's
+	// lease or retry is overdue by more than StuckAfter.
+	Stuck bool
+	// StuckAfter is the overdue margin of Stuck. Defaults to StaleAfterDefault.
+	StuckAfter time.Duration
+	// Limit bounds the result. Defaults to 100.
+	Limit int
+}
+
+// List returns sagas matching opts, newest first, without their steps.
+func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance, error) {
+	if opts.Limit <= 0 {
+		opts.Limit = 100
+	}
+	if opts.StuckAfter <= 0 {
+		opts.StuckAfter = StaleAfterDefault
+	}
+	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
+	}
+	defer rows.Close()
+	var out []*saga.Instance
+	for rows.Next() {
+		sg, err := scanSaga(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sg)
+	}
+	return out, rows.Err()
 }
 
 // Wait polls the saga until it reaches a terminal state or ctx ends.

@@ -193,11 +193,11 @@ func (c *core) command(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 func (c *core) dispatch(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) error {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
-	tag, err := tx.Exec(ctx, insertStep, sg.ID, step.Name, phase, idx, key, c.leaseMillis(policyOf(def, idx, phase)))
-	if err != nil {
+	var inserted int
+	if err := tx.QueryRow(ctx, insertStep, sg.ID, step.Name, phase, idx, key, c.leaseMillis(policyOf(def, idx, phase))).Scan(&inserted); err != nil {
 		return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, sg.ID, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if inserted == 0 {
 		return nil // already dispatched: its command is already out
 	}
 	return c.command(ctx, tx, sg, def, idx, phase, 1)
@@ -250,14 +250,9 @@ func (c *core) succeed(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 func (c *core) abandon(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
-	b := &pgx.Batch{}
-	b.Queue(settleLockTimeout)
-	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
-	var outcome string
-	var result []byte
-	b.Queue(settleRead, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
+	outcome, result, err := c.settle(ctx, tx, sg, def, idx, phase)
+	if err != nil {
+		return err
 	}
 	if outcome == "succeeded" {
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attempt)
@@ -270,6 +265,24 @@ func (c *core) abandon(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 		return c.giveUp(ctx, tx, sg, def, idx, reason, fx)
 	}
 	return c.compensate(ctx, tx, sg, def, idx, reason, fx)
+}
+
+// settle tombstones a step's key in the inbox (so no delivery can take
+// effect after this transaction) and returns what the inbox holds for it:
+// "succeeded" with the result if the step did take effect.
+func (c *core) settle(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (string, []byte, error) {
+	step := def.Step(idx)
+	key := saga.StepKey(sg.ID, step.Name, phase)
+	b := &pgx.Batch{}
+	b.Queue(settleLockTimeout)
+	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
+	var outcome string
+	var result []byte
+	b.Queue(settleRead, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return "", nil, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
+	}
+	return outcome, result, nil
 }
 
 // compensate starts rolling back after forward step failedIdx failed and

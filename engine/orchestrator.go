@@ -122,11 +122,11 @@ func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *sag
 		if r.RetryAfterMillis > 0 {
 			delay = time.Duration(r.RetryAfterMillis) * time.Millisecond
 		}
-		tag, err := tx.Exec(ctx, scheduleRetry, r.Key, r.Attempt, r.Error, delay.Milliseconds())
-		if err != nil {
+		var moved int
+		if err := tx.QueryRow(ctx, scheduleRetry, r.Key, r.Attempt, r.Error, delay.Milliseconds()).Scan(&moved); err != nil {
 			return fmt.Errorf("schedule retry: %w", err)
 		}
-		if tag.RowsAffected() == 0 {
+		if moved == 0 {
 			return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
 		}
 		fx.retries = append(fx.retries, [3]string{def.Name(), r.Step, string(r.Phase)})
@@ -146,11 +146,11 @@ func (c *core) finishStep(ctx context.Context, tx pgx.Tx, key any, attempt int, 
 	if errText != "" {
 		e = errText
 	}
-	tag, err := tx.Exec(ctx, finishStep, key, attempt, status, nullJSON(result), e)
-	if err != nil {
+	var moved int
+	if err := tx.QueryRow(ctx, finishStep, key, attempt, status, nullJSON(result), e, string(status)).Scan(&moved); err != nil {
 		return fmt.Errorf("finish step: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if moved == 0 {
 		return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
 	}
 	return nil

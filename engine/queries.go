@@ -36,21 +36,46 @@ returning version`
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
 
 	// insertStep dispatches attempt 1 of a (saga, step, phase).
-	insertStep = `insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
-values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond')
-on conflict (saga_id, step, phase) do nothing`
+	insertStep = `with s as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
+  values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond')
+  on conflict (saga_id, step, phase) do nothing
+  returning saga_id, step, phase, attempt
+), a as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from s
+)
+select count(*) from s`
 
 	// redispatchStep starts the next attempt, fenced by the attempt seen.
-	redispatchStep = `update idemsaga.steps set
+	redispatchStep = `with r as (
+  update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1,
     lease_until = now() + $3 * interval '1 millisecond',
     next_attempt_at = null, updated_at = now()
-where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
-returning attempt`
+  where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+  returning saga_id, step, phase, attempt
+), old as (
+  update idemsaga.step_attempts x set finished_at = now(), outcome = 'lease expired'
+  from r where x.saga_id = r.saga_id and x.step = r.step and x.phase = r.phase
+    and x.attempt = r.attempt - 1 and x.finished_at is null
+), a as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from r
+)
+select attempt from r`
 
-	finishStep = `update idemsaga.steps set
+	// finishStep records a step's outcome and ends its attempt in the
+	// timeline, in one statement. $6 is the attempt's outcome as shown.
+	finishStep = `with f as (
+  update idemsaga.steps set
     status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
-where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')`
+  where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+  returning saga_id, step, phase, attempt
+), a as (
+  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
+    outcome = case when x.outcome is null or x.outcome = 'retry' then $6 else x.outcome end, error = coalesce($5, x.error)
+  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+)
+select count(*) from f`
 
 	// settleLockTimeout bounds the wait on a step worker still holding the
 	// key uncommitted: the engine retries the decision later rather than
@@ -65,10 +90,17 @@ on conflict (step_key) do nothing`
 
 	settleRead = `select outcome, result from idemsaga.inbox where step_key = $1`
 
-	scheduleRetry = `update idemsaga.steps set
+	scheduleRetry = `with f as (
+  update idemsaga.steps set
     status = 'retrying', last_error = $3, lease_until = null,
     next_attempt_at = now() + $4 * interval '1 millisecond', updated_at = now()
-where key = $1 and attempt = $2 and status = 'dispatched'`
+  where key = $1 and attempt = $2 and status = 'dispatched'
+  returning saga_id, step, phase, attempt
+), a as (
+  update idemsaga.step_attempts x set finished_at = now(), outcome = 'retry', error = $3
+  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+)
+select count(*) from f`
 
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.
@@ -93,3 +125,31 @@ for update of s skip locked`
 (status = 'dispatched' and lease_until < now()) as expired
 from idemsaga.steps where key = $1 for update`
 )
+
+const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at, coalesce(outcome, ''), coalesce(error, '')
+from idemsaga.step_attempts where saga_id = $1 order by dispatched_at, attempt`
+
+// listSagas filters by definition ($1), state ($2), age ($3 seconds) and
+// stuckness ($4, with margin $5 seconds); empty or zero filters match all.
+const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
+where ($1 = '' or s.definition = $1)
+  and ($2 = '' or s.state = $2)
+  and ($3 = 0 or s.created_at < now() - $3 * interval '1 second')
+  and (not $4 or (s.finished_at is null and not exists (
+        select 1 from idemsaga.steps st where st.saga_id = s.id and (
+          (st.status = 'dispatched' and st.lease_until >= now() - $5 * interval '1 second')
+          or (st.status = 'retrying' and st.next_attempt_at >= now() - $5 * interval '1 second')))))
+order by s.created_at desc
+limit $6`
+
+// retryFailedStep re-opens a failed step for an operator's retry.
+const retryFailedStep = `with r as (
+  update idemsaga.steps set
+    status = 'dispatched', attempt = attempt + 1, last_error = null,
+    lease_until = now() + $3 * interval '1 millisecond', next_attempt_at = null, updated_at = now()
+  where key = $1 and attempt = $2 and status = 'failed'
+  returning saga_id, step, phase, attempt
+), a as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from r
+)
+select attempt from r`

@@ -80,3 +80,18 @@ create table idemsaga.inbox (
     error      text,
     created_at timestamptz not null default now()
 );
+
+-- One row per attempt of a step, for the saga's timeline: when it was
+-- dispatched, when and how it ended (succeeded, failed, retry, lease
+-- expired, given up). Written in the same statements as the step changes.
+create table idemsaga.step_attempts (
+    saga_id       uuid not null references idemsaga.sagas (id) on delete cascade,
+    step          text not null,
+    phase         text not null,
+    attempt       int not null,
+    dispatched_at timestamptz not null default now(),
+    finished_at   timestamptz,
+    outcome       text,
+    error         text,
+    primary key (saga_id, step, phase, attempt)
+);

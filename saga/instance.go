@@ -23,6 +23,23 @@ type Instance struct {
 	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
 	// Steps lists the step executions, filled by inspection calls only.
 	Steps []StepExecution `json:"steps,omitempty"`
+	// Attempts is the timeline: every attempt of every step execution in
+	// dispatch order, filled by inspection calls only.
+	Attempts []StepAttempt `json:"attempts,omitempty"`
+}
+
+// StepAttempt is one attempt of one step execution.
+type StepAttempt struct {
+	Step         string     `json:"step"`
+	Phase        Phase      `json:"phase"`
+	Attempt      int        `json:"attempt"`
+	Key          uuid.UUID  `json:"key"`
+	DispatchedAt time.Time  `json:"dispatched_at"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	// Outcome is succeeded, failed, retry or lease expired; empty while
+	// the attempt is in flight.
+	Outcome string `json:"outcome,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Finished reports whether the saga reached a terminal state.

@@ -1,0 +1,178 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+// TestCancelRunningSaga cancels a transfer whose deduction is done and
+// whose credit is in flight: the credit is fenced, the deduction refunded.
+// A credit that already took effect completes the saga instead.
+func TestCancelRunningSaga(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 100)
+	require.NoError(t, err)
+	stream := testenv.Name("CANCEL")
+	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, LeaseGrace: time.Hour, Logger: quietLogger(),
+		Stream: stream, SubjectPrefix: "t." + stream})
+	require.NoError(t, err)
+	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "x"}, Definitions: []*saga.Definition{def}, Logger: quietLogger()})
+	require.NoError(t, err)
+	cl := e.Client()
+	run := func(id saga.Instance, step string) wire.Reply {
+		r, err := w.Handle(ctx, wire.Command{SagaID: id.ID, Definition: def.Name(), Step: step, Phase: saga.PhaseForward,
+			Key: saga.StepKey(id.ID, step, saga.PhaseForward), Attempt: 1, Input: id.Input})
+		require.NoError(t, err)
+		return r
+	}
+	start := func(key string) saga.Instance {
+		res, err := cl.Start(ctx, def, key, transferInput(1, 2, 10))
+		require.NoError(t, err)
+		sg, err := cl.Get(ctx, res.ID)
+		require.NoError(t, err)
+		v, err := e.ApplyReply(ctx, run(*sg, transfer.StepDeduct))
+		require.NoError(t, err)
+		require.Equal(t, engine.VerdictApplied, v)
+		return *sg
+	}
+
+	pending := start("cancel-me")
+	require.NoError(t, cl.Cancel(ctx, pending.ID, "customer changed their mind"))
+	err = cl.Cancel(ctx, pending.ID, "again")
+	require.ErrorIs(t, err, engine.ErrStateForbids)
+	late := run(pending, transfer.StepCredit) // a late credit delivery
+	require.True(t, late.Duplicate, "the credit's key was fenced by the cancel")
+
+	ran := start("too-late")
+	run(ran, transfer.StepCredit) // took effect; its reply never arrived
+	err = cl.Cancel(ctx, ran.ID, "")
+	require.ErrorIs(t, err, engine.ErrStateForbids)
+	require.ErrorContains(t, err, "completed before it could be cancelled")
+
+	startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sg, err := cl.Wait(wctx, pending.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Contains(t, sg.Error, "customer changed their mind")
+	sg, err = cl.Get(ctx, ran.ID)
+	require.NoError(t, err)
+	require.Equal(t, transfer.StateCredited, sg.State)
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+}
+
+// TestRetryFailedSaga: a compensation fails until a person repairs its
+// cause; retry resumes it with the same key and the saga ends compensated,
+// the compensation's effect happening once. The timeline shows it all.
+func TestRetryFailedSaga(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	_, err := pool.Exec(ctx, `create table effects (saga_id uuid, step text, phase text)`)
+	require.NoError(t, err)
+	var repaired atomic.Bool
+	quick := saga.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond}
+	def := saga.MustNew("repair",
+		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Retry: quick, CompensateRetry: quick,
+			Compensate: recorder("a", func(int) error {
+				if !repaired.Load() {
+					return errors.New("refund service is down")
+				}
+				return nil
+			})},
+		saga.Step{Name: "b", Reaches: "b_done", Forward: recorder("b", func(int) error { return saga.Permanent(errors.New("declined")) }), Retry: quick},
+	)
+	e := startEngine(t, pool, nc, testenv.Name("RETRY"), []*saga.Definition{def})
+	cl := e.Client()
+	res, err := cl.Start(ctx, def, "k", map[string]int{})
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sg, err := cl.Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateFailed, sg.State)
+
+	failed, err := cl.List(ctx, engine.ListOptions{State: saga.StateFailed})
+	require.NoError(t, err)
+	require.Len(t, failed, 1)
+	require.Equal(t, res.ID, failed[0].ID)
+
+	repaired.Store(true)
+	require.NoError(t, cl.Retry(ctx, res.ID))
+	require.ErrorIs(t, cl.Retry(ctx, res.ID), engine.ErrStateForbids, "no longer failed")
+	sg, err = cl.Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	var undone int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects where step = 'a' and phase = 'compensate'`).Scan(&undone))
+	require.Equal(t, 1, undone)
+
+	// The timeline: a forward, b forward (failed), a compensate twice
+	// failed with retry then failed, and the operator's third attempt.
+	var outcomes []string
+	for _, a := range sg.Attempts {
+		outcomes = append(outcomes, a.Step+"/"+string(a.Phase)+"#"+itoa(a.Attempt)+":"+a.Outcome)
+		require.Equal(t, saga.StepKey(sg.ID, a.Step, a.Phase), a.Key)
+	}
+	require.Equal(t, []string{"a/forward#1:succeeded", "b/forward#1:failed", "a/compensate#1:retry", "a/compensate#2:failed", "a/compensate#3:succeeded"}, outcomes)
+	b, err := json.Marshal(sg)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"attempts"`)
+}
+
+func TestListFilters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: time.Millisecond})
+	require.NoError(t, err)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, LeaseGrace: time.Millisecond})
+	require.NoError(t, err)
+	for _, k := range []string{"a", "b", "c"} {
+		_, err := cl.Start(ctx, def, k, transferInput(1, 2, 1))
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set created_at = now() - interval '1 hour' where idem_key = 'a'`)
+	require.NoError(t, err)
+	all, err := cl.List(ctx, engine.ListOptions{Definition: "transfer"})
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	old, err := cl.List(ctx, engine.ListOptions{OlderThan: 30 * time.Minute})
+	require.NoError(t, err)
+	require.Len(t, old, 1)
+	require.Equal(t, "a", old[0].Key)
+	none, err := cl.List(ctx, engine.ListOptions{Definition: "other"})
+	require.NoError(t, err)
+	require.Empty(t, none)
+	// No worker runs: every lease expires at once, so all are stuck.
+	time.Sleep(20 * time.Millisecond)
+	stuck, err := cl.List(ctx, engine.ListOptions{Stuck: true, StuckAfter: time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, stuck, 3)
+	limited, err := cl.List(ctx, engine.ListOptions{Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, limited, 2)
+}
+
+func itoa(i int) string { return string(rune('0' + i)) }
