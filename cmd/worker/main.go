@@ -56,7 +56,10 @@ type cli struct {
 	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's and the transfer example's tables."`
 	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator and lease reaper, until SIGINT or SIGTERM."`
 	Transfer  transferCmd  `cmd:"" help:"Start a money transfer saga (the same key gives the same saga)."`
-	Status    statusCmd    `cmd:"" help:"Show a saga by ID or idempotency key."`
+	List      listCmd      `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
+	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step attempt."`
+	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation (same step keys: nothing runs twice)."`
+	Cancel    cancelCmd    `cmd:"" help:"Stop a running saga and compensate what it completed."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's and the transfer example's invariants; print each difference and exit non-zero when any is found."`
 	Demo      demoCmd      `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
 	Chaos     chaosCmd     `cmd:"" help:"Run transfers across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile."`

@@ -124,10 +124,24 @@ func TestWorkerCommands(t *testing.T) {
 	require.Equal(t, "T-1", st.Key)
 	require.Equal(t, "credited", st.State)
 
-	r = worker(t, env, "status", id.String())
+	r = worker(t, env, "show", id.String())
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "credited")
-	require.Contains(t, r.stdout, "deduct")
+	require.Contains(t, r.stdout, "timeline:")
+	require.Regexp(t, `credit\s+forward\s+1\s+succeeded`, r.stdout)
+
+	r = worker(t, env, "list", "--state", "compensated", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var listed []struct {
+		Key string `json:"key"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "T-2", listed[0].Key)
+
+	r = worker(t, env, "retry", id.String())
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "only a failed saga can be retried")
 
 	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount=-5", "--key", "bad")
 	require.Equal(t, 1, r.code)

@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -61,34 +59,6 @@ func (t *transferCmd) Run(ctx context.Context, g *globals) error {
 	return nil
 }
 
-type statusCmd struct {
-	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
-	JSON    bool   `name:"json" help:"Print JSON."`
-}
-
-func (s *statusCmd) Run(ctx context.Context, g *globals) error {
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, SubjectPrefix: g.SubjectPrefix})
-	if err != nil {
-		return err
-	}
-	sg, err := cl.Lookup(ctx, s.IDOrKey)
-	if err != nil {
-		return err
-	}
-	if s.JSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(sg)
-	}
-	printSaga(sg)
-	return nil
-}
-
 func printSaga(sg *saga.Instance) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\n", sg.ID)
@@ -110,9 +80,26 @@ func printSaga(sg *saga.Instance) {
 	}
 	fmt.Println()
 	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "STEP\tPHASE\tSTATUS\tATTEMPT\tKEY\tERROR")
+	fmt.Fprintln(w, "STEP\tPHASE\tSTATUS\tATTEMPTS\tKEY")
 	for _, st := range sg.Steps {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Phase, st.Status, st.Attempt, st.Key, st.LastError)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", st.Step, st.Phase, st.Status, st.Attempt, st.Key)
+	}
+	_ = w.Flush()
+	if len(sg.Attempts) == 0 {
+		return
+	}
+	fmt.Println("\ntimeline:")
+	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "AT\tSTEP\tPHASE\tATTEMPT\tOUTCOME\tTOOK\tERROR")
+	for _, a := range sg.Attempts {
+		took, outcome := "", a.Outcome
+		if a.FinishedAt != nil {
+			took = a.FinishedAt.Sub(a.DispatchedAt).Round(time.Millisecond).String()
+		}
+		if outcome == "" {
+			outcome = "in flight"
+		}
+		fmt.Fprintf(w, "+%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.DispatchedAt.Sub(sg.CreatedAt).Round(time.Millisecond), a.Step, a.Phase, a.Attempt, outcome, took, truncateText(a.Error, 80))
 	}
 	_ = w.Flush()
 }
