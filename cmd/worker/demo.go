@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/schollz/progressbar/v3"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -29,6 +32,8 @@ type demoCmd struct {
 	Accounts  int           `default:"20" help:"Accounts to seed; the last one is frozen, so credits to it fail and are compensated."`
 	Pools     int           `default:"2" help:"Worker pools (engines) sharing the database and the stream."`
 	Timeout   time.Duration `default:"3m" help:"How long to wait for every saga to finish."`
+	Serve     bool          `help:"Keep the metrics endpoint up after the summary, until Ctrl-C."`
+	HTTPAddr  string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the metrics endpoint with --serve (port 0 picks one)."`
 	Redeliver float64       `default:"0.1" help:"Fraction of commands the demo publishes a second time under a new message id, as a broker redelivery would; the inbox absorbs them."`
 }
 
@@ -99,8 +104,10 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		d.Transfers, d.Accounts, frozen, d.Pools, ns.ClientURL(), d.DBName)
 	fmt.Printf("  10%% of credits go to the frozen account, 3%% of transfers overdraw, 10%% are submitted twice, %.0f%% of commands are delivered twice\n\n", d.Redeliver*100)
 
+	// One registry; each pool's series carry a pool label.
+	reg := prometheus.NewRegistry()
+	regs := []*prometheus.Registry{reg}
 	var engines []*engine.Engine
-	var regs []*prometheus.Registry
 	for i := range d.Pools {
 		p, err := openDB(ctx, dsn, 8)
 		if err != nil {
@@ -112,10 +119,9 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 			return err
 		}
 		defer nc.Close()
-		reg := prometheus.NewRegistry()
 		e, err := engine.New(engine.Config{
 			Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
-			Logger: log, Registerer: reg, LeaseGrace: 10 * time.Second, RelayPollInterval: 20 * time.Millisecond,
+			Logger: log, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"pool": strconv.Itoa(i + 1)}, reg), LeaseGrace: 10 * time.Second, RelayPollInterval: 20 * time.Millisecond,
 		})
 		if err != nil {
 			return err
@@ -128,7 +134,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 			defer cancel()
 			_ = e.Stop(sctx)
 		}()
-		engines, regs = append(engines, e), append(regs, reg)
+		engines = append(engines, e)
 	}
 
 	// Simulated redeliveries: copy a fraction of the commands back into the
@@ -229,19 +235,25 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	_, reuseErr := engines[0].Client().Start(ctx, transfer.Definition, jobs[0].key, transfer.Input{From: 1, To: 2, Amount: 999})
 	keyReuseRefused := errors.Is(reuseErr, saga.ErrIdempotencyKeyReused)
 
-	// Wait for every saga to finish, reporting progress.
+	// Wait for every saga to finish, with a progress bar.
 	deadline := time.Now().Add(d.Timeout)
-	lastPrint := time.Time{}
+	bar := progressbar.NewOptions(d.Transfers,
+		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetDescription("sagas finished"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("sagas"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+	)
 	for {
 		var done, total int
 		if err := pool.QueryRow(ctx, `select count(*) filter (where finished_at is not null), count(*) from idemsaga.sagas`).Scan(&done, &total); err != nil {
 			return err
 		}
-		if time.Since(lastPrint) > time.Second || done == total {
-			fmt.Printf("  %5d / %d sagas finished\n", done, total)
-			lastPrint = time.Now()
-		}
+		_ = bar.Set(done)
 		if done == total {
+			_ = bar.Finish()
 			break
 		}
 		if time.Now().After(deadline) {
@@ -279,36 +291,65 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	sum := func(name string, labels ...string) int {
 		return int(counterSum(regs, name, labels...))
 	}
-	fmt.Println()
-	fmt.Printf("  submitted        %d requests for %d transfers (%d answered as duplicates of an existing saga)\n", submitted.Load(), d.Transfers, dupReplies.Load())
-	fmt.Printf("  credited         %d\n", rep.ByState["credited"])
-	fmt.Printf("  compensated      %d (%d credits refused by the frozen account and refunded, %d deductions refused for insufficient funds)\n",
-		rep.ByState["compensated"], rep.ByState["compensated"]-deductFailed, deductFailed)
-	fmt.Printf("  failed           %d\n", rep.ByState["failed"])
-	fmt.Printf("  duplicates absorbed: start %d, broker %d, inbox %d, orchestrator %d\n",
-		sum("idemsaga_duplicates_absorbed_total", "layer", "start"), sum("idemsaga_duplicates_absorbed_total", "layer", "broker"),
-		sum("idemsaga_duplicates_absorbed_total", "layer", "inbox"), sum("idemsaga_duplicates_absorbed_total", "layer", "orchestrator"))
-	fmt.Printf("  key reused with other input: refused=%v\n", keyReuseRefused)
-	fmt.Printf("  lease takeovers  %d, retries %d\n", sum("idemsaga_lease_takeovers_total"), sum("idemsaga_retries_scheduled_total"))
-	fmt.Printf("  wall time        %s (%.0f sagas/s)\n", elapsed.Round(time.Millisecond), float64(d.Transfers)/elapsed.Seconds())
-	conserved := "conserved"
-	if rep.Total != seeded {
-		conserved = "NOT conserved"
+	var p50, p99 float64
+	if err := pool.QueryRow(ctx, `select coalesce(percentile_cont(0.5) within group (order by extract(epoch from finished_at - created_at)), 0),
+  coalesce(percentile_cont(0.99) within group (order by extract(epoch from finished_at - created_at)), 0)
+from idemsaga.sagas where finished_at is not null`).Scan(&p50, &p99); err != nil {
+		return err
 	}
-	fmt.Printf("  money            seeded %d, held now %d: %s\n", seeded, rep.Total, conserved)
 	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
 	if err != nil {
 		return err
 	}
+	conserved := "conserved"
+	if rep.Total != seeded {
+		conserved = "NOT conserved"
+	}
+	reconText := "0 differences: engine and ledger invariants hold"
+	if n := len(recon.Differences); n > 0 {
+		reconText = fmt.Sprintf("%d DIFFERENCES", n)
+	}
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(w, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("transfers", "%d (%d requests; %d answered as duplicates of an existing saga)", d.Transfers, submitted.Load(), dupReplies.Load())
+	row("completed", "%d credited", rep.ByState["credited"])
+	row("compensated", "%d (%d credits refused by the frozen account and refunded, %d deductions refused for insufficient funds)",
+		rep.ByState["compensated"], rep.ByState["compensated"]-deductFailed, deductFailed)
+	row("failed", "%d", rep.ByState["failed"])
+	row("duplicates absorbed", "start %d, broker %d, inbox %d, orchestrator %d",
+		sum("idemsaga_duplicates_absorbed_total", "layer", "start"), sum("idemsaga_duplicates_absorbed_total", "layer", "broker"),
+		sum("idemsaga_duplicates_absorbed_total", "layer", "inbox"), sum("idemsaga_duplicates_absorbed_total", "layer", "orchestrator"))
+	row("key reused, other input", "refused=%v", keyReuseRefused)
+	row("lease takeovers", "%d, retries %d", sum("idemsaga_lease_takeovers_total"), sum("idemsaga_retries_scheduled_total"))
+	row("throughput", "%.0f sagas/s (%s wall time)", float64(d.Transfers)/elapsed.Seconds(), elapsed.Round(time.Millisecond))
+	row("latency", "p50 %s, p99 %s (submit to terminal state)", secs(p50), secs(p99))
+	row("money", "seeded %d, held now %d: %s", seeded, rep.Total, conserved)
+	row("reconcile", "%s", reconText)
+	_ = w.Flush()
 	if len(recon.Differences) > 0 || !keyReuseRefused {
 		for _, diff := range recon.Differences {
 			fmt.Printf("  DIFFERENCE: %s\n", diff)
 		}
 		return fmt.Errorf("reconcile: %d differences found", len(recon.Differences))
 	}
-	fmt.Println("  reconcile        engine and ledger invariants hold; 0 differences")
-	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker status %s\n", redact(dsn), jobs[0].key)
+	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker show %s\n", redact(dsn), jobs[3].key)
+	if d.Serve {
+		ops, err := newOpsServer(d.HTTPAddr, reg, engines[0].Ready, newLogger("info"))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("metrics at http://%s/metrics; Ctrl-C to stop\n", ops.Addr())
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return ops.Shutdown(sctx)
+	}
 	return nil
+}
+
+func secs(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(100 * time.Microsecond).String()
 }
 
 func counterSum(regs []*prometheus.Registry, name string, labels ...string) float64 {

@@ -26,6 +26,12 @@ type opsServer struct {
 // newOpsServer listens on addr (port 0 picks a free one) and serves the
 // registry's metrics plus the Go and process collectors.
 func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger) (*opsServer, error) {
+	return newOpsServerGatherer(addr, reg, reg, ready, log)
+}
+
+// newOpsServerGatherer is newOpsServer serving what g gathers; the Go and
+// process collectors are registered with reg, which g must include.
+func newOpsServerGatherer(addr string, reg *prometheus.Registry, g prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) (*opsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on --http-addr %s: %w (pick a free port, or 0 for any)", addr, err)
@@ -39,7 +45,7 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))

@@ -202,11 +202,47 @@ func TestDemo(t *testing.T) {
 			_ = conn.Close(ctx)
 		}
 	})
-	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "demo", "--transfers", "60", "--db-name", name)
-	require.Equal(t, 0, r.code, r.stdout+r.stderr)
-	require.Contains(t, r.stdout, "invariants hold; 0 differences")
-	require.Contains(t, r.stdout, "conserved")
-	require.Contains(t, r.stdout, "refused=true")
+	addr := freeAddr(t)
+	cmd := exec.Command(workerBin, "demo", "--transfers", "60", "--db-name", name, "--serve", "--http-addr", addr)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.AdminURL())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	// --serve keeps the metrics up after the summary.
+	var metrics map[string]float64
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 2*time.Minute, 100*time.Millisecond, "demo serves its metrics")
+	metrics = scrape(t, "http://"+addr+"/metrics")
+	finished := 0.0
+	for series, v := range metrics {
+		if strings.HasPrefix(series, "idemsaga_sagas_finished_total") {
+			finished += v
+		}
+	}
+	require.Equal(t, 60.0, finished, "every saga finished, counted once across the pools")
+
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-done:
+		require.NoError(t, err, out.String()+errb.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("demo --serve did not stop on SIGINT")
+	}
+	require.Contains(t, out.String(), "0 differences: engine and ledger invariants hold")
+	require.Contains(t, out.String(), "money                    seeded")
+	require.Contains(t, out.String(), "conserved")
+	require.Contains(t, out.String(), "refused=true")
+	require.Regexp(t, `latency\s+p50 \S+, p99 \S+`, out.String())
 }
 
 func freeAddr(t *testing.T) string {
