@@ -14,6 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
+type route struct {
+	pattern string
+	handler http.Handler
+}
+
 // opsServer serves /metrics, /healthz and /readyz, and whatever else is
 // mounted on its mux.
 type opsServer struct {
@@ -25,13 +30,8 @@ type opsServer struct {
 
 // newOpsServer listens on addr (port 0 picks a free one) and serves the
 // registry's metrics plus the Go and process collectors.
-func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger) (*opsServer, error) {
-	return newOpsServerGatherer(addr, reg, reg, ready, log)
-}
-
-// newOpsServerGatherer is newOpsServer serving what g gathers; the Go and
-// process collectors are registered with reg, which g must include.
-func newOpsServerGatherer(addr string, reg *prometheus.Registry, g prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) (*opsServer, error) {
+// Routes in extra (pattern → handler) are served too.
+func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger, extra ...route) (*opsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on --http-addr %s: %w (pick a free port, or 0 for any)", addr, err)
@@ -45,7 +45,7 @@ func newOpsServerGatherer(addr string, reg *prometheus.Registry, g prometheus.Ga
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -61,6 +61,9 @@ func newOpsServerGatherer(addr string, reg *prometheus.Registry, g prometheus.Ga
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	for _, r := range extra {
+		mux.Handle(r.pattern, r.handler)
+	}
 	s := &opsServer{ln: ln, mux: mux, done: make(chan error, 1),
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
 	go func() {

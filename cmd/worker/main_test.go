@@ -166,6 +166,35 @@ func TestWorkerCommands(t *testing.T) {
 	require.Equal(t, "ok\n", get(t, "http://"+httpAddr+"/healthz"))
 	require.Equal(t, "ready\n", get(t, "http://"+httpAddr+"/readyz"))
 
+	// The HTTP API on the same address: a start, its replay, and a key the
+	// CLI already used for another transfer.
+	post := func(key, body string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, "http://"+httpAddr+"/transfers", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, first := post("H-1", `{"from":2,"to":1,"amount":4}`)
+	require.Equal(t, http.StatusCreated, code, first)
+	code, again := post("H-1", `{"from":2,"to":1,"amount":4}`)
+	require.Equal(t, http.StatusCreated, code)
+	require.Equal(t, first, again, "a replay answers byte for byte")
+	code, _ = post("T-1", `{"from":1,"to":2,"amount":999}`)
+	require.Equal(t, http.StatusUnprocessableEntity, code)
+	var started struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(first), &started))
+	require.Eventually(t, func() bool {
+		return strings.Contains(get(t, "http://"+httpAddr+"/transfers/"+started.ID), `"state":"credited"`)
+	}, 30*time.Second, 50*time.Millisecond)
+
 	// SIGTERM drains and exits cleanly.
 	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
 	select {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/httpapi"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -21,7 +22,7 @@ type runCmd struct {
 	DrainTimeout     time.Duration `name:"drain-timeout" default:"30s" help:"How long SIGINT/SIGTERM waits for work in hand."`
 	Migrate          bool          `help:"Apply migrations before starting."`
 	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
-	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
+	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/transfers), /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
 
@@ -63,7 +64,12 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
-	ops, err := newOpsServer(r.HTTPAddr, reg, e.Ready, log)
+	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Definition: def, Logger: log})
+	if err != nil {
+		_ = e.Stop(context.Background())
+		return err
+	}
+	ops, err := newOpsServer(r.HTTPAddr, reg, e.Ready, log, route{"/transfers", api}, route{"/transfers/", api})
 	if err != nil {
 		_ = e.Stop(context.Background())
 		return err
