@@ -81,6 +81,12 @@ type Config struct {
 	// RelayPollInterval is how often the relay looks for rows without a
 	// wake-up. Defaults to outbox.PollIntervalDefault.
 	RelayPollInterval time.Duration
+	// Retention sets how long finished sagas, inbox rows and published
+	// outbox rows are kept; each engine runs a cleaner with it. Zero
+	// fields take the defaults (7 days of replay for sagas and the inbox).
+	Retention RetentionConfig
+	// DisableRetention keeps everything forever (no cleaner runs).
+	DisableRetention bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -205,6 +211,7 @@ type Engine struct {
 	subjects wire.Subjects
 	relay    *outbox.Relay
 	worker   *steps.Worker
+	cleaner  *Cleaner
 	runner   lifecycle.Runner
 
 	mu      sync.Mutex
@@ -248,6 +255,11 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	c.notify = e.relay.Notify
+	if !cfg.DisableRetention {
+		if e.cleaner, err = NewCleaner(cfg.Pool, cfg.Retention, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
 	e.worker, err = steps.New(steps.Config{
 		Pool: cfg.Pool, Consumer: e.consumerFunc("_steps", e.subjects.AllCommands()), Subjects: e.subjects,
 		Definitions: cfg.Definitions, Concurrency: cfg.StepConcurrency, Logger: cfg.Logger, Metrics: m,
@@ -336,6 +348,13 @@ func (e *Engine) Start(ctx context.Context) error {
 		_ = e.relay.Stop(ctx)
 		return err
 	}
+	if e.cleaner != nil {
+		if err := e.cleaner.Start(ctx); err != nil {
+			_ = e.worker.Stop(ctx)
+			_ = e.relay.Stop(ctx)
+			return err
+		}
+	}
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
 			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
@@ -377,6 +396,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	if e.cleaner != nil {
+		errs = append(errs, e.cleaner.Stop(ctx))
+	}
 	errs = append(errs, e.worker.Stop(ctx))
 	errs = append(errs, e.runner.Stop(ctx))
 	if e.relay.Running() {

@@ -1,0 +1,393 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/internal/broker"
+	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Defaults of RetentionConfig.
+const (
+	// FinishedSagasDefault keeps a finished saga, its steps and its inbox
+	// rows for 7 days after it finished: the replay window.
+	FinishedSagasDefault = 7 * 24 * time.Hour
+	// InboxDefault keeps an inbox row for 7 days after it was written, and
+	// in any case for as long as its saga exists.
+	InboxDefault = 7 * 24 * time.Hour
+	// PublishedOutboxDefault keeps a published outbox row for an hour after
+	// it was published, well past the broker's 2-minute dedup window.
+	PublishedOutboxDefault = time.Hour
+	// RetentionBatchSizeDefault is the most rows (or sagas) one cleaning
+	// transaction deletes.
+	RetentionBatchSizeDefault = 500
+	// RetentionIntervalDefault is the pause between two cleaning passes.
+	RetentionIntervalDefault = time.Minute
+)
+
+// Bounds checked by RetentionConfig.validate.
+const (
+	// minRecordWindow is the shortest FinishedSagas or Inbox accepted: a
+	// window shorter than the time a command can wait in the broker would
+	// let a late delivery run a step a second time.
+	minRecordWindow = time.Hour
+	// maxRetentionBatch keeps each cleaning transaction short.
+	maxRetentionBatch = 10_000
+	// retentionBatchTimeout bounds one cleaning transaction.
+	retentionBatchTimeout = 30 * time.Second
+)
+
+// RetentionConfig says how long the engine's records are kept and how the
+// Cleaner deletes them. The zero value means every default.
+//
+// Rules, all measured on the database clock (now()):
+//
+//   - A saga is deleted only once it is finished (finished_at set) and
+//     older than FinishedSagas, never while it runs, never while one of its
+//     steps is still dispatched or waiting for a retry, and never in
+//     saga.StateFailed unless DeleteFailed is set. Its steps (and every row
+//     that references it with ON DELETE CASCADE) go in the same transaction.
+//   - An inbox row is deleted only in the transaction that deletes its saga
+//     or after its saga is gone, and only once it is older than Inbox. It
+//     is never deleted while its saga exists, finished or not.
+//   - A published outbox row is deleted once it is older than
+//     PublishedOutbox. An unpublished row is never deleted, however old.
+//
+// Past FinishedSagas the saga's idempotency key is free again: Start with
+// the same key creates a new saga, with a new ID and so new step keys.
+// FinishedSagas is therefore the replay window: the time during which a
+// duplicate request, a redelivered command or an operator's replay is
+// recognised. Both windows must exceed the longest time a command can stay
+// in the broker (a consumer backlog during an outage, say): a command
+// delivered after its inbox row is gone would run its step again.
+type RetentionConfig struct {
+	// FinishedSagas is how long a finished saga, its steps and its inbox
+	// rows are kept after finished_at. It is the replay window: within it a
+	// start with the same key returns the same saga; past it, the key starts
+	// a new one. At least one hour. Defaults to FinishedSagasDefault.
+	FinishedSagas time.Duration
+	// Inbox is how long an inbox row (a processed step key) is kept after it
+	// was written. A row is never deleted while its saga exists, so Inbox
+	// cannot shorten FinishedSagas and must be at least as long; a longer
+	// Inbox keeps the rows of deleted sagas, so a late delivery of one of
+	// their commands is still absorbed. Defaults to InboxDefault.
+	Inbox time.Duration
+	// PublishedOutbox is how long a published outbox row is kept after
+	// published_at. It must exceed the broker's 2-minute Nats-Msg-Id dedup
+	// window (broker.DuplicateWindowDefault), so that every copy the broker
+	// may still drop as a duplicate can be traced to its row. Deleting it
+	// never affects delivery: the row was already published, and a lost
+	// message is re-driven by its step's lease. Defaults to
+	// PublishedOutboxDefault.
+	PublishedOutbox time.Duration
+	// BatchSize is the most sagas, inbox rows or outbox rows one cleaning
+	// transaction deletes (a saga's steps and inbox rows go with it), at
+	// most 10,000. Small batches keep locks short and let autovacuum keep
+	// up. Defaults to RetentionBatchSizeDefault.
+	BatchSize int
+	// Interval is the pause between two cleaning passes of a started
+	// Cleaner. Defaults to RetentionIntervalDefault.
+	Interval time.Duration
+	// DeleteFailed lets the Cleaner delete sagas in saga.StateFailed once
+	// past FinishedSagas. Such a saga needs a person (its compensation could
+	// not finish) and Client.Retry resumes it from its step and inbox
+	// records, so by default it is kept, with those records, however old.
+	// A retried saga is running again and is never deleted.
+	DeleteFailed bool
+}
+
+func (c *RetentionConfig) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"FinishedSagas", c.FinishedSagas}, {"Inbox", c.Inbox}, {"PublishedOutbox", c.PublishedOutbox}, {"Interval", c.Interval}} {
+		if f.d < 0 {
+			return fmt.Errorf("idemsaga: RetentionConfig.%s is %s; use a positive duration, or 0 for the default", f.name, f.d)
+		}
+	}
+	if c.BatchSize < 0 {
+		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d; use a positive number, or 0 for %d", c.BatchSize, RetentionBatchSizeDefault)
+	}
+	if c.FinishedSagas == 0 {
+		c.FinishedSagas = FinishedSagasDefault
+	}
+	if c.Inbox == 0 {
+		c.Inbox = InboxDefault
+	}
+	if c.PublishedOutbox == 0 {
+		c.PublishedOutbox = PublishedOutboxDefault
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = RetentionBatchSizeDefault
+	}
+	if c.Interval == 0 {
+		c.Interval = RetentionIntervalDefault
+	}
+	switch {
+	case c.FinishedSagas < minRecordWindow:
+		return fmt.Errorf("idemsaga: RetentionConfig.FinishedSagas is %s, under the %s minimum: it is the replay window, and a command delivered after it could run its step again", c.FinishedSagas, minRecordWindow)
+	case c.Inbox < c.FinishedSagas:
+		return fmt.Errorf("idemsaga: RetentionConfig.Inbox (%s) is shorter than RetentionConfig.FinishedSagas (%s): inbox rows live at least as long as their saga; raise Inbox to at least FinishedSagas", c.Inbox, c.FinishedSagas)
+	case c.PublishedOutbox <= broker.DuplicateWindowDefault:
+		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; it must exceed the broker's %s dedup window", c.PublishedOutbox, broker.DuplicateWindowDefault)
+	case c.BatchSize > maxRetentionBatch:
+		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d, over %d; keep cleaning transactions small", c.BatchSize, maxRetentionBatch)
+	}
+	return nil
+}
+
+// Retention SQL. Every window is a number of milliseconds compared with
+// now(), the database clock. Candidates are claimed with FOR UPDATE SKIP
+// LOCKED, so any number of cleaners can run at once, each deleting a row
+// at most once.
+const (
+	retentionLockTimeout = `select set_config('lock_timeout', '5s', true)`
+
+	// claimFinishedSagas locks a batch of finished sagas past the window.
+	// A saga with a step still in flight is kept even if marked finished:
+	// its command may still be delivered.
+	claimFinishedSagas = `select s.id from idemsaga.sagas s
+where s.finished_at < now() - $1 * interval '1 millisecond'
+  and (s.state <> $3 or $4::bool)
+  and not exists (
+    select 1 from idemsaga.steps st
+    where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))
+order by s.finished_at
+limit $2
+for update of s skip locked`
+
+	// The three deletes of one batch of sagas, in one transaction. Inbox
+	// rows younger than the inbox window stay, without their saga, until
+	// deleteOrphanInbox takes them.
+	deleteSagaInbox = `delete from idemsaga.inbox
+where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
+	deleteSagaSteps = `delete from idemsaga.steps where saga_id = any($1)`
+	deleteSagas     = `delete from idemsaga.sagas where id = any($1)`
+
+	// deleteOrphanInbox deletes inbox rows past the window whose saga is
+	// gone. A row whose saga exists, in any state, is never touched.
+	deleteOrphanInbox = `delete from idemsaga.inbox where step_key in (
+  select i.step_key from idemsaga.inbox i
+  where i.created_at < now() - $1 * interval '1 millisecond'
+    and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)
+  order by i.created_at
+  limit $2
+  for update of i skip locked)`
+
+	// deletePublishedOutbox deletes published rows past the window, in
+	// batches. Unpublished rows (published_at null) never match.
+	deletePublishedOutbox = `delete from idemsaga.outbox where id in (
+  select id from idemsaga.outbox
+  where published_at < now() - $1 * interval '1 millisecond'
+  order by published_at
+  limit $2
+  for update skip locked)`
+)
+
+// CleanResult counts what one CleanOnce deleted, per table.
+type CleanResult struct {
+	// Sagas is the number of finished sagas deleted.
+	Sagas int64
+	// Steps is the number of step rows deleted with those sagas. Other
+	// rows referencing a saga with ON DELETE CASCADE go too, uncounted.
+	Steps int64
+	// Inbox is the number of inbox rows deleted: with their saga, or after
+	// it was gone.
+	Inbox int64
+	// Outbox is the number of published outbox rows deleted.
+	Outbox int64
+	// Batches is the number of committed transactions that deleted at
+	// least one row.
+	Batches int
+}
+
+func (r *CleanResult) add(o CleanResult) {
+	r.Sagas += o.Sagas
+	r.Steps += o.Steps
+	r.Inbox += o.Inbox
+	r.Outbox += o.Outbox
+	r.Batches += o.Batches
+}
+
+// Cleaner deletes the engine's records once their retention window has
+// passed (see RetentionConfig for the rules), in small batches, each its
+// own short transaction. Any number of cleaners, in any number of
+// processes, may run on one database at once.
+type Cleaner struct {
+	pool   *pgxpool.Pool
+	cfg    RetentionConfig
+	log    *slog.Logger
+	runner lifecycle.Runner
+}
+
+// NewCleaner returns a cleaner of pool's idemsaga tables; Start runs it,
+// CleanOnce runs one pass. Zero fields of cfg take their defaults; a nil
+// logger means slog.Default().
+func NewCleaner(pool *pgxpool.Pool, cfg RetentionConfig, logger *slog.Logger) (*Cleaner, error) {
+	if pool == nil {
+		return nil, errors.New("idemsaga: NewCleaner needs a pool: open one with pgxpool.New(ctx, DATABASE_URL)")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Cleaner{pool: pool, cfg: cfg, log: logger}, nil
+}
+
+// Config returns the cleaner's configuration, with defaults filled in.
+func (c *Cleaner) Config() RetentionConfig { return c.cfg }
+
+// Start checks the database and cleans in the background, at once and then
+// every Interval, until Stop. It returns at once.
+func (c *Cleaner) Start(ctx context.Context) error {
+	if err := c.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("idemsaga: cleaner: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
+	}
+	return c.runner.Start(ctx, c.loop)
+}
+
+// Stop ends the background cleaning after the batch in hand and waits for
+// it, or for ctx to end. Calling it twice is fine.
+func (c *Cleaner) Stop(ctx context.Context) error { return c.runner.Stop(ctx) }
+
+func (c *Cleaner) loop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := c.CleanOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("retention: cleaning pass failed; will retry", "error", err)
+		}
+		if res.Batches > 0 {
+			c.log.Info("retention: deleted expired records",
+				"sagas", res.Sagas, "steps", res.Steps, "inbox", res.Inbox, "outbox", res.Outbox, "batches", res.Batches)
+		}
+		t.Reset(c.cfg.Interval)
+	}
+}
+
+// CleanOnce deletes every record past its window: finished sagas with
+// their steps and inbox rows, then inbox rows whose saga is gone, then
+// published outbox rows. Each kind is deleted batch after batch, each
+// batch its own transaction, until a batch comes back short (the rest, if
+// any, is held by another cleaner, which deletes it). When ctx ends, it
+// stops between batches; a batch in hand finishes under its own timeout.
+// On error it returns what it deleted so far, having still tried the other
+// kinds.
+func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
+	var total CleanResult
+	var errs []error
+	for _, pass := range []struct {
+		what  string
+		batch func(context.Context) (CleanResult, int64, error)
+	}{
+		{"finished sagas", c.sagaBatch},
+		{"inbox rows of deleted sagas", c.orphanInboxBatch},
+		{"published outbox rows", c.outboxBatch},
+	} {
+		for ctx.Err() == nil {
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retentionBatchTimeout)
+			res, n, err := pass.batch(bctx)
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("idemsaga: retention: delete %s: %w", pass.what, err))
+				break
+			}
+			if n > 0 {
+				res.Batches = 1
+			}
+			total.add(res)
+			if n < int64(c.cfg.BatchSize) {
+				break
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("idemsaga: retention: pass interrupted: %w", err))
+	}
+	return total, errors.Join(errs...)
+}
+
+// sagaBatch deletes one batch of finished sagas with their steps and inbox
+// rows, together. It returns the number of sagas as its size.
+func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
+	var res CleanResult
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, retentionLockTimeout); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, claimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize,
+			string(saga.StateFailed), c.cfg.DeleteFailed)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(deleteSagaInbox, ids, c.cfg.Inbox.Milliseconds()).Exec(func(tag pgconn.CommandTag) error {
+			res.Inbox = tag.RowsAffected()
+			return nil
+		})
+		b.Queue(deleteSagaSteps, ids).Exec(func(tag pgconn.CommandTag) error {
+			res.Steps = tag.RowsAffected()
+			return nil
+		})
+		b.Queue(deleteSagas, ids).Exec(func(tag pgconn.CommandTag) error {
+			res.Sagas = tag.RowsAffected()
+			return nil
+		})
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return CleanResult{}, 0, err
+	}
+	return res, res.Sagas, nil
+}
+
+// orphanInboxBatch deletes one batch of inbox rows whose saga is gone.
+func (c *Cleaner) orphanInboxBatch(ctx context.Context) (CleanResult, int64, error) {
+	n, err := c.deleteBatch(ctx, deleteOrphanInbox, c.cfg.Inbox)
+	return CleanResult{Inbox: n}, n, err
+}
+
+// outboxBatch deletes one batch of published outbox rows.
+func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
+	n, err := c.deleteBatch(ctx, deletePublishedOutbox, c.cfg.PublishedOutbox)
+	return CleanResult{Outbox: n}, n, err
+}
+
+// deleteBatch runs one single-statement delete in its own transaction.
+func (c *Cleaner) deleteBatch(ctx context.Context, sql string, window time.Duration) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, retentionLockTimeout); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, sql, window.Milliseconds(), c.cfg.BatchSize)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
