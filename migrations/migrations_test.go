@@ -2,7 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 
@@ -13,11 +12,7 @@ import (
 	"github.com/idemsaga/idemsaga/migrations"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestMigrateConcurrentlyIsIdempotent runs Migrate from several connections
 // at once on a database that already has the schema dropped: one applies,
@@ -51,7 +46,7 @@ func TestMigrateConcurrentlyIsIdempotent(t *testing.T) {
 	require.Equal(t, latest, got)
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_tables where schemaname = 'idemsaga'`).Scan(&tables))
-	require.Equal(t, 5, tables, "sagas, steps, outbox, inbox, schema_version")
+	require.Equal(t, 7, tables, "sagas, steps, step_attempts, outbox, inbox, http_idempotency, schema_version")
 }
 
 func TestCurrentOnEmptyDatabaseIsZero(t *testing.T) {

@@ -5,30 +5,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/outbox"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestRelaysPublishEveryRowOnce runs three relays against writers whose
 // transactions commit out of id order (some held open while later ids

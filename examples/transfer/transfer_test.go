@@ -2,7 +2,6 @@ package transfer_test
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/google/uuid"
@@ -14,11 +13,7 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 func TestInputValidate(t *testing.T) {
 	t.Parallel()

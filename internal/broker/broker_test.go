@@ -4,29 +4,18 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 func TestEnsureIsIdempotentAndUpdatesOnlyOnChange(t *testing.T) {
 	t.Parallel()

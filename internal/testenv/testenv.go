@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/migrations"
@@ -101,6 +102,21 @@ func template(ctx context.Context) (string, error) {
 		templateErr = transfer.Migrate(ctx, conn)
 	})
 	return templateName, templateErr
+}
+
+// Main runs a package's tests, drops the template database, and fails the
+// run when goroutines leak. Call it from TestMain: testenv.Main(m).
+func Main(m *testing.M) {
+	ignore := goleak.IgnoreCurrent()
+	code := m.Run()
+	Cleanup()
+	if code == 0 {
+		if err := goleak.Find(ignore); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // Cleanup drops the template database. Call it from TestMain after m.Run.
