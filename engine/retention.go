@@ -184,6 +184,15 @@ where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
   limit $2
   for update of i skip locked)`
 
+	// deleteExpiredHTTPKeys deletes stored HTTP answers past their own
+	// expires_at (the HTTP API's key TTL); $1 is unused slack (0).
+	deleteExpiredHTTPKeys = `delete from idemsaga.http_idempotency where key in (
+  select key from idemsaga.http_idempotency
+  where expires_at < now() - $1 * interval '1 millisecond'
+  order by expires_at
+  limit $2
+  for update skip locked)`
+
 	// deletePublishedOutbox deletes published rows past the window, in
 	// batches. Unpublished rows (published_at null) never match.
 	deletePublishedOutbox = `delete from idemsaga.outbox where id in (
@@ -206,6 +215,8 @@ type CleanResult struct {
 	Inbox int64
 	// Outbox is the number of published outbox rows deleted.
 	Outbox int64
+	// HTTPKeys is the number of expired stored HTTP answers deleted.
+	HTTPKeys int64
 	// Batches is the number of committed transactions that deleted at
 	// least one row.
 	Batches int
@@ -216,6 +227,7 @@ func (r *CleanResult) add(o CleanResult) {
 	r.Steps += o.Steps
 	r.Inbox += o.Inbox
 	r.Outbox += o.Outbox
+	r.HTTPKeys += o.HTTPKeys
 	r.Batches += o.Batches
 }
 
@@ -301,6 +313,7 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 		{"finished sagas", c.sagaBatch},
 		{"inbox rows of deleted sagas", c.orphanInboxBatch},
 		{"published outbox rows", c.outboxBatch},
+		{"expired HTTP idempotency keys", c.httpKeyBatch},
 	} {
 		for ctx.Err() == nil {
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retentionBatchTimeout)
@@ -373,6 +386,12 @@ func (c *Cleaner) orphanInboxBatch(ctx context.Context) (CleanResult, int64, err
 func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	n, err := c.deleteBatch(ctx, deletePublishedOutbox, c.cfg.PublishedOutbox)
 	return CleanResult{Outbox: n}, n, err
+}
+
+// httpKeyBatch deletes one batch of expired HTTP idempotency answers.
+func (c *Cleaner) httpKeyBatch(ctx context.Context) (CleanResult, int64, error) {
+	n, err := c.deleteBatch(ctx, deleteExpiredHTTPKeys, 0)
+	return CleanResult{HTTPKeys: n}, n, err
 }
 
 // deleteBatch runs one single-statement delete in its own transaction.

@@ -461,3 +461,28 @@ func TestCleanerStartStop(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), "retention"))
 	require.Equal(t, int64(1), countSQL(t, pool, `select count(*) from idemsaga.outbox`))
 }
+
+// TestRetentionDeletesExpiredHTTPKeys: stored HTTP answers go once their
+// own expiry passed, and not before.
+func TestRetentionDeletesExpiredHTTPKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := pool.Exec(ctx, `insert into idemsaga.http_idempotency (key, request_hash, token, expires_at)
+values ('old', '\x00', gen_random_uuid(), now() - interval '1 minute'), ('young', '\x00', gen_random_uuid(), now() + interval '1 hour')`)
+	require.NoError(t, err)
+	c, err := engine.NewCleaner(pool, engine.RetentionConfig{}, quietLogger())
+	require.NoError(t, err)
+	res, err := c.CleanOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.HTTPKeys)
+	var left []string
+	rows, err := pool.Query(ctx, `select key from idemsaga.http_idempotency`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		left = append(left, k)
+	}
+	require.Equal(t, []string{"young"}, left)
+}

@@ -23,6 +23,9 @@ type runCmd struct {
 	Migrate          bool          `help:"Apply migrations before starting."`
 	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
 	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/transfers), /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
+	KeepFinished     time.Duration `name:"keep-finished" default:"168h" help:"How long finished sagas and their inbox records are kept (the replay window); a key can start a new saga after it."`
+	KeepPublished    time.Duration `name:"keep-published" default:"1h" help:"How long published outbox rows are kept (must exceed the broker's 2-minute dedup window)."`
+	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
 
@@ -53,6 +56,8 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
 		LeaseGrace: g.LeaseGrace, AckWait: r.AckWait, Logger: log, Registerer: reg,
+		Retention:        engine.RetentionConfig{FinishedSagas: r.KeepFinished, Inbox: r.KeepFinished, PublishedOutbox: r.KeepPublished},
+		DisableRetention: r.NoRetention,
 	})
 	if err != nil {
 		return err
