@@ -88,24 +88,13 @@ type retryCmd struct {
 }
 
 func (r *retryCmd) Run(ctx context.Context, g *globals) error {
-	id, err := uuid.Parse(r.ID)
-	if err != nil {
-		return fmt.Errorf("%q is not a saga ID (find it with `worker list --state failed`)", r.ID)
-	}
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, _, err := g.client(pool)
-	if err != nil {
-		return err
-	}
-	if err := cl.Retry(ctx, id); err != nil {
-		return err
-	}
-	fmt.Printf("saga %s: compensation resumed; follow it with `worker show %s`\n", id, id)
-	return nil
+	return withSaga(ctx, g, r.ID, "worker list --state failed", func(cl *engine.Client, id uuid.UUID) error {
+		if err := cl.Retry(ctx, id); err != nil {
+			return err
+		}
+		fmt.Printf("saga %s: compensation resumed; follow it with `worker show %s`\n", id, id)
+		return nil
+	})
 }
 
 type cancelCmd struct {
@@ -114,9 +103,21 @@ type cancelCmd struct {
 }
 
 func (c *cancelCmd) Run(ctx context.Context, g *globals) error {
-	id, err := uuid.Parse(c.ID)
+	return withSaga(ctx, g, c.ID, "worker list", func(cl *engine.Client, id uuid.UUID) error {
+		if err := cl.Cancel(ctx, id, c.Reason); err != nil {
+			return err
+		}
+		fmt.Printf("saga %s: cancelled; its completed steps are being compensated\n", id)
+		return nil
+	})
+}
+
+// withSaga parses a saga ID, opens the database and runs fn with a client;
+// hint says how to find a valid ID.
+func withSaga(ctx context.Context, g *globals, arg, hint string, fn func(*engine.Client, uuid.UUID) error) error {
+	id, err := uuid.Parse(arg)
 	if err != nil {
-		return fmt.Errorf("%q is not a saga ID (find it with `worker list`)", c.ID)
+		return fmt.Errorf("%q is not a saga ID (find it with `%s`)", arg, hint)
 	}
 	pool, err := openDB(ctx, g.DatabaseURL, 2)
 	if err != nil {
@@ -127,11 +128,7 @@ func (c *cancelCmd) Run(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
-	if err := cl.Cancel(ctx, id, c.Reason); err != nil {
-		return err
-	}
-	fmt.Printf("saga %s: cancelled; its completed steps are being compensated\n", id)
-	return nil
+	return fn(cl, id)
 }
 
 func printJSON(v any) error {
