@@ -183,6 +183,7 @@ func (c *core) command(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 		return fmt.Errorf("encode command: %w", err)
 	}
 	return outbox.Write(ctx, tx, outbox.Message{
+		SagaID:  sg.ID,
 		Subject: c.subjects.Command(sg.Definition, step.Name),
 		MsgID:   "c-" + saga.MessageID(key, attempt),
 		Payload: payload,

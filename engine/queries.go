@@ -134,11 +134,11 @@ from idemsaga.step_attempts where saga_id = $1 order by dispatched_at, attempt`
 const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state = $2)
-  and ($3 = 0 or s.created_at < now() - $3 * interval '1 second')
+  and ($3::float8 = 0 or s.created_at < now() - $3::float8 * interval '1 second')
   and (not $4 or (s.finished_at is null and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
-          (st.status = 'dispatched' and st.lease_until >= now() - $5 * interval '1 second')
-          or (st.status = 'retrying' and st.next_attempt_at >= now() - $5 * interval '1 second')))))
+          (st.status = 'dispatched' and st.lease_until >= now() - $5::float8 * interval '1 second')
+          or (st.status = 'retrying' and st.next_attempt_at >= now() - $5::float8 * interval '1 second')))))
 order by s.created_at desc
 limit $6`
 

@@ -154,14 +154,18 @@ const (
 	retentionLockTimeout = `select set_config('lock_timeout', '5s', true)`
 
 	// claimFinishedSagas locks a batch of finished sagas past the window.
-	// A saga with a step still in flight is kept even if marked finished:
-	// its command may still be delivered.
+	// A saga with a step still in flight, or with a command or reply not
+	// yet published (a row the broker refused, say), is kept even if marked
+	// finished: that message may still be delivered.
 	claimFinishedSagas = `select s.id from idemsaga.sagas s
 where s.finished_at < now() - $1 * interval '1 millisecond'
   and (s.state <> $3 or $4::bool)
   and not exists (
     select 1 from idemsaga.steps st
     where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))
+  and not exists (
+    select 1 from idemsaga.outbox o
+    where o.saga_id = s.id and o.published_at is null)
 order by s.finished_at
 limit $2
 for update of s skip locked`

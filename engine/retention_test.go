@@ -486,3 +486,32 @@ values ('old', '\x00', gen_random_uuid(), now() - interval '1 minute'), ('young'
 	}
 	require.Equal(t, []string{"young"}, left)
 }
+
+// TestRetentionKeepsASagaWithUnpublishedMessages: a finished saga whose
+// command the broker has not taken yet (a refused row, say) is kept past
+// the window, with its inbox rows: that command may still be delivered.
+func TestRetentionKeepsASagaWithUnpublishedMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transferDef(t)}})
+	require.NoError(t, err)
+	res, err := cl.Start(ctx, transferDef(t), "stuck-in-outbox", transferInput(1, 2, 3))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.steps set status = 'failed' where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set state = 'compensated', finished_at = now() - interval '30 days' where id = $1`, res.ID)
+	require.NoError(t, err)
+
+	c, err := engine.NewCleaner(pool, engine.RetentionConfig{}, quietLogger())
+	require.NoError(t, err)
+	got, err := c.CleanOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, got.Sagas, "kept while its command is unpublished")
+
+	_, err = pool.Exec(ctx, `update idemsaga.outbox set published_at = now() where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	got, err = c.CleanOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, got.Sagas)
+}

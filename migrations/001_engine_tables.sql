@@ -57,6 +57,9 @@ create table idemsaga.outbox (
     headers      jsonb,
     created_at   timestamptz not null default now(),
     published_at timestamptz,
+    -- The saga a row belongs to, if any: retention keeps a saga while it
+    -- has rows not yet published.
+    saga_id      uuid,
     -- Failed publish attempts and the last broker error, so a row the
     -- broker refuses (too large, say) is visible instead of silent.
     attempts     int not null default 0,
@@ -64,6 +67,7 @@ create table idemsaga.outbox (
 );
 
 create index outbox_unpublished_idx on idemsaga.outbox (id) where published_at is null;
+create index outbox_unpublished_saga_idx on idemsaga.outbox (saga_id) where published_at is null;
 
 -- One row per processed step key on the step side. It commits in the same
 -- transaction as the business write, so a redelivered command returns the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,6 +20,9 @@ type Message struct {
 	Payload []byte
 	// Headers are extra message headers. Optional.
 	Headers map[string]string
+	// SagaID ties the row to a saga, so retention keeps the saga while the
+	// row is unpublished. Optional.
+	SagaID uuid.UUID
 }
 
 // Write inserts msgs into the outbox inside the caller's transaction, so
@@ -31,11 +35,15 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	ids := make([]string, len(msgs))
 	payloads := make([][]byte, len(msgs))
 	headers := make([][]byte, len(msgs))
+	sagas := make([]*uuid.UUID, len(msgs))
 	for i, m := range msgs {
 		if m.Subject == "" || m.MsgID == "" {
 			return fmt.Errorf("outbox: message %d has an empty subject or message id", i)
 		}
 		subjects[i], ids[i], payloads[i] = m.Subject, m.MsgID, m.Payload
+		if m.SagaID != uuid.Nil {
+			sagas[i] = &msgs[i].SagaID
+		}
 		if len(m.Headers) > 0 {
 			h, err := json.Marshal(m.Headers)
 			if err != nil {
@@ -45,13 +53,13 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		}
 	}
 	if len(msgs) == 1 {
-		_, err := tx.Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0])
+		_, err := tx.Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0], sagas[0])
 		if err != nil {
 			return fmt.Errorf("outbox: insert: %w", err)
 		}
 		return nil
 	}
-	if _, err := tx.Exec(ctx, insertMany, subjects, ids, payloads, headers); err != nil {
+	if _, err := tx.Exec(ctx, insertMany, subjects, ids, payloads, headers, sagas); err != nil {
 		return fmt.Errorf("outbox: insert %d rows: %w", len(msgs), err)
 	}
 	return nil

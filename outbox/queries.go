@@ -1,10 +1,10 @@
 package outbox
 
 const (
-	insertOne = `insert into idemsaga.outbox (subject, msg_id, payload, headers) values ($1, $2, $3, $4)`
+	insertOne = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id) values ($1, $2, $3, $4, $5)`
 
-	insertMany = `insert into idemsaga.outbox (subject, msg_id, payload, headers)
-select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])`
+	insertMany = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id)
+select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])`
 
 	// claimBatch takes unpublished rows by state, skipping rows another
 	// relay holds. Never "id > last seen": ids commit out of order.

@@ -332,6 +332,7 @@ func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) er
 		return fmt.Errorf("encode reply: %w", err)
 	}
 	return outbox.Write(ctx, tx, outbox.Message{
+		SagaID:  reply.SagaID,
 		Subject: w.cfg.Subjects.Reply(reply.Definition),
 		// The outcome is part of the id: two deliveries of one attempt can
 		// report different outcomes (a retryable error, then a success),

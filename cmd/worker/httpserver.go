@@ -65,7 +65,7 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 		mux.Handle(r.pattern, r.handler)
 	}
 	s := &opsServer{ln: ln, mux: mux, done: make(chan error, 1),
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
+		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
 	go func() {
 		err := s.srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {

@@ -84,11 +84,13 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	log.Info("draining")
 	sctx, cancel := context.WithTimeout(context.Background(), r.DrainTimeout)
 	defer cancel()
-	if err := e.Stop(sctx); err != nil {
-		return fmt.Errorf("drain: %w", err)
-	}
+	// Stop taking HTTP requests first, so every saga an answer promised
+	// is relayed by this process's final flush.
 	if err := ops.Shutdown(sctx); err != nil {
 		log.Warn("http server shutdown", "error", err)
+	}
+	if err := e.Stop(sctx); err != nil {
+		return fmt.Errorf("drain: %w", err)
 	}
 	if err := nc.Drain(); err != nil {
 		log.Warn("nats drain", "error", err)

@@ -139,11 +139,12 @@ order by a.id`)
 		return r, fmt.Errorf("audit: %w", err)
 	}
 
-	// Ledger rows older than every saga still kept may belong to sagas
-	// that retention deleted; only younger rows must have their saga.
+	// Ledger rows older than every saga still kept (failed sagas, which
+	// retention keeps indefinitely, aside) may belong to sagas retention
+	// deleted; only younger rows must have their saga.
 	var orphans int
 	if err := q.QueryRow(ctx, `select count(*) from transfer.ledger l
-where l.created_at >= coalesce((select min(created_at) from idemsaga.sagas), '-infinity')
+where l.created_at >= coalesce((select min(created_at) from idemsaga.sagas where state <> 'failed'), '-infinity')
   and not exists (select 1 from idemsaga.sagas s where s.id = l.saga_id)`).Scan(&orphans); err != nil {
 		return r, fmt.Errorf("audit: %w", err)
 	}
