@@ -2,7 +2,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 WORKER_PKG := ./cmd/worker
 
-.PHONY: test lint demo build migrate chaos
+.PHONY: test lint demo build migrate chaos bench
 
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
 # scripts/ensure-postgres.sh sets that up when it is missing.
@@ -31,3 +31,9 @@ migrate:
 chaos:
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) chaos
+
+# Sagas per second, latency and cost per saga against the local PostgreSQL,
+# with pgbench as the ceiling (docs/benchmarks.md).
+bench:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) bench

@@ -34,6 +34,8 @@ type core struct {
 	log        *slog.Logger
 	// notify wakes the local relay after a commit that wrote the outbox.
 	notify func()
+	// onFinished is Config.OnFinishedFunc.
+	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
 
 func (c *core) definition(name string) (*saga.Definition, error) {
@@ -58,6 +60,8 @@ type effects struct {
 }
 
 type finished struct {
+	id         uuid.UUID
+	state      saga.State
 	definition string
 	outcome    string
 	took       time.Duration
@@ -70,6 +74,9 @@ func (c *core) emit(fx *effects) {
 	for _, f := range fx.finished {
 		c.metrics.SagasFinished.WithLabelValues(f.definition, f.outcome).Inc()
 		c.metrics.SagaDuration.WithLabelValues(f.definition, f.outcome).Observe(f.took.Seconds())
+		if c.onFinished != nil {
+			c.onFinished(f.id, f.definition, f.state)
+		}
 	}
 	c.woke()
 }
@@ -137,7 +144,7 @@ func (c *core) transition(ctx context.Context, tx pgx.Tx, sg *saga.Instance, to 
 		if to == saga.StateCompensated || to == saga.StateFailed {
 			outcome = string(to)
 		}
-		fx.finished = append(fx.finished, finished{definition: sg.Definition, outcome: outcome, took: time.Since(sg.CreatedAt)})
+		fx.finished = append(fx.finished, finished{id: sg.ID, state: to, definition: sg.Definition, outcome: outcome, took: time.Since(sg.CreatedAt)})
 	}
 	return nil
 }

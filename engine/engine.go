@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -87,6 +88,10 @@ type Config struct {
 	Retention RetentionConfig
 	// DisableRetention keeps everything forever (no cleaner runs).
 	DisableRetention bool
+	// OnFinishedFunc, if set, is called after the commit that brings a saga
+	// to a terminal state in this process (not in other processes). It
+	// must be quick; it runs on the engine's goroutines.
+	OnFinishedFunc func(id uuid.UUID, definition string, state saga.State)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -183,6 +188,7 @@ func newCore(cfg *Config) (*core, error) {
 	return &core{
 		pool: cfg.Pool, defs: defs, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
 		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
+		onFinished: cfg.OnFinishedFunc,
 	}, nil
 }
 

@@ -309,3 +309,24 @@ func scrape(t *testing.T, url string) map[string]float64 {
 	}
 	return out
 }
+
+// TestBench runs a small `worker bench`: it must finish with zero reconcile
+// differences and report every figure. Performance itself is measured by
+// running the command, never asserted here.
+func TestBench(t *testing.T) {
+	t.Parallel()
+	name := "idemsaga_bench_test_" + strings.ToLower(testenv.Name("b")[2:])
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if conn, err := pgx.Connect(ctx, testenv.AdminURL()); err == nil {
+			_, _ = conn.Exec(ctx, "drop database if exists "+name+" with (force)")
+			_ = conn.Close(ctx)
+		}
+	})
+	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--sagas", "150", "--concurrency", "8", "--pgbench-seconds", "1", "--db-name", name)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	for _, figure := range []string{"throughput", "latency", "commits and", "messages per saga", "CPU per saga", "pgbench ceiling", "ratio"} {
+		require.Contains(t, r.stdout, figure)
+	}
+	require.Regexp(t, `reconcile\s+0 differences`, r.stdout)
+}

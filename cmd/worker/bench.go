@@ -1,0 +1,409 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type benchCmd struct {
+	DBName         string        `name:"db-name" default:"idemsaga_bench" help:"Database created afresh on the DATABASE_URL server."`
+	Sagas          int           `default:"10000" help:"Transfer sagas to run (after a warm-up of 200)."`
+	Concurrency    int           `default:"32" help:"Sagas in flight at once (a closed loop: each finished saga lets the next start)."`
+	Pools          int           `default:"2" help:"Worker pools (engines) in this process, sharing the database and the stream."`
+	FailRate       float64       `name:"fail-rate" default:"0.05" help:"Fraction of transfers whose credit fails (they are compensated)."`
+	DupRate        float64       `name:"dup-rate" default:"0.10" help:"Fraction of transfers submitted twice with the same key."`
+	PgbenchSeconds int           `name:"pgbench-seconds" default:"10" help:"Length of the pgbench ceiling run (0: skip it)."`
+	Timeout        time.Duration `default:"10m" help:"How long the run may take."`
+}
+
+type benchResult struct {
+	Sagas                          int
+	Elapsed                        time.Duration
+	P50, P95, P99                  time.Duration
+	TxPerSaga, RowsPerSaga         float64
+	MsgsPerSaga                    float64
+	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
+	PgbenchTPS                     float64
+	Differences                    int
+}
+
+func (b *benchCmd) Run(ctx context.Context, g *globals) error {
+	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 {
+		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate and --dup-rate between 0 and 1")
+	}
+	if !validDBName(b.DBName) {
+		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", b.DBName)
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+
+	admin, err := openDB(ctx, g.DatabaseURL, 1)
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{"drop database if exists " + b.DBName + " with (force)", "create database " + b.DBName} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			admin.Close()
+			return fmt.Errorf("prepare bench database %q: %w", b.DBName, err)
+		}
+	}
+	admin.Close()
+	dsn, err := withDBName(g.DatabaseURL, b.DBName)
+	if err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, dsn, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrateAll(ctx, pool); err != nil {
+		return err
+	}
+	const accounts = 1000
+	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
+	if err != nil {
+		return err
+	}
+
+	dir, err := os.MkdirTemp("", "idemsaga-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := startEmbeddedNATS(filepath.Join(dir, "nats"), -1)
+	if err != nil {
+		return err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+
+	// Waiters are told when their saga finishes, by whichever pool.
+	var waitMu sync.Mutex
+	waiters := map[uuid.UUID]chan struct{}{}
+	finishedEarly := map[uuid.UUID]bool{}
+	onFinished := func(id uuid.UUID, _ string, _ saga.State) {
+		waitMu.Lock()
+		defer waitMu.Unlock()
+		if ch, ok := waiters[id]; ok {
+			close(ch)
+			delete(waiters, id)
+			return
+		}
+		finishedEarly[id] = true
+	}
+	waitFor := func(id uuid.UUID) <-chan struct{} {
+		waitMu.Lock()
+		defer waitMu.Unlock()
+		ch := make(chan struct{})
+		if finishedEarly[id] {
+			delete(finishedEarly, id)
+			close(ch)
+			return ch
+		}
+		waiters[id] = ch
+		return ch
+	}
+
+	per := max(4, b.Concurrency/b.Pools)
+	var engines []*engine.Engine
+	for i := range b.Pools {
+		p, err := openDB(ctx, dsn, int32(2*per+6))
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		nc, err := connectNATS(ns.ClientURL(), fmt.Sprintf("bench-pool-%d", i))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		e, err := engine.New(engine.Config{
+			Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
+			StepConcurrency: per, ReplyConcurrency: per, DisableRetention: true,
+			Logger: newLogger("error"), OnFinishedFunc: onFinished,
+		})
+		if err != nil {
+			return err
+		}
+		if err := e.Start(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = e.Stop(sctx)
+		}()
+		engines = append(engines, e)
+	}
+	jsConn, err := connectNATS(ns.ClientURL(), "bench-stats")
+	if err != nil {
+		return err
+	}
+	defer jsConn.Close()
+	js, err := jetstream.New(jsConn)
+	if err != nil {
+		return err
+	}
+
+	run := func(n int, prefix string, latencies []time.Duration) error {
+		jobs := make(chan int)
+		errc := make(chan error, 1)
+		var wg sync.WaitGroup
+		for w := range b.Concurrency {
+			cl := engines[w%len(engines)].Client()
+			wg.Go(func() {
+				for i := range jobs {
+					from := 1 + int64(i*7919%accounts)
+					to := 1 + (from+int64(1+i%(accounts-1)))%accounts
+					if float64(i%1000) < b.FailRate*1000 {
+						to = accounts + 1
+					}
+					in := transfer.Input{From: from, To: to, Amount: 1 + int64(i%97)}
+					key := fmt.Sprintf("%s-%07d", prefix, i)
+					start := time.Now()
+					res, err := cl.Start(ctx, transfer.Definition, key, in)
+					if err == nil && float64((i*31)%1000) < b.DupRate*1000 {
+						_, err = cl.Start(ctx, transfer.Definition, key, in) // the client's retry
+					}
+					if err != nil {
+						select {
+						case errc <- err:
+						default:
+						}
+						continue
+					}
+					select {
+					case <-waitFor(res.ID):
+					case <-ctx.Done():
+						select {
+						case errc <- fmt.Errorf("saga %s did not finish: %w", res.ID, ctx.Err()):
+						default:
+						}
+						continue
+					}
+					if latencies != nil {
+						latencies[i] = time.Since(start)
+					}
+				}
+			})
+		}
+		for i := range n {
+			jobs <- i
+		}
+		close(jobs)
+		wg.Wait()
+		select {
+		case err := <-errc:
+			return err
+		default:
+			return nil
+		}
+	}
+
+	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice; PostgreSQL %s, embedded NATS (default fsync), GOMAXPROCS %d\n",
+		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, pgVersion(ctx, pool), runtime.GOMAXPROCS(0))
+	if err := run(200, "warm", nil); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	before, err := snapshot(ctx, pool, js, b.DBName)
+	if err != nil {
+		return err
+	}
+	latencies := make([]time.Duration, b.Sagas)
+	start := time.Now()
+	if err := run(b.Sagas, "bench", latencies); err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	after, err := snapshot(ctx, pool, js, b.DBName)
+	if err != nil {
+		return err
+	}
+
+	res := benchResult{Sagas: b.Sagas, Elapsed: elapsed}
+	slices.Sort(latencies)
+	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
+	res.P50, res.P95, res.P99 = pct(0.50), pct(0.95), pct(0.99)
+	n := float64(b.Sagas)
+	res.TxPerSaga = float64(after.commits-before.commits) / n
+	res.RowsPerSaga = float64(after.rows-before.rows) / n
+	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
+	res.WorkerCPUPerSaga = time.Duration(float64(after.selfCPU-before.selfCPU) / n)
+	res.PGCPUPerSaga = time.Duration(float64(after.pgCPU-before.pgCPU) / n)
+
+	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
+	if err != nil {
+		return err
+	}
+	res.Differences = len(recon.Differences)
+
+	if b.PgbenchSeconds > 0 {
+		res.PgbenchTPS, err = pgbenchCeiling(ctx, pool, dsn, b.Concurrency, b.PgbenchSeconds)
+		if err != nil {
+			fmt.Printf("  pgbench ceiling not measured: %v\n", err)
+		}
+	}
+	res.print()
+	if res.Differences > 0 {
+		for _, d := range recon.Differences {
+			fmt.Printf("  DIFFERENCE %s\n", d)
+		}
+		return fmt.Errorf("reconcile found %d differences: a benchmark that loses money is not a result", res.Differences)
+	}
+	return nil
+}
+
+func (r benchResult) print() {
+	rate := float64(r.Sagas) / r.Elapsed.Seconds()
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(w, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	fmt.Println()
+	row("throughput", "%.0f sagas/s (%d in %s)", rate, r.Sagas, r.Elapsed.Round(time.Millisecond))
+	row("latency", "p50 %s, p95 %s, p99 %s (submit to terminal state)", r.P50.Round(10*time.Microsecond), r.P95.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond))
+	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
+	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
+	row("CPU per saga", "%s workers + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), (r.WorkerCPUPerSaga + r.PGCPUPerSaga).Round(time.Microsecond))
+	if r.PgbenchTPS > 0 {
+		row("pgbench ceiling", "%.0f TPS (UPDATE by key + INSERT per transaction, same clients)", r.PgbenchTPS)
+		row("ratio", "%.2f (sagas/s x commits per saga / pgbench TPS)", rate*r.TxPerSaga/r.PgbenchTPS)
+	}
+	row("reconcile", "%d differences", r.Differences)
+	_ = w.Flush()
+	fmt.Printf("\n| sagas/s | p50 | p95 | p99 | commits/saga | rows/saga | msgs/saga | CPU/saga (workers+PG) | pgbench TPS | ratio |\n")
+	ratio := 0.0
+	if r.PgbenchTPS > 0 {
+		ratio = rate * r.TxPerSaga / r.PgbenchTPS
+	}
+	fmt.Printf("| %.0f | %s | %s | %s | %.2f | %.1f | %.2f | %s | %.0f | %.2f |\n", rate, r.P50.Round(100*time.Microsecond), r.P95.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond),
+		r.TxPerSaga, r.RowsPerSaga, r.MsgsPerSaga, (r.WorkerCPUPerSaga + r.PGCPUPerSaga).Round(time.Microsecond), r.PgbenchTPS, ratio)
+}
+
+type stats struct {
+	commits, rows, msgs int64
+	selfCPU, pgCPU      time.Duration
+}
+
+func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, db string) (stats, error) {
+	var s stats
+	// pg_stat counters are flushed by backends at commit with some delay;
+	// a short pause lets the last ones land.
+	time.Sleep(600 * time.Millisecond)
+	if _, err := pool.Exec(ctx, `select pg_stat_clear_snapshot()`); err != nil {
+		return s, err
+	}
+	if err := pool.QueryRow(ctx, `select xact_commit from pg_stat_database where datname = $1`, db).Scan(&s.commits); err != nil {
+		return s, fmt.Errorf("read pg_stat_database: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint from pg_stat_user_tables`).Scan(&s.rows); err != nil {
+		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
+	}
+	st, err := js.Stream(ctx, engine.StreamDefault)
+	if err != nil {
+		return s, err
+	}
+	s.msgs = int64(st.CachedInfo().State.LastSeq)
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.selfCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	s.pgCPU = postgresCPU()
+	return s, nil
+}
+
+// postgresCPU adds up the CPU time of every process named postgres on
+// this machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.
+func postgresCPU() time.Duration {
+	entries, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		line := string(b)
+		open, close := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+		if open < 0 || close < open || line[open+1:close] != "postgres" {
+			continue
+		}
+		fields := strings.Fields(line[close+1:])
+		if len(fields) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(fields[11], 10, 64)
+		s, _ := strconv.ParseInt(fields[12], 10, 64)
+		ticks += u + s
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// pgbenchCeiling runs pgbench with a script shaped like one step
+// transaction (an UPDATE by primary key plus an INSERT) and returns its TPS.
+func pgbenchCeiling(ctx context.Context, pool *pgxpool.Pool, dsn string, clients, seconds int) (float64, error) {
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		return 0, errors.New("pgbench is not installed (Debian: apt-get install postgresql-client)")
+	}
+	for _, q := range []string{
+		`create table if not exists bench_accounts (id bigint primary key, balance bigint not null)`,
+		`create table if not exists bench_ledger (id bigint generated always as identity primary key, account_id bigint not null, amount bigint not null, created_at timestamptz not null default now())`,
+		`truncate bench_accounts, bench_ledger`,
+		`insert into bench_accounts select g, 1000000 from generate_series(1, 100000) g`,
+		`vacuum analyze bench_accounts`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return 0, err
+		}
+	}
+	script := filepath.Join(os.TempDir(), fmt.Sprintf("idemsaga-pgbench-%d.sql", os.Getpid()))
+	if err := os.WriteFile(script, []byte("\\set aid random(1, 100000)\nupdate bench_accounts set balance = balance + 1 where id = :aid;\ninsert into bench_ledger (account_id, amount) values (:aid, 1);\n"), 0o644); err != nil {
+		return 0, err
+	}
+	defer os.Remove(script)
+	cc := pool.Config().ConnConfig
+	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-f", script, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.NumCPU())),
+		"-T", strconv.Itoa(seconds), "-h", cc.Host, "-p", strconv.Itoa(int(cc.Port)), "-U", cc.User, cc.Database)
+	cmd.Env = append(os.Environ(), "PGPASSWORD="+cc.Password)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench: %w: %s", err, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if m := tpsLine.FindStringSubmatch(sc.Text()); m != nil {
+			return strconv.ParseFloat(m[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("pgbench printed no TPS: %s", out)
+}
+
+func pgVersion(ctx context.Context, pool *pgxpool.Pool) string {
+	var v string
+	_ = pool.QueryRow(ctx, `show server_version`).Scan(&v)
+	return v
+}
