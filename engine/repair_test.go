@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"sync/atomic"
+	"strconv"
 	"testing"
 	"time"
 
@@ -119,8 +121,25 @@ func TestRetryFailedSaga(t *testing.T) {
 	require.Equal(t, res.ID, failed[0].ID)
 
 	repaired.Store(true)
-	require.NoError(t, cl.Retry(ctx, res.ID))
-	require.ErrorIs(t, cl.Retry(ctx, res.ID), engine.ErrStateForbids, "no longer failed")
+	// Five operators press retry at once: one resumes it, the others are
+	// told it is no longer failed.
+	var retried atomic.Int32
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for range 5 {
+		wg.Go(func() {
+			<-gate
+			err := cl.Retry(ctx, res.ID)
+			if err == nil {
+				retried.Add(1)
+				return
+			}
+			require.ErrorIs(t, err, engine.ErrStateForbids)
+		})
+	}
+	close(gate)
+	wg.Wait()
+	require.EqualValues(t, 1, retried.Load())
 	sg, err = cl.Wait(wctx, res.ID)
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensated, sg.State)
@@ -175,4 +194,55 @@ func TestListFilters(t *testing.T) {
 	require.Len(t, limited, 2)
 }
 
-func itoa(i int) string { return string(rune('0' + i)) }
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestConcurrentCancels: four operators cancelling each of ten sagas at
+// once: one wins each time, the others are refused, and every deduction is
+// refunded once.
+func TestConcurrentCancels(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 10_000)
+	require.NoError(t, err)
+	stream := testenv.Name("OPS")
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: "t." + stream})
+	require.NoError(t, err)
+	var ids []saga.Instance
+	for i := range 10 {
+		res, err := cl.Start(ctx, def, "op-"+itoa(i), transferInput(1, 2, 5))
+		require.NoError(t, err)
+		ids = append(ids, saga.Instance{ID: res.ID})
+	}
+	gate := make(chan struct{})
+	wins := make([]atomic.Int32, len(ids))
+	var wg sync.WaitGroup
+	for i := range ids {
+		for range 4 {
+			wg.Go(func() {
+				<-gate
+				err := cl.Cancel(ctx, ids[i].ID, "race")
+				switch {
+				case err == nil:
+					wins[i].Add(1)
+				case errors.Is(err, engine.ErrStateForbids):
+				default:
+					t.Errorf("cancel: %v", err)
+				}
+			})
+		}
+	}
+	close(gate)
+	wg.Wait()
+	for i := range wins {
+		require.EqualValues(t, 1, wins[i].Load(), "exactly one cancel of saga %d wins", i)
+	}
+	startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	waitAllFinished(t, pool, 30*time.Second)
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	require.Equal(t, map[string]int{"compensated": 10}, rep.ByState)
+}
