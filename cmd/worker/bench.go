@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,7 @@ type benchCmd struct {
 	DupRate        float64       `name:"dup-rate" default:"0.10" help:"Fraction of transfers submitted twice with the same key."`
 	PgbenchSeconds int           `name:"pgbench-seconds" default:"10" help:"Length of the pgbench ceiling run (0: skip it)."`
 	Timeout        time.Duration `default:"10m" help:"How long the run may take."`
+	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
 }
 
 type benchResult struct {
@@ -232,11 +234,24 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	latencies := make([]time.Duration, b.Sagas)
+	if b.CPUProfile != "" {
+		f, err := os.Create(b.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	if err := run(b.Sagas, "bench", latencies); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
+	if b.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	after, err := snapshot(ctx, pool, js, b.DBName)
 	if err != nil {
 		return err
