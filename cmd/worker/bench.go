@@ -55,35 +55,14 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 {
 		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate and --dup-rate between 0 and 1")
 	}
-	if !validDBName(b.DBName) {
-		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", b.DBName)
-	}
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 
-	admin, err := openDB(ctx, g.DatabaseURL, 1)
-	if err != nil {
-		return err
-	}
-	for _, q := range []string{"drop database if exists " + b.DBName + " with (force)", "create database " + b.DBName} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			admin.Close()
-			return fmt.Errorf("prepare bench database %q: %w", b.DBName, err)
-		}
-	}
-	admin.Close()
-	dsn, err := withDBName(g.DatabaseURL, b.DBName)
-	if err != nil {
-		return err
-	}
-	pool, err := openDB(ctx, dsn, 4)
+	dsn, pool, err := freshDatabase(ctx, g, b.DBName, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := migrateAll(ctx, pool); err != nil {
-		return err
-	}
 	const accounts = 1000
 	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
 	if err != nil {

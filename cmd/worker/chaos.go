@@ -62,9 +62,6 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	if c.Transfers < 1 || c.Workers < 1 {
 		return errors.New("--transfers and --workers must be at least 1")
 	}
-	if !validDBName(c.DBName) {
-		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", c.DBName)
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -73,29 +70,11 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	rng := rand.New(rand.NewPCG(c.Seed, 7))
 
 	// A fresh database.
-	admin, err := openDB(ctx, g.DatabaseURL, 1)
-	if err != nil {
-		return err
-	}
-	for _, q := range []string{"drop database if exists " + c.DBName + " with (force)", "create database " + c.DBName} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			admin.Close()
-			return fmt.Errorf("prepare chaos database %q: %w", c.DBName, err)
-		}
-	}
-	admin.Close()
-	dsn, err := withDBName(g.DatabaseURL, c.DBName)
-	if err != nil {
-		return err
-	}
-	pool, err := openDB(ctx, dsn, 8)
+	dsn, pool, err := freshDatabase(ctx, g, c.DBName, 8)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := migrateAll(ctx, pool); err != nil {
-		return err
-	}
 	const accounts = 50
 	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000, accounts+1)
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,55 +43,29 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	if d.Redeliver < 0 || d.Redeliver > 1 {
 		return fmt.Errorf("--redeliver %g must be a fraction between 0 and 1", d.Redeliver)
 	}
-	if !validDBName(d.DBName) {
-		return fmt.Errorf("--db-name %q must be lowercase letters, digits and '_'", d.DBName)
-	}
 	log := newLogger("warn")
 	if g.LogLevel == "debug" {
 		log = newLogger(g.LogLevel)
 	}
 
-	// A fresh database on the configured server.
-	admin, err := openDB(ctx, g.DatabaseURL, 1)
+	// A fresh database on the configured server, and an embedded NATS
+	// server with JetStream in a temporary folder.
+	dsn, pool, err := freshDatabase(ctx, g, d.DBName, 4)
 	if err != nil {
 		return err
 	}
-	for _, q := range []string{"drop database if exists " + d.DBName + " with (force)", "create database " + d.DBName} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			admin.Close()
-			return fmt.Errorf("prepare demo database %q: %w (the DATABASE_URL user needs CREATEDB)", d.DBName, err)
-		}
-	}
-	admin.Close()
-	dsn, err := withDBName(g.DatabaseURL, d.DBName)
-	if err != nil {
-		return err
-	}
-
-	// An embedded NATS server with JetStream in a temporary folder.
+	defer pool.Close()
 	dir, err := os.MkdirTemp("", "idemsaga-demo-nats-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	ns, err := startEmbeddedNATS(dir, -1)
 	if err != nil {
-		return fmt.Errorf("embedded NATS: %w", err)
+		return err
 	}
-	ns.Start()
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return errors.New("embedded NATS did not start within 10s")
-	}
 
-	pool, err := openDB(ctx, dsn, 4)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := migrateAll(ctx, pool); err != nil {
-		return err
-	}
 	frozen := int64(d.Accounts)
 	const balance = 10_000
 	seeded, err := transfer.Seed(ctx, pool, d.Accounts, balance, frozen)
