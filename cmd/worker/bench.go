@@ -69,16 +69,11 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 
-	dir, err := os.MkdirTemp("", "idemsaga-bench-")
+	ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	ns, err := startEmbeddedNATS(filepath.Join(dir, "nats"), -1)
-	if err != nil {
-		return err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	defer stopNATS()
 
 	// Waiters are told when their saga finishes, by whichever pool.
 	var waitMu sync.Mutex
@@ -108,36 +103,14 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	}
 
 	per := max(4, b.Concurrency/b.Pools)
-	var engines []*engine.Engine
-	for i := range b.Pools {
-		p, err := openDB(ctx, dsn, int32(2*per+6))
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		nc, err := connectNATS(ns.ClientURL(), fmt.Sprintf("bench-pool-%d", i))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		e, err := engine.New(engine.Config{
-			Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
-			StepConcurrency: per, ReplyConcurrency: per, DisableRetention: true,
-			Logger: newLogger("error"), OnFinishedFunc: onFinished,
-		})
-		if err != nil {
-			return err
-		}
-		if err := e.Start(ctx); err != nil {
-			return err
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = e.Stop(sctx)
-		}()
-		engines = append(engines, e)
+	engines, stopPools, err := startPools(ctx, b.Pools, dsn, ns.ClientURL(), int32(2*per+6), func(_ int, cfg *engine.Config) {
+		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.DisableRetention = per, per, true
+		cfg.Logger, cfg.OnFinishedFunc = newLogger("error"), onFinished
+	})
+	if err != nil {
+		return err
 	}
+	defer stopPools()
 	jsConn, err := connectNATS(ns.ClientURL(), "bench-stats")
 	if err != nil {
 		return err

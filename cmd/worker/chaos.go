@@ -98,18 +98,15 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 
 	// An embedded NATS server that can be restarted on the same port with
 	// the same storage.
-	dir, err := os.MkdirTemp("", "idemsaga-chaos-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	ns, err := startEmbeddedNATS(filepath.Join(dir, "nats"), -1)
+	ns, dir, stopFirst, err := embeddedNATS("idemsaga-chaos-")
 	if err != nil {
 		return err
 	}
 	natsPort := ns.Addr().(*net.TCPAddr).Port
 	var nsMu sync.Mutex
-	defer func() { nsMu.Lock(); ns.Shutdown(); ns.WaitForShutdown(); nsMu.Unlock() }()
+	// Stops whichever server runs last (the first may have been
+	// restarted), then removes the folder.
+	defer func() { nsMu.Lock(); ns.Shutdown(); ns.WaitForShutdown(); nsMu.Unlock(); stopFirst() }()
 
 	fig := &chaosFigures{}
 	workers := &workerSet{self: self, dir: dir, env: []string{

@@ -55,16 +55,11 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	dir, err := os.MkdirTemp("", "idemsaga-demo-nats-")
+	ns, _, stopNATS, err := embeddedNATS("idemsaga-demo-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	ns, err := startEmbeddedNATS(dir, -1)
-	if err != nil {
-		return err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	defer stopNATS()
 
 	frozen := int64(d.Accounts)
 	const balance = 10_000
@@ -80,35 +75,15 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	// One registry; each pool's series carry a pool label.
 	reg := prometheus.NewRegistry()
 	regs := []*prometheus.Registry{reg}
-	var engines []*engine.Engine
-	for i := range d.Pools {
-		p, err := openDB(ctx, dsn, 8)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		nc, err := connectNATS(ns.ClientURL(), fmt.Sprintf("demo-pool-%d", i))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		e, err := engine.New(engine.Config{
-			Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition},
-			Logger: log, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"pool": strconv.Itoa(i + 1)}, reg), LeaseGrace: 10 * time.Second, RelayPollInterval: 20 * time.Millisecond,
-		})
-		if err != nil {
-			return err
-		}
-		if err := e.Start(ctx); err != nil {
-			return err
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = e.Stop(sctx)
-		}()
-		engines = append(engines, e)
+	engines, stopPools, err := startPools(ctx, d.Pools, dsn, ns.ClientURL(), 8, func(i int, cfg *engine.Config) {
+		cfg.Logger = log
+		cfg.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"pool": strconv.Itoa(i + 1)}, reg)
+		cfg.LeaseGrace, cfg.RelayPollInterval = 10*time.Second, 20*time.Millisecond
+	})
+	if err != nil {
+		return err
 	}
+	defer stopPools()
 
 	// Simulated redeliveries: copy a fraction of the commands back into the
 	// stream under a fresh message id, so the broker's dedup cannot drop

@@ -3,8 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
 )
 
 // freshDatabase drops and creates database name on the DATABASE_URL
@@ -38,4 +46,79 @@ func freshDatabase(ctx context.Context, g *globals, name string, maxConns int32)
 		return "", nil, err
 	}
 	return dsn, pool, nil
+}
+
+// embeddedNATS starts a JetStream server on a free loopback port, storing
+// in a new temporary folder; cleanup stops it and removes the folder. The
+// folder is returned for a harness that restarts the server on it.
+func embeddedNATS(prefix string) (ns *natsserver.Server, dir string, cleanup func(), err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	ns, err = startEmbeddedNATS(filepath.Join(dir, "nats"), -1)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	return ns, dir, func() { ns.Shutdown(); ns.WaitForShutdown(); _ = os.RemoveAll(dir) }, nil
+}
+
+// startPools starts n in-process engines on database dsn and the NATS
+// server at natsURL, each with its own connection pool of maxConns and its
+// own NATS connection; configure sets the rest of pool i's Config. stop
+// drains them all and closes their connections.
+func startPools(ctx context.Context, n int, dsn, natsURL string, maxConns int32, configure func(i int, cfg *engine.Config)) (engines []*engine.Engine, stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	for i := range n {
+		p, err := openDB(ctx, dsn, maxConns)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		closers = append(closers, p.Close)
+		nc, err := connectNATS(natsURL, fmt.Sprintf("pool-%d", i+1))
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		closers = append(closers, nc.Close)
+		cfg := engine.Config{Pool: p, NATS: nc, Definitions: []*saga.Definition{transfer.Definition}}
+		configure(i, &cfg)
+		e, err := engine.New(cfg)
+		if err == nil {
+			err = e.Start(ctx)
+		}
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		closers = append(closers, func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = e.Stop(sctx)
+		})
+		engines = append(engines, e)
+	}
+	return engines, stop, nil
+}
+
+// withClient opens the database and runs fn with a client configured like
+// the workers.
+func withClient(ctx context.Context, g *globals, fn func(*engine.Client) error) error {
+	pool, err := openDB(ctx, g.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cl, _, err := g.client(pool)
+	if err != nil {
+		return err
+	}
+	return fn(cl)
 }

@@ -25,15 +25,10 @@ type listCmd struct {
 }
 
 func (l *listCmd) Run(ctx context.Context, g *globals) error {
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, _, err := g.client(pool)
-	if err != nil {
-		return err
-	}
+	return withClient(ctx, g, func(cl *engine.Client) error { return l.list(ctx, cl) })
+}
+
+func (l *listCmd) list(ctx context.Context, cl *engine.Client) error {
 	sagas, err := cl.List(ctx, engine.ListOptions{Definition: l.Definition, State: saga.State(l.State), OlderThan: l.OlderThan,
 		Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit})
 	if err != nil {
@@ -63,24 +58,17 @@ type showCmd struct {
 }
 
 func (s *showCmd) Run(ctx context.Context, g *globals) error {
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, _, err := g.client(pool)
-	if err != nil {
-		return err
-	}
-	sg, err := cl.Lookup(ctx, s.IDOrKey)
-	if err != nil {
-		return err
-	}
-	if s.JSON {
-		return printJSON(sg)
-	}
-	printSaga(sg)
-	return nil
+	return withClient(ctx, g, func(cl *engine.Client) error {
+		sg, err := cl.Lookup(ctx, s.IDOrKey)
+		if err != nil {
+			return err
+		}
+		if s.JSON {
+			return printJSON(sg)
+		}
+		printSaga(sg)
+		return nil
+	})
 }
 
 type retryCmd struct {
@@ -119,16 +107,7 @@ func withSaga(ctx context.Context, g *globals, arg, hint string, fn func(*engine
 	if err != nil {
 		return fmt.Errorf("%q is not a saga ID (find it with `%s`)", arg, hint)
 	}
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, _, err := g.client(pool)
-	if err != nil {
-		return err
-	}
-	return fn(cl, id)
+	return withClient(ctx, g, func(cl *engine.Client) error { return fn(cl, id) })
 }
 
 func printJSON(v any) error {
