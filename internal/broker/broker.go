@@ -178,6 +178,29 @@ func runPool(ctx context.Context, c jetstream.Consumer, concurrency int, handle 
 	}
 	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
+	// A consumer deleted on the server does not always end the iterator
+	// (its pulls just go unanswered): check it exists every pull expiry,
+	// and stop the iterator when it does not, so the caller recreates it.
+	watchCtx, endWatch := context.WithCancel(ctx)
+	defer endWatch()
+	go func() {
+		t := time.NewTicker(PullExpiry)
+		defer t.Stop()
+		for {
+			select {
+			case <-watchCtx.Done():
+				return
+			case <-t.C:
+			}
+			ictx, cancel := context.WithTimeout(watchCtx, PullExpiry)
+			_, err := c.Info(ictx)
+			cancel()
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				it.Stop()
+				return
+			}
+		}
+	}()
 	var loopErr error
 	for {
 		m, err := it.Next()
