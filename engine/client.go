@@ -45,17 +45,11 @@ type StartResult struct {
 // saga.ErrIdempotencyKeyReused, and nothing is written. Any number of
 // concurrent calls with one key create one saga.
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
-	tx, err := cl.c.pool.Begin(ctx)
-	if err != nil {
-		return StartResult{}, fmt.Errorf("idemsaga: start saga: database unreachable: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	res, err := cl.StartTx(ctx, tx, def, key, input)
+	// Without the caller's transaction the start is one statement, which
+	// PostgreSQL runs as its own transaction: one round trip.
+	res, err := cl.start(ctx, cl.c.pool, def, key, input)
 	if err != nil {
 		return res, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return StartResult{}, fmt.Errorf("idemsaga: start saga: commit: %w", err)
 	}
 	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
@@ -72,6 +66,10 @@ func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, i
 // key to resolve to one saga. Metrics count the start even if the caller
 // later rolls back.
 func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, key string, input any) (StartResult, error) {
+	return cl.start(ctx, tx, def, key, input)
+}
+
+func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, key string, input any) (StartResult, error) {
 	if def == nil {
 		return StartResult{}, errors.New("idemsaga: start saga: definition is nil")
 	}
@@ -95,7 +93,16 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 	if err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
-	tag, err := tx.Exec(ctx, insertSaga, id, def.Name(), key, sum[:], []byte(canonical))
+	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
+	first := registered.Step(0)
+	subject, msgID, payload, err := cl.c.commandMessage(sg, registered, 0, saga.PhaseForward, 1)
+	if err != nil {
+		return StartResult{}, err
+	}
+	var inserted int
+	err = q.QueryRow(ctx, startSaga, id, def.Name(), key, sum[:], []byte(canonical),
+		first.Name, saga.StepKey(id, first.Name, saga.PhaseForward), cl.c.leaseMillis(first.Retry),
+		subject, msgID, payload).Scan(&inserted)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -104,30 +111,22 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 		return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 	}
 	cl.c.metrics.Deliveries.WithLabelValues(metrics.LayerStart).Inc()
-	if tag.RowsAffected() == 0 {
+	if inserted == 0 {
 		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
 		// The unique key already names a saga (committed, since an
 		// uncommitted one would have made us wait): adjudicate by input.
 		var existing uuid.UUID
 		var hash []byte
-		if err := tx.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(&existing, &hash); err != nil {
+		var state string
+		if err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(&existing, &hash, &state); err != nil {
 			return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 		}
 		if !bytes.Equal(hash, sum[:]) {
 			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
 			return StartResult{ID: existing}, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
 		}
-		sg, err := loadSaga(ctx, tx, existing, false)
-		if err != nil {
-			return StartResult{}, err
-		}
 		cl.c.metrics.Duplicates.WithLabelValues(metrics.LayerStart).Inc()
-		return StartResult{ID: existing, State: sg.State, Duplicate: true}, nil
-	}
-
-	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
-	if err := cl.c.dispatch(ctx, tx, sg, registered, 0, saga.PhaseForward); err != nil {
-		return StartResult{}, err
+		return StartResult{ID: existing, State: saga.State(state), Duplicate: true}, nil
 	}
 	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
 	return StartResult{ID: id, State: saga.StateInit}, nil

@@ -15,7 +15,6 @@ import (
 	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/wire"
-	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -110,10 +109,12 @@ func loadSaga(ctx context.Context, q queryer, id uuid.UUID, lock bool) (*saga.In
 }
 
 // transition moves sg from its current state and version to `to`, in one
-// conditional update. When no row matches it tells apart: already there
-// (errAlreadyApplied), moved elsewhere (saga.ErrConflict), gone
-// (saga.ErrNotFound). On success sg is updated in place.
-func (c *core) transition(ctx context.Context, tx pgx.Tx, sg *saga.Instance, to saga.State, fin bool, errText *string, resultStep *string, result json.RawMessage, fx *effects) error {
+// conditional update queued on tx. When no row matches, the flush fails
+// with a reason: already there (errAlreadyApplied), moved elsewhere
+// (saga.ErrConflict), gone (saga.ErrNotFound). sg is updated in place at
+// once, so that later writes of the same transaction see the new state;
+// if the flush fails the caller rolls back and drops sg.
+func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, errText *string, resultStep *string, result json.RawMessage, fx *effects) error {
 	def, err := c.definition(sg.Definition)
 	if err != nil {
 		return err
@@ -121,15 +122,26 @@ func (c *core) transition(ctx context.Context, tx pgx.Tx, sg *saga.Instance, to 
 	if !def.CanTransition(sg.State, to) {
 		return fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, to)
 	}
-	var version int64
-	err = tx.QueryRow(ctx, transitionSaga, sg.ID, sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version).Scan(&version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return classifyMiss(ctx, tx, sg.ID, to)
-	}
-	if err != nil {
-		return fmt.Errorf("transition saga %s to %q: %w", sg.ID, to, err)
-	}
-	sg.State, sg.Version = to, version
+	id := sg.ID
+	tx.queue(transitionSaga, func(row pgx.Row) error {
+		var version *int64
+		var state *string
+		var found *int64
+		if err := row.Scan(&version, &state, &found); err != nil {
+			return fmt.Errorf("transition saga %s to %q: %w", id, to, err)
+		}
+		switch {
+		case version != nil:
+			return nil
+		case state == nil:
+			return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
+		case saga.State(*state) == to:
+			return errAlreadyApplied
+		default:
+			return fmt.Errorf("%w: saga %s is now %q at version %d", saga.ErrConflict, id, *state, *found)
+		}
+	}, sg.ID, sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
+	sg.State, sg.Version = to, sg.Version+1
 	if resultStep != nil {
 		if sg.Results == nil {
 			sg.Results = map[string]json.RawMessage{}
@@ -177,74 +189,93 @@ func policyOf(def *saga.Definition, idx int, phase saga.Phase) saga.RetryPolicy 
 	return def.Step(idx).Retry
 }
 
-// command writes the outbox row of one attempt.
-func (c *core) command(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) error {
+// commandMessage encodes the command of one attempt.
+func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) (subject, msgID string, payload []byte, err error) {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	cmd := wire.Command{
 		SagaID: sg.ID, Definition: sg.Definition, Step: step.Name, Phase: phase,
 		Key: key, Attempt: attempt, Input: sg.Input, Results: sg.Results,
 	}
-	payload, err := json.Marshal(cmd)
+	payload, err = json.Marshal(cmd)
 	if err != nil {
-		return fmt.Errorf("encode command: %w", err)
+		return "", "", nil, fmt.Errorf("encode command: %w", err)
 	}
-	return outbox.Write(ctx, tx, outbox.Message{
-		SagaID:  sg.ID,
-		Subject: c.subjects.Command(sg.Definition, step.Name),
-		MsgID:   "c-" + saga.MessageID(key, attempt),
-		Payload: payload,
-	})
+	return c.subjects.Command(sg.Definition, step.Name), "c-" + saga.MessageID(key, attempt), payload, nil
 }
 
-// dispatch creates the step row for attempt 1 and enqueues its command.
-func (c *core) dispatch(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) error {
+// command queues the outbox row of one attempt.
+func (c *core) command(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) error {
+	subject, msgID, payload, err := c.commandMessage(sg, def, idx, phase, attempt)
+	if err != nil {
+		return err
+	}
+	tx.queue(insertCommand, func(row pgx.Row) error {
+		var id int64
+		if err := row.Scan(&id); err != nil {
+			return fmt.Errorf("outbox: insert command %s: %w", msgID, err)
+		}
+		return nil
+	}, subject, msgID, payload, sg.ID)
+	return nil
+}
+
+// dispatch queues attempt 1 of a step with its command. If the step
+// exists already, its command is already out and nothing is written.
+func (c *core) dispatch(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) error {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
-	var inserted int
-	if err := tx.QueryRow(ctx, insertStep, sg.ID, step.Name, phase, idx, key, c.leaseMillis(policyOf(def, idx, phase))).Scan(&inserted); err != nil {
-		return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, sg.ID, err)
+	subject, msgID, payload, err := c.commandMessage(sg, def, idx, phase, 1)
+	if err != nil {
+		return err
 	}
-	if inserted == 0 {
-		return nil // already dispatched: its command is already out
-	}
-	return c.command(ctx, tx, sg, def, idx, phase, 1)
+	id := sg.ID
+	tx.queue(dispatchStep, func(row pgx.Row) error {
+		var n int
+		if err := row.Scan(&n); err != nil {
+			return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, id, err)
+		}
+		return nil
+	}, sg.ID, step.Name, phase, idx, key, c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload)
+	return nil
 }
 
 // redispatch starts the next attempt of a step, fenced by the attempt the
 // caller saw. It reports false when another writer moved the step first.
-func (c *core) redispatch(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) (bool, error) {
+func (c *core) redispatch(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) (bool, error) {
 	key := saga.StepKey(sg.ID, def.Step(idx).Name, phase)
+	q, err := tx.read(ctx)
+	if err != nil {
+		return false, err
+	}
 	var attempt int
-	err := tx.QueryRow(ctx, redispatchStep, key, seenAttempt, c.leaseMillis(policyOf(def, idx, phase))).Scan(&attempt)
+	err = q.QueryRow(ctx, redispatchStep, key, seenAttempt, c.leaseMillis(policyOf(def, idx, phase))).Scan(&attempt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("redispatch: %w", err)
 	}
-	return true, c.command(ctx, tx, sg, def, idx, phase, attempt)
+	return true, c.command(tx, sg, def, idx, phase, attempt)
 }
 
 // succeed records a step's success and moves the saga on: to the next
 // forward step or the final state, or to the next compensation.
-func (c *core) succeed(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
+func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
 	key := saga.StepKey(sg.ID, def.Step(idx).Name, phase)
-	if err := c.finishStep(ctx, tx, key, attempt, saga.StepSucceeded, result, ""); err != nil {
-		return err
-	}
+	c.finishStep(tx, key, attempt, saga.StepSucceeded, result, "")
 	if phase == saga.PhaseCompensate {
-		return c.compensateNext(ctx, tx, sg, def, idx, fx)
+		return c.compensateNext(tx, sg, def, idx, fx)
 	}
 	step := def.Step(idx)
 	last := idx == def.Len()-1
-	if err := c.transition(ctx, tx, sg, step.Reaches, last, nil, &step.Name, result, fx); err != nil {
+	if err := c.transition(tx, sg, step.Reaches, last, nil, &step.Name, result, fx); err != nil {
 		return err
 	}
 	if last {
 		return nil
 	}
-	return c.dispatch(ctx, tx, sg, def, idx+1, saga.PhaseForward)
+	return c.dispatch(tx, sg, def, idx+1, saga.PhaseForward)
 }
 
 // abandon gives a step up (a permanent failure, retries exhausted, or the
@@ -255,7 +286,7 @@ func (c *core) succeed(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 // its way), it is applied as a success; otherwise a forward step starts
 // compensation of the steps before it and a compensation ends the saga in
 // StateFailed.
-func (c *core) abandon(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
+func (c *core) abandon(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	outcome, result, err := c.settle(ctx, tx, sg, def, idx, phase)
@@ -264,30 +295,32 @@ func (c *core) abandon(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *s
 	}
 	if outcome == "succeeded" {
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attempt)
-		return c.succeed(ctx, tx, sg, def, idx, phase, attempt, result, fx)
+		return c.succeed(tx, sg, def, idx, phase, attempt, result, fx)
 	}
-	if err := c.finishStep(ctx, tx, key, attempt, saga.StepFailed, nil, reason); err != nil {
-		return err
-	}
+	c.finishStep(tx, key, attempt, saga.StepFailed, nil, reason)
 	if phase == saga.PhaseCompensate {
-		return c.giveUp(ctx, tx, sg, def, idx, reason, fx)
+		return c.giveUp(tx, sg, def, idx, reason, fx)
 	}
-	return c.compensate(ctx, tx, sg, def, idx, reason, fx)
+	return c.compensate(tx, sg, def, idx, reason, fx)
 }
 
 // settle tombstones a step's key in the inbox (so no delivery can take
 // effect after this transaction) and returns what the inbox holds for it:
 // "succeeded" with the result if the step did take effect.
-func (c *core) settle(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (string, []byte, error) {
+func (c *core) settle(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (string, []byte, error) {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
+	q, err := tx.read(ctx)
+	if err != nil {
+		return "", nil, err
+	}
 	b := &pgx.Batch{}
 	b.Queue(settleLockTimeout)
 	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
 	var outcome string
 	var result []byte
 	b.Queue(settleRead, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
 		return "", nil, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
 	}
 	return outcome, result, nil
@@ -295,31 +328,31 @@ func (c *core) settle(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *sa
 
 // compensate starts rolling back after forward step failedIdx failed and
 // was settled as not having taken effect.
-func (c *core) compensate(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, failedIdx int, reason string, fx *effects) error {
+func (c *core) compensate(tx *txn, sg *saga.Instance, def *saga.Definition, failedIdx int, reason string, fx *effects) error {
 	msg := fmt.Sprintf("step %q failed: %s", def.Step(failedIdx).Name, reason)
-	if err := c.transition(ctx, tx, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
+	if err := c.transition(tx, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
 		return err
 	}
 	plan := compensation.Plan(def, failedIdx)
 	if len(plan) == 0 {
-		return c.transition(ctx, tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
+		return c.transition(tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
 	}
-	return c.dispatch(ctx, tx, sg, def, plan[0], saga.PhaseCompensate)
+	return c.dispatch(tx, sg, def, plan[0], saga.PhaseCompensate)
 }
 
 // compensateNext continues the rollback after step doneIdx was compensated.
-func (c *core) compensateNext(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, doneIdx int, fx *effects) error {
+func (c *core) compensateNext(tx *txn, sg *saga.Instance, def *saga.Definition, doneIdx int, fx *effects) error {
 	next := compensation.Next(def, doneIdx)
 	if next < 0 {
-		return c.transition(ctx, tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
+		return c.transition(tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
 	}
-	return c.dispatch(ctx, tx, sg, def, next, saga.PhaseCompensate)
+	return c.dispatch(tx, sg, def, next, saga.PhaseCompensate)
 }
 
 // giveUp ends a saga whose compensation cannot finish.
-func (c *core) giveUp(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, reason string, fx *effects) error {
+func (c *core) giveUp(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, reason string, fx *effects) error {
 	msg := fmt.Sprintf("compensation of step %q cannot finish: %s; a person must repair the effects and then retry or close the saga", def.Step(idx).Name, reason)
-	return c.transition(ctx, tx, sg, saga.StateFailed, true, &msg, nil, nil, fx)
+	return c.transition(tx, sg, saga.StateFailed, true, &msg, nil, nil, fx)
 }
 
 func nullJSON(b json.RawMessage) any {

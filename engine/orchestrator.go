@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -76,21 +77,35 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	sg, err := loadSaga(ctx, tx, r.SagaID, true)
-	if errors.Is(err, saga.ErrNotFound) {
-		return VerdictMissing, nil
-	}
-	if err != nil {
-		return "", err
-	}
+	// One round trip: lock the saga (the order every writer takes: saga,
+	// then step) and read the step.
+	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	err = tx.QueryRow(ctx, selectStepByKey, r.Key).Scan(&st.index, &phase, &status, &st.attempt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	stepFound := true
+	b := &pgx.Batch{}
+	b.Queue(selectSagaByIDLocked, r.SagaID).QueryRow(func(row pgx.Row) error {
+		sg, err = scanSaga(row)
+		return err
+	})
+	b.Queue(selectStepByKey, r.Key).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&st.index, &phase, &status, &st.attempt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			stepFound = false
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read step: %w", err)
+		}
+		return nil
+	})
+	if err := tx.SendBatch(ctx, b).Close(); errors.Is(err, saga.ErrNotFound) {
 		return VerdictMissing, nil
+	} else if err != nil {
+		return "", err
 	}
-	if err != nil {
-		return "", fmt.Errorf("read step: %w", err)
+	if !stepFound {
+		return VerdictMissing, nil
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 
@@ -99,36 +114,42 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 		return v, nil
 	}
 	fx := &effects{}
-	if err := c.apply(ctx, tx, sg, def, idx, r, fx); errors.Is(err, errAlreadyApplied) {
-		return VerdictDuplicate, nil
-	} else if err != nil {
-		return "", err
+	t := newTxn(tx)
+	err = c.apply(ctx, t, sg, def, idx, r, fx)
+	if err == nil {
+		err = t.commit(ctx)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return "", fmt.Errorf("commit: %w", err)
+	if errors.Is(err, errAlreadyApplied) {
+		return VerdictDuplicate, nil
+	}
+	if err != nil {
+		return "", err
 	}
 	c.emit(fx)
 	return VerdictApplied, nil
 }
 
-func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *saga.Definition, idx int, r wire.Reply, fx *effects) error {
+func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, r wire.Reply, fx *effects) error {
 	policy := policyOf(def, idx, r.Phase)
 	switch {
 	case r.Outcome == wire.OutcomeSucceeded:
-		return c.succeed(ctx, tx, sg, def, idx, r.Phase, r.Attempt, r.Result, fx)
+		return c.succeed(tx, sg, def, idx, r.Phase, r.Attempt, r.Result, fx)
 
 	case r.Outcome == wire.OutcomeRetry && r.Attempt < policy.MaxAttempts:
 		delay := policy.Backoff(r.Attempt)
 		if r.RetryAfterMillis > 0 {
 			delay = time.Duration(r.RetryAfterMillis) * time.Millisecond
 		}
-		var moved int
-		if err := tx.QueryRow(ctx, scheduleRetry, r.Key, r.Attempt, r.Error, delay.Milliseconds()).Scan(&moved); err != nil {
-			return fmt.Errorf("schedule retry: %w", err)
-		}
-		if moved == 0 {
-			return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
-		}
+		tx.queue(scheduleRetry, func(row pgx.Row) error {
+			var moved int
+			if err := row.Scan(&moved); err != nil {
+				return fmt.Errorf("schedule retry: %w", err)
+			}
+			if moved == 0 {
+				return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
+			}
+			return nil
+		}, r.Key, r.Attempt, r.Error, delay.Milliseconds())
 		fx.retries = append(fx.retries, [3]string{def.Name(), r.Step, string(r.Phase)})
 		return nil
 
@@ -141,19 +162,22 @@ func (c *core) apply(ctx context.Context, tx pgx.Tx, sg *saga.Instance, def *sag
 	}
 }
 
-func (c *core) finishStep(ctx context.Context, tx pgx.Tx, key any, attempt int, status saga.StepStatus, result []byte, errText string) error {
+// finishStep queues a step's outcome, fenced by its attempt.
+func (c *core) finishStep(tx *txn, key uuid.UUID, attempt int, status saga.StepStatus, result []byte, errText string) {
 	var e any
 	if errText != "" {
 		e = errText
 	}
-	var moved int
-	if err := tx.QueryRow(ctx, finishStep, key, attempt, status, nullJSON(result), e, string(status)).Scan(&moved); err != nil {
-		return fmt.Errorf("finish step: %w", err)
-	}
-	if moved == 0 {
-		return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
-	}
-	return nil
+	tx.queue(finishStep, func(row pgx.Row) error {
+		var moved int
+		if err := row.Scan(&moved); err != nil {
+			return fmt.Errorf("finish step: %w", err)
+		}
+		if moved == 0 {
+			return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
+		}
+		return nil
+	}, key, attempt, status, nullJSON(result), e, string(status))
 }
 
 // handleReplyMsg is the orchestrator's JetStream handler: apply, then ack.

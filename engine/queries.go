@@ -1,12 +1,6 @@
 package engine
 
 const (
-	insertSaga = `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
-values ($1, $2, $3, $4, $5, 'init')
-on conflict (definition, idem_key) do nothing`
-
-	selectSagaByKey = `select id, input_hash from idemsaga.sagas where definition = $1 and idem_key = $2`
-
 	sagaColumns = `id, definition, idem_key, state, version, input, results, coalesce(error, ''),
 created_at, updated_at, finished_at`
 
@@ -22,29 +16,66 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 	selectStepByKey = `select step_index, phase, status, attempt from idemsaga.steps where key = $1 for update`
 
 	// transitionSaga is the one way a saga's state changes: conditional on
-	// the state and version the caller read.
-	transitionSaga = `update idemsaga.sagas set
+	// the state and version the caller read. It always returns one row: the
+	// new version if the update applied (null otherwise), and the saga's
+	// state and version as the statement found them (null if it is gone),
+	// so a miss is classified without another round trip.
+	transitionSaga = `with u as (
+  update idemsaga.sagas set
     state = $3,
     version = version + 1,
     updated_at = now(),
     finished_at = case when $4::bool then now() else finished_at end,
     error = coalesce($5::text, error),
     results = case when $6::text is null then results else results || jsonb_build_object($6::text, coalesce($7::jsonb, 'null'::jsonb)) end
-where id = $1 and state = $2 and version = $8
-returning version`
+  where id = $1 and state = $2 and version = $8
+  returning version
+)
+select (select version from u), s.state, s.version
+from (select 1) one left join idemsaga.sagas s on s.id = $1`
 
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
 
-	// insertStep dispatches attempt 1 of a (saga, step, phase).
-	insertStep = `with s as (
+	// dispatchStep creates attempt 1 of a (saga, step, phase) and its
+	// command in the outbox, in one statement; if the step exists already
+	// its command is already out, and nothing is written. It returns
+	// whether it dispatched.
+	dispatchStep = `with st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
   values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond')
   on conflict (saga_id, step, phase) do nothing
   returning saga_id, step, phase, attempt
 ), a as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from s
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from st
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $7, $8, $9, saga_id from st
+)
+select count(*) from st`
+
+	// startSaga inserts a saga and dispatches its first step, in one
+	// statement, so that Start costs one round trip. A saga already under
+	// (definition, key) makes it write nothing and return 0.
+	startSaga = `with s as (
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
+  values ($1, $2, $3, $4, $5, 'init')
+  on conflict (definition, idem_key) do nothing
+  returning id
+), st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
+  select id, $6, 'forward', 0, $7, 'dispatched', 1, now() + $8 * interval '1 millisecond' from s
+  returning saga_id, step, phase, attempt
+), a as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from st
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $9, $10, $11, saga_id from st
 )
 select count(*) from s`
+
+	// selectSagaByKey reads what a duplicate start needs to adjudicate.
+	selectSagaByKey = `select id, input_hash, state from idemsaga.sagas where definition = $1 and idem_key = $2`
+
+	// insertCommand enqueues one command in the outbox.
+	insertCommand = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id) values ($1, $2, $3, $4) returning id`
 
 	// redispatchStep starts the next attempt, fenced by the attempt seen.
 	redispatchStep = `with r as (

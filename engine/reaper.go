@@ -80,12 +80,13 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 	step := def.Step(st.index)
 	policy := policyOf(def, st.index, st.phase)
 	fx := &effects{}
+	t := newTxn(tx)
 
 	switch {
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next
 		// attempt goes out with the same key.
-		ok, err := c.redispatch(ctx, tx, sg, def, st.index, st.phase, st.attempt)
+		ok, err := c.redispatch(ctx, t, sg, def, st.index, st.phase, st.attempt)
 		if err != nil || !ok {
 			return false, err
 		}
@@ -98,7 +99,7 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 		// unknown. Settle it through the inbox (tombstone, then read) and
 		// give it up, or apply it if it did take effect.
 		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
-		if err := c.abandon(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, fx); err != nil {
+		if err := c.abandon(ctx, t, sg, def, st.index, st.phase, st.attempt, reason, fx); err != nil {
 			if isLockTimeout(err) {
 				return false, nil // a worker still holds the key; decide on a later pass
 			}
@@ -109,7 +110,7 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 	if err := failpoint.Inject(failpoint.LeaseTakeover); err != nil {
 		return false, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := t.commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
 	c.emit(fx)

@@ -59,8 +59,12 @@ where saga_id = $1 and phase = 'compensate' and status = 'failed' order by updat
 	if err := tx.QueryRow(ctx, retryFailedStep, key, attempt, c.leaseMillis(policyOf(def, idx, saga.PhaseCompensate))).Scan(&next); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
-	if err := c.command(ctx, tx, sg, def, idx, saga.PhaseCompensate, next); err != nil {
+	t := newTxn(tx)
+	if err := c.command(t, sg, def, idx, saga.PhaseCompensate, next); err != nil {
 		return err
+	}
+	if err := t.flush(ctx); err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
 	tag, err := tx.Exec(ctx, `update idemsaga.sagas set state = 'compensating', finished_at = null, version = version + 1, updated_at = now()
 where id = $1 and state = 'failed' and version = $2`, id, sg.Version)
@@ -107,7 +111,8 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 	if err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: find the step in flight: %w", id, err)
 	}
-	outcome, result, err := c.settle(ctx, tx, sg, def, idx, saga.PhaseForward)
+	t := newTxn(tx)
+	outcome, result, err := c.settle(ctx, t, sg, def, idx, saga.PhaseForward)
 	if err != nil {
 		return err
 	}
@@ -117,43 +122,41 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 	if outcome == "succeeded" {
 		if idx == def.Len()-1 {
 			// It completed the saga: apply that; there is nothing to cancel.
-			if err := c.succeed(ctx, tx, sg, def, idx, saga.PhaseForward, attempt, result, fx); err != nil {
+			if err := c.succeed(t, sg, def, idx, saga.PhaseForward, attempt, result, fx); err != nil {
 				return err
 			}
-			if err := tx.Commit(ctx); err != nil {
+			if err := t.commit(ctx); err != nil {
 				return err
 			}
 			c.emit(fx)
 			return fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 		}
-		if err := c.finishStep(ctx, tx, key, attempt, saga.StepSucceeded, result, ""); err != nil {
-			return err
-		}
+		c.finishStep(t, key, attempt, saga.StepSucceeded, result, "")
 		st := def.Step(idx)
-		if err := c.transition(ctx, tx, sg, st.Reaches, false, nil, &st.Name, result, fx); err != nil {
+		if err := c.transition(t, sg, st.Reaches, false, nil, &st.Name, result, fx); err != nil {
 			return err
 		}
 		completed = idx + 1
-	} else if err := c.finishStep(ctx, tx, key, attempt, saga.StepFailed, nil, "cancelled"); err != nil {
-		return err
+	} else {
+		c.finishStep(t, key, attempt, saga.StepFailed, nil, "cancelled")
 	}
 	msg := "cancelled by an operator"
 	if reason != "" {
 		msg += ": " + reason
 	}
-	if err := c.transition(ctx, tx, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
+	if err := c.transition(t, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
 		return err
 	}
 	plan := compensation.Plan(def, completed)
 	if len(plan) == 0 {
-		err = c.transition(ctx, tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
+		err = c.transition(t, sg, saga.StateCompensated, true, nil, nil, nil, fx)
 	} else {
-		err = c.dispatch(ctx, tx, sg, def, plan[0], saga.PhaseCompensate)
+		err = c.dispatch(t, sg, def, plan[0], saga.PhaseCompensate)
 	}
 	if err != nil {
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := t.commit(ctx); err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: commit: %w", id, err)
 	}
 	c.emit(fx)

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -25,14 +24,16 @@ func TestTransitionZeroRowCases(t *testing.T) {
 	require.NoError(t, err)
 	c := cl.c
 
-	inTx := func(fn func(tx pgx.Tx) error) error {
+	// Each transition is queued and checked when the transaction commits.
+	inTx := func(fn func(tx *txn) error) error {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
-		if err := fn(tx); err != nil {
+		q := newTxn(tx)
+		if err := fn(q); err != nil {
 			return err
 		}
-		return tx.Commit(ctx)
+		return q.commit(ctx)
 	}
 	snapshot := func() *saga.Instance {
 		sg, err := loadSaga(ctx, pool, res.ID, false)
@@ -45,8 +46,8 @@ func TestTransitionZeroRowCases(t *testing.T) {
 	require.Equal(t, saga.StateInit, stale.State)
 	require.EqualValues(t, 1, stale.Version)
 	sg := snapshot()
-	require.NoError(t, inTx(func(tx pgx.Tx) error {
-		return c.transition(ctx, tx, sg, transfer.StateDeducted, false, nil, nil, nil, &effects{})
+	require.NoError(t, inTx(func(tx *txn) error {
+		return c.transition(tx, sg, transfer.StateDeducted, false, nil, nil, nil, &effects{})
 	}))
 	require.EqualValues(t, 2, sg.Version)
 	require.Equal(t, transfer.StateDeducted, snapshot().State)
@@ -54,15 +55,15 @@ func TestTransitionZeroRowCases(t *testing.T) {
 	// Already applied: the same move from the stale snapshot touches no
 	// row and is recognised as a duplicate.
 	dup := *stale
-	err = inTx(func(tx pgx.Tx) error {
-		return c.transition(ctx, tx, &dup, transfer.StateDeducted, false, nil, nil, nil, &effects{})
+	err = inTx(func(tx *txn) error {
+		return c.transition(tx, &dup, transfer.StateDeducted, false, nil, nil, nil, &effects{})
 	})
 	require.ErrorIs(t, err, errAlreadyApplied)
 
 	// Conflict: another move from the stale snapshot finds the saga moved.
 	conflict := *stale
-	err = inTx(func(tx pgx.Tx) error {
-		return c.transition(ctx, tx, &conflict, saga.StateCompensating, false, nil, nil, nil, &effects{})
+	err = inTx(func(tx *txn) error {
+		return c.transition(tx, &conflict, saga.StateCompensating, false, nil, nil, nil, &effects{})
 	})
 	require.ErrorIs(t, err, saga.ErrConflict)
 	require.Equal(t, transfer.StateDeducted, snapshot().State, "a conflicting move changes nothing")
@@ -71,15 +72,15 @@ func TestTransitionZeroRowCases(t *testing.T) {
 	// Missing: no such saga.
 	ghost := *stale
 	ghost.ID = uuid.New()
-	err = inTx(func(tx pgx.Tx) error {
-		return c.transition(ctx, tx, &ghost, transfer.StateDeducted, false, nil, nil, nil, &effects{})
+	err = inTx(func(tx *txn) error {
+		return c.transition(tx, &ghost, transfer.StateDeducted, false, nil, nil, nil, &effects{})
 	})
 	require.ErrorIs(t, err, saga.ErrNotFound)
 
 	// A move the state graph forbids is refused before touching the row.
 	back := snapshot()
-	err = inTx(func(tx pgx.Tx) error {
-		return c.transition(ctx, tx, back, saga.StateInit, false, nil, nil, nil, &effects{})
+	err = inTx(func(tx *txn) error {
+		return c.transition(tx, back, saga.StateInit, false, nil, nil, nil, &effects{})
 	})
 	require.Error(t, err)
 	require.False(t, errors.Is(err, errAlreadyApplied))

@@ -64,3 +64,28 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	}
 	return nil
 }
+
+// Queue adds the insert of msgs to b, so they go to PostgreSQL in the same
+// round trip as the caller's other statements. Like Write, the rows are
+// published if and only if the transaction that runs b commits.
+func Queue(b *pgx.Batch, msgs ...Message) error {
+	for i, m := range msgs {
+		if m.Subject == "" || m.MsgID == "" {
+			return fmt.Errorf("outbox: message %d has an empty subject or message id", i)
+		}
+		var headers []byte
+		if len(m.Headers) > 0 {
+			h, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("outbox: encode headers: %w", err)
+			}
+			headers = h
+		}
+		var saga *uuid.UUID
+		if m.SagaID != uuid.Nil {
+			saga = &msgs[i].SagaID
+		}
+		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, headers, saga)
+	}
+	return nil
+}

@@ -147,26 +147,45 @@ type row struct {
 
 // RelayOnce claims one batch, publishes it and marks what the broker
 // acknowledged. It returns the number of rows marked published.
+//
+// A batch costs two round trips to PostgreSQL: BEGIN travels with the
+// claim, and COMMIT with the marks.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
-	tx, err := r.cfg.Pool.Begin(ctx)
+	conn, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, fmt.Errorf("acquire a connection: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	// A connection left inside a transaction (an error midway) is closed
+	// by the pool on release rather than reused.
+	defer conn.Release()
+	open := false
+	defer func() {
+		if open {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
+		}
+	}()
 
-	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("claim: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-		var x row
-		err := cr.Scan(&x.id, &x.subject, &x.msgID, &x.payload, &x.headers)
-		return x, err
+	var batch []row
+	claim := &pgx.Batch{}
+	claim.Queue("begin")
+	claim.Queue(claimBatch, r.cfg.BatchSize).Query(func(rows pgx.Rows) error {
+		var err error
+		batch, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+			var x row
+			err := cr.Scan(&x.id, &x.subject, &x.msgID, &x.payload, &x.headers)
+			return x, err
+		})
+		return err
 	})
-	if err != nil {
+	open = true
+	if err := conn.SendBatch(ctx, claim).Close(); err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}
 	if len(batch) == 0 {
+		open = false
+		if _, err := conn.Exec(ctx, "commit"); err != nil {
+			return 0, fmt.Errorf("commit: %w", err)
+		}
 		return 0, nil
 	}
 
@@ -208,6 +227,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	var firstErr error
 	failed, missingStream := 0, false
+	marks := &pgx.Batch{}
 	for i, err := range failures {
 		if err == nil {
 			continue
@@ -219,17 +239,18 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		if firstErr == nil {
 			firstErr = fmt.Errorf("publish outbox row %d to %s: %w", batch[i].id, batch[i].subject, err)
 		}
-		if _, err := tx.Exec(ctx, markFailed, batch[i].id, err.Error()); err != nil {
-			return 0, fmt.Errorf("record publish failure: %w", err)
-		}
+		marks.Queue(markFailed, batch[i].id, err.Error())
 	}
 	if len(published) > 0 {
-		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
-			return 0, fmt.Errorf("mark published: %w", err)
-		}
+		marks.Queue(markPublished, published)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+	marks.Queue("commit")
+	err = conn.SendBatch(ctx, marks).Close()
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		open = false // committed, or PostgreSQL ended the transaction
+	}
+	if err != nil {
+		return 0, fmt.Errorf("mark published and commit: %w", err)
 	}
 	if len(published) > 0 && r.cfg.OnPublishFunc != nil {
 		r.cfg.OnPublishFunc(len(published), dups, time.Since(start))

@@ -200,12 +200,16 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
 	if herr == nil {
-		if _, err := tx.Exec(attemptCtx, recordResult, cmd.Key, nullJSON(result)); err != nil {
-			return reply, fmt.Errorf("record result: %w", err)
-		}
+		// One round trip: the result into the inbox row, the reply into
+		// the outbox.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-		if err := w.writeReply(attemptCtx, tx, reply); err != nil {
+		b := &pgx.Batch{}
+		b.Queue(recordResult, cmd.Key, nullJSON(result))
+		if err := w.queueReply(b, reply); err != nil {
 			return reply, err
+		}
+		if err := tx.SendBatch(attemptCtx, b).Close(); err != nil {
+			return reply, fmt.Errorf("record result and reply: %w", err)
 		}
 		if err := tx.Commit(attemptCtx); err != nil {
 			return reply, fmt.Errorf("commit: %w", err)
@@ -327,11 +331,23 @@ func (w *Worker) replayStored(ctx context.Context, tx pgx.Tx, reply wire.Reply) 
 }
 
 func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) error {
+	b := &pgx.Batch{}
+	if err := w.queueReply(b, reply); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox: insert reply: %w", err)
+	}
+	return nil
+}
+
+// queueReply adds the reply's outbox row to b.
+func (w *Worker) queueReply(b *pgx.Batch, reply wire.Reply) error {
 	payload, err := json.Marshal(reply)
 	if err != nil {
 		return fmt.Errorf("encode reply: %w", err)
 	}
-	return outbox.Write(ctx, tx, outbox.Message{
+	return outbox.Queue(b, outbox.Message{
 		SagaID:  reply.SagaID,
 		Subject: w.cfg.Subjects.Reply(reply.Definition),
 		// The outcome is part of the id: two deliveries of one attempt can

@@ -102,9 +102,9 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	if err := in.Validate(); err != nil {
 		return Entry{}, saga.Permanent(err)
 	}
-	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount)
+	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount, sc.SagaID, StepDeduct)
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err)
 	}
 	if tag.RowsAffected() == 0 {
 		var frozen bool
@@ -117,18 +117,18 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 		}
 		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d cannot pay %d", ErrInsufficientFunds, in.From, in.Amount))
 	}
-	return writeLedger(ctx, sc, StepDeduct, in.From, -in.Amount)
+	return Entry{Account: in.From, Amount: -in.Amount}, nil
 }
 
 func credit(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
-	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount)
+	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount, sc.SagaID, StepCredit)
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, fmt.Errorf("credit account %d: %w", in.To, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
 	}
-	return writeLedger(ctx, sc, StepCredit, in.To, in.Amount)
+	return Entry{Account: in.To, Amount: in.Amount}, nil
 }
 
 func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
@@ -141,19 +141,12 @@ func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	}
 	// A refund must land even on a frozen account: it returns the
 	// customer's own money.
-	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount)
+	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount, sc.SagaID, StepRefund)
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, fmt.Errorf("refund account %d: %w", taken.Account, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return Entry{}, saga.Permanent(fmt.Errorf("refund: account %d no longer exists", taken.Account))
 	}
-	return writeLedger(ctx, sc, StepRefund, taken.Account, -taken.Amount)
-}
-
-func writeLedger(ctx context.Context, sc *saga.StepContext, step string, account, amount int64) (Entry, error) {
-	if _, err := sc.Tx.Exec(ctx, ledgerSQL, sc.SagaID, step, account, amount); err != nil {
-		return Entry{}, fmt.Errorf("write ledger: %w", err)
-	}
-	return Entry{Account: account, Amount: amount}, nil
+	return Entry{Account: taken.Account, Amount: -taken.Amount}, nil
 }
