@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -100,8 +101,8 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		return StartResult{}, err
 	}
 	var inserted int
-	err = q.QueryRow(ctx, startSaga, id, def.Name(), key, sum[:], []byte(canonical),
-		first.Name, saga.StepKey(id, first.Name, saga.PhaseForward), cl.c.leaseMillis(first.Retry),
+	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], []byte(canonical),
+		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
 		subject, msgID, payload).Scan(&inserted)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -140,7 +141,7 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 		default:
 			return fmt.Errorf("%w: saga %s is now %q at version %d", saga.ErrConflict, id, *state, *found)
 		}
-	}, sg.ID, sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
+	}, pguuid.Of(sg.ID), sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
 	sg.State, sg.Version = to, sg.Version+1
 	if resultStep != nil {
 		if sg.Results == nil {
@@ -216,7 +217,7 @@ func (c *core) command(tx *txn, sg *saga.Instance, def *saga.Definition, idx int
 			return fmt.Errorf("outbox: insert command %s: %w", msgID, err)
 		}
 		return nil
-	}, subject, msgID, payload, sg.ID)
+	}, subject, msgID, payload, pguuid.Of(sg.ID))
 	return nil
 }
 
@@ -236,7 +237,7 @@ func (c *core) dispatch(tx *txn, sg *saga.Instance, def *saga.Definition, idx in
 			return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, id, err)
 		}
 		return nil
-	}, sg.ID, step.Name, phase, idx, key, c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload)
+	}, pguuid.Of(sg.ID), step.Name, phase, idx, pguuid.Of(key), c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload)
 	return nil
 }
 

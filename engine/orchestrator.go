@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -84,11 +85,11 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	var phase, status string
 	stepFound := true
 	b := &pgx.Batch{}
-	b.Queue(selectSagaByIDLocked, r.SagaID).QueryRow(func(row pgx.Row) error {
+	b.Queue(selectSagaByIDLocked, pguuid.Of(r.SagaID)).QueryRow(func(row pgx.Row) error {
 		sg, err = scanSaga(row)
 		return err
 	})
-	b.Queue(selectStepByKey, r.Key).QueryRow(func(row pgx.Row) error {
+	b.Queue(selectStepByKey, pguuid.Of(r.Key)).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.index, &phase, &status, &st.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			stepFound = false
@@ -149,7 +150,7 @@ func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.
 				return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
 			}
 			return nil
-		}, r.Key, r.Attempt, r.Error, delay.Milliseconds())
+		}, pguuid.Of(r.Key), r.Attempt, r.Error, delay.Milliseconds())
 		fx.retries = append(fx.retries, [3]string{def.Name(), r.Step, string(r.Phase)})
 		return nil
 
@@ -177,7 +178,7 @@ func (c *core) finishStep(tx *txn, key uuid.UUID, attempt int, status saga.StepS
 			return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
 		}
 		return nil
-	}, key, attempt, status, nullJSON(result), e, string(status))
+	}, pguuid.Of(key), attempt, status, nullJSON(result), e, string(status))
 }
 
 // handleReplyMsg is the orchestrator's JetStream handler: apply, then ack.

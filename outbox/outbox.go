@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 )
 
 // Message is one row to publish.
@@ -81,11 +83,7 @@ func Queue(b *pgx.Batch, msgs ...Message) error {
 			}
 			headers = h
 		}
-		var saga *uuid.UUID
-		if m.SagaID != uuid.Nil {
-			saga = &msgs[i].SagaID
-		}
-		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, headers, saga)
+		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, headers, pguuid.OrNull(m.SagaID))
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
@@ -184,7 +185,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// key.
 	b := &pgx.Batch{}
 	b.Queue(idleTimeout, idleTimeoutFor(policy))
-	claim := b.Queue(claimKey, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt)
+	claim := b.Queue(claimKey, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt)
 	var claimed int64
 	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
 	if err := tx.SendBatch(attemptCtx, b).Close(); err != nil {
@@ -204,7 +205,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		// the outbox.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		b := &pgx.Batch{}
-		b.Queue(recordResult, cmd.Key, nullJSON(result))
+		b.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
 		if err := w.queueReply(b, reply); err != nil {
 			return reply, err
 		}
