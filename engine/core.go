@@ -111,8 +111,8 @@ func loadSaga(ctx context.Context, q queryer, id uuid.UUID, lock bool) (*saga.In
 
 // transition moves sg from its current state and version to `to`, in one
 // conditional update queued on tx. When no row matches, the flush fails
-// with a reason: already there (errAlreadyApplied), moved elsewhere
-// (saga.ErrConflict), gone (saga.ErrNotFound). sg is updated in place at
+// with the reason (checkError): already there (errAlreadyApplied), moved
+// elsewhere (saga.ErrConflict), gone (saga.ErrNotFound). sg is updated in place at
 // once, so that later writes of the same transaction see the new state;
 // if the flush fails the caller rolls back and drops sg.
 func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, errText *string, resultStep *string, result json.RawMessage, fx *effects) error {
@@ -125,22 +125,11 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 	}
 	id := sg.ID
 	tx.queue(transitionSaga, func(row pgx.Row) error {
-		var version *int64
-		var state *string
-		var found *int64
-		if err := row.Scan(&version, &state, &found); err != nil {
+		var ok int
+		if err := row.Scan(&ok); err != nil {
 			return fmt.Errorf("transition saga %s to %q: %w", id, to, err)
 		}
-		switch {
-		case version != nil:
-			return nil
-		case state == nil:
-			return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
-		case saga.State(*state) == to:
-			return errAlreadyApplied
-		default:
-			return fmt.Errorf("%w: saga %s is now %q at version %d", saga.ErrConflict, id, *state, *found)
-		}
+		return nil
 	}, pguuid.Of(sg.ID), sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
 	sg.State, sg.Version = to, sg.Version+1
 	if resultStep != nil {

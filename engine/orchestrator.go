@@ -72,24 +72,25 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	if idx < 0 {
 		return "", fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
 	}
-	tx, err := c.pool.Begin(ctx)
+	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
-		return "", fmt.Errorf("begin: %w", err)
+		return "", fmt.Errorf("acquire a connection: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer conn.Release()
+	t := newConnTxn(conn)
+	defer t.rollback(ctx)
 
-	// One round trip: lock the saga (the order every writer takes: saga,
-	// then step) and read the step.
+	// First round trip: BEGIN, lock the saga (the order every writer
+	// takes: saga, then step) and read the step.
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
 	stepFound := true
-	b := &pgx.Batch{}
-	b.Queue(selectSagaByIDLocked, pguuid.Of(r.SagaID)).QueryRow(func(row pgx.Row) error {
+	t.queue(selectSagaByIDLocked, func(row pgx.Row) error {
 		sg, err = scanSaga(row)
 		return err
-	})
-	b.Queue(selectStepByKey, pguuid.Of(r.Key)).QueryRow(func(row pgx.Row) error {
+	}, pguuid.Of(r.SagaID))
+	t.queue(selectStepByKey, func(row pgx.Row) error {
 		err := row.Scan(&st.index, &phase, &status, &st.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			stepFound = false
@@ -99,8 +100,8 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 			return fmt.Errorf("read step: %w", err)
 		}
 		return nil
-	})
-	if err := tx.SendBatch(ctx, b).Close(); errors.Is(err, saga.ErrNotFound) {
+	}, pguuid.Of(r.Key))
+	if err := t.flush(ctx); errors.Is(err, saga.ErrNotFound) {
 		return VerdictMissing, nil
 	} else if err != nil {
 		return "", err
@@ -114,8 +115,8 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	if v != VerdictApplied {
 		return v, nil
 	}
+	// Second round trip: the writes and COMMIT.
 	fx := &effects{}
-	t := newTxn(tx)
 	err = c.apply(ctx, t, sg, def, idx, r, fx)
 	if err == nil {
 		err = t.commit(ctx)
@@ -142,12 +143,9 @@ func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.
 			delay = time.Duration(r.RetryAfterMillis) * time.Millisecond
 		}
 		tx.queue(scheduleRetry, func(row pgx.Row) error {
-			var moved int
-			if err := row.Scan(&moved); err != nil {
-				return fmt.Errorf("schedule retry: %w", err)
-			}
-			if moved == 0 {
-				return fmt.Errorf("%w: step %s moved while scheduling its retry", saga.ErrConflict, r.Key)
+			var ok int
+			if err := row.Scan(&ok); err != nil {
+				return fmt.Errorf("schedule a retry of step %s: %w", r.Key, err)
 			}
 			return nil
 		}, pguuid.Of(r.Key), r.Attempt, r.Error, delay.Milliseconds())
@@ -170,12 +168,9 @@ func (c *core) finishStep(tx *txn, key uuid.UUID, attempt int, status saga.StepS
 		e = errText
 	}
 	tx.queue(finishStep, func(row pgx.Row) error {
-		var moved int
-		if err := row.Scan(&moved); err != nil {
-			return fmt.Errorf("finish step: %w", err)
-		}
-		if moved == 0 {
-			return fmt.Errorf("%w: step %v moved while recording its outcome", saga.ErrConflict, key)
+		var ok int
+		if err := row.Scan(&ok); err != nil {
+			return fmt.Errorf("record the outcome of step %v: %w", key, err)
 		}
 		return nil
 	}, pguuid.Of(key), attempt, status, nullJSON(result), e, string(status))

@@ -16,10 +16,9 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 	selectStepByKey = `select step_index, phase, status, attempt from idemsaga.steps where key = $1 for update`
 
 	// transitionSaga is the one way a saga's state changes: conditional on
-	// the state and version the caller read. It always returns one row: the
-	// new version if the update applied (null otherwise), and the saga's
-	// state and version as the statement found them (null if it is gone),
-	// so a miss is classified without another round trip.
+	// the state and version the caller read. A miss raises (migration 004),
+	// classified from the saga's state as the statement found it: already
+	// there (IDM02), moved elsewhere (IDM01), gone (IDM03).
 	transitionSaga = `with u as (
   update idemsaga.sagas set
     state = $3,
@@ -31,7 +30,7 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
   where id = $1 and state = $2 and version = $8
   returning version
 )
-select (select version from u), s.state, s.version
+select idemsaga.expect((select version from u) is not null, 'saga ' || $1::text, s.state, $3::text)
 from (select 1) one left join idemsaga.sagas s on s.id = $1`
 
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
@@ -95,7 +94,8 @@ select count(*) from s`
 select attempt from r`
 
 	// finishStep records a step's outcome and ends its attempt in the
-	// timeline, in one statement. $6 is the attempt's outcome as shown.
+	// timeline, in one statement, fenced by the attempt (a miss raises
+	// IDM01). $6 is the attempt's outcome as shown.
 	finishStep = `with f as (
   update idemsaga.steps set
     status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
@@ -106,7 +106,7 @@ select attempt from r`
     outcome = case when x.outcome is null or x.outcome = 'retry' then $6 else x.outcome end, error = coalesce($5, x.error)
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
 )
-select count(*) from f`
+select idemsaga.expect(count(*) > 0, 'step ' || $1::text) from f`
 
 	// settleLockTimeout bounds the wait on a step worker still holding the
 	// key uncommitted: the engine retries the decision later rather than
@@ -131,7 +131,7 @@ on conflict (step_key) do nothing`
   update idemsaga.step_attempts x set finished_at = now(), outcome = 'retry', error = $3
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
 )
-select count(*) from f`
+select idemsaga.expect(count(*) > 0, 'step ' || $1::text) from f`
 
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.

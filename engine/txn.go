@@ -2,61 +2,147 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/saga"
 )
 
-// txn is an engine transaction whose writes are pipelined. A write is
-// queued with a check of its result; the queue reaches PostgreSQL in one
-// round trip when the transaction next reads or commits, and a failed check
-// makes the caller roll back.
+// txn is an engine transaction whose statements are pipelined. A statement
+// is queued with a callback for its result; the queue reaches PostgreSQL in
+// one round trip when the transaction next reads or commits.
 //
-// Applying a reply writes three or four statements whose outcome the engine
-// knows in advance, since it holds the saga's row lock. Sent one by one
-// they cost a round trip each, and on a small machine the round trips
-// (a system call and a wake-up on each side), not the work, were most of a
-// saga's CPU (docs/benchmarks.md).
+// On a connection (newConnTxn) BEGIN travels with the first batch and
+// COMMIT with the last, so applying a reply costs two round trips: lock
+// and read, then write and commit. Writes that must touch a row check
+// themselves in SQL (idemsaga.expect, migration 004): a miss raises,
+// PostgreSQL skips the rest of the pipeline, COMMIT included, and the
+// caller rolls back.
+//
+// On a round trip, not the work it carries, went most of a saga's CPU on a
+// small machine (docs/benchmarks.md).
 type txn struct {
-	tx    pgx.Tx
+	db    batcher
+	conn  *pgxpool.Conn // set for a transaction begun lazily on a connection
+	begun bool
 	batch *pgx.Batch
 }
 
-func newTxn(tx pgx.Tx) *txn { return &txn{tx: tx} }
-
-// queue adds a write. check receives its one result row (an UPDATE or
-// INSERT ... RETURNING, or a SELECT over a data-modifying CTE) when the
-// queue is flushed; it must wrap any error it returns with what failed.
-func (t *txn) queue(sql string, check func(pgx.Row) error, args ...any) {
-	if t.batch == nil {
-		t.batch = &pgx.Batch{}
-	}
-	t.batch.Queue(sql, args...).QueryRow(check)
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// flush sends the queued writes and runs their checks. The first error
-// stops the checks after it; the transaction must then be rolled back.
+// newTxn wraps a transaction already begun.
+func newTxn(tx pgx.Tx) *txn { return &txn{db: tx, begun: true} }
+
+// newConnTxn starts a transaction on conn with its first batch. Call
+// rollback (a no-op after commit) before releasing conn.
+func newConnTxn(conn *pgxpool.Conn) *txn { return &txn{db: conn, conn: conn} }
+
+// queue adds a statement. fn receives its one result row (a SELECT, an
+// UPDATE or INSERT ... RETURNING, or a SELECT over data-modifying CTEs)
+// when the queue is flushed; it must wrap any error it returns with what
+// failed.
+func (t *txn) queue(sql string, fn func(pgx.Row) error, args ...any) {
+	t.batchFor().Queue(sql, args...).QueryRow(fn)
+}
+
+func (t *txn) batchFor() *pgx.Batch {
+	if t.batch == nil {
+		t.batch = &pgx.Batch{}
+		if !t.begun {
+			t.batch.Queue("begin")
+			t.begun = true
+		}
+	}
+	return t.batch
+}
+
+// flush sends the queued statements and runs their callbacks. The first
+// error stops the callbacks after it; the transaction must then be rolled
+// back.
 func (t *txn) flush(ctx context.Context) error {
-	if t.batch == nil || t.batch.Len() == 0 {
+	if t.batch == nil {
 		return nil
 	}
 	b := t.batch
 	t.batch = nil
-	return t.tx.SendBatch(ctx, b).Close()
+	return checkError(t.db.SendBatch(ctx, b).Close())
 }
 
 // read flushes the queued writes, so that a read sees them, and returns
 // the transaction to read with.
-func (t *txn) read(ctx context.Context) (pgx.Tx, error) {
+func (t *txn) read(ctx context.Context) (querier, error) {
+	if t.conn != nil && !t.begun {
+		t.batchFor()
+	}
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
-	return t.tx, nil
+	if t.conn != nil {
+		return t.conn, nil
+	}
+	return t.db.(pgx.Tx), nil
 }
 
 // commit flushes the queued writes and commits.
 func (t *txn) commit(ctx context.Context) error {
-	if err := t.flush(ctx); err != nil {
+	if t.conn == nil {
+		if err := t.flush(ctx); err != nil {
+			return err
+		}
+		return t.db.(pgx.Tx).Commit(ctx)
+	}
+	if !t.begun {
+		return nil // nothing was sent
+	}
+	t.batchFor().Queue("commit")
+	err := t.flush(ctx)
+	if err == nil && t.conn.Conn().PgConn().TxStatus() != 'I' {
+		err = errors.New("commit: the transaction is still open after COMMIT")
+	}
+	if err != nil {
+		return fmt.Errorf("write and commit: %w", err)
+	}
+	t.begun = false
+	return nil
+}
+
+// rollback ends a transaction begun on a connection that did not commit.
+// A connection it cannot clean is closed by the pool on release.
+func (t *txn) rollback(ctx context.Context) {
+	if t.conn == nil || !t.begun || t.conn.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")
+}
+
+// querier is what reads inside a txn need.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// checkError turns the SQLSTATEs of idemsaga.expect into the engine's
+// errors.
+func checkError(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
 		return err
 	}
-	return t.tx.Commit(ctx)
+	switch pgErr.Code {
+	case "IDM01":
+		return fmt.Errorf("%w: %s", saga.ErrConflict, pgErr.Message)
+	case "IDM02":
+		return errAlreadyApplied
+	case "IDM03":
+		return fmt.Errorf("%w: %s", saga.ErrNotFound, pgErr.Message)
+	}
+	return err
 }

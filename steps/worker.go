@@ -173,27 +173,41 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	attemptCtx, cancel := context.WithTimeout(ctx, policy.Timeout)
 	defer cancel()
 
-	tx, err := w.cfg.Pool.Begin(attemptCtx)
+	conn, err := w.cfg.Pool.Acquire(attemptCtx)
 	if err != nil {
-		return reply, fmt.Errorf("begin: %w", err)
+		return reply, fmt.Errorf("acquire a connection: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	// A connection still inside a transaction when released (an error
+	// midway that rollback could not clear) is closed by the pool.
+	defer conn.Release()
+	tx := &stepTx{conn: conn.Conn()}
+	defer func() {
+		tx.closed.Store(true)
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
+		}
+	}()
 
-	// One round trip: bound how long this transaction may sit idle (a
-	// stalled or stopped process must not hold the key forever: the engine
-	// settles abandoned steps through the same inbox row), then claim the
-	// key.
+	// First round trip: BEGIN, bound how long this transaction may sit
+	// idle (a stalled or stopped process must not hold the key forever:
+	// the engine settles abandoned steps through the same inbox row), and
+	// claim the key.
 	b := &pgx.Batch{}
+	b.Queue("begin")
 	b.Queue(idleTimeout, idleTimeoutFor(policy))
 	claim := b.Queue(claimKey, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt)
 	var claimed int64
 	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
-	if err := tx.SendBatch(attemptCtx, b).Close(); err != nil {
+	if err := conn.SendBatch(attemptCtx, b).Close(); err != nil {
 		return reply, fmt.Errorf("claim step key: %w", err)
 	}
 	if claimed == 0 {
 		// Already processed (or tombstoned): answer with the first outcome.
-		return w.replayStored(attemptCtx, tx, reply)
+		reply, err := storedReply(attemptCtx, conn, reply)
+		if err != nil {
+			return reply, err
+		}
+		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil)
 	}
 
 	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
@@ -201,25 +215,24 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
 	if herr == nil {
-		// One round trip: the result into the inbox row, the reply into
-		// the outbox.
+		// Last round trip: the result into the inbox row, the reply into
+		// the outbox, COMMIT.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-		b := &pgx.Batch{}
-		b.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
-		if err := w.queueReply(b, reply); err != nil {
-			return reply, err
-		}
-		if err := tx.SendBatch(attemptCtx, b).Close(); err != nil {
-			return reply, fmt.Errorf("record result and reply: %w", err)
-		}
-		if err := tx.Commit(attemptCtx); err != nil {
-			return reply, fmt.Errorf("commit: %w", err)
-		}
-		return reply, nil
+		record := &pgx.Batch{}
+		record.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
+		return reply, w.replyAndCommit(attemptCtx, conn, reply, record)
 	}
 
 	// The handler failed: nothing it or we wrote survives.
-	_ = tx.Rollback(ctx)
+	tx.closed.Store(true)
+	var fdb interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	} = conn
+	if _, err := conn.Exec(context.WithoutCancel(ctx), "rollback"); err != nil {
+		// The connection broke (an attempt past its timeout, say):
+		// record the failure on another one.
+		fdb = w.cfg.Pool
+	}
 	reply.Error = herr.Error()
 	if d, ok := saga.RetryDelay(herr); ok {
 		reply.RetryAfterMillis = d.Milliseconds()
@@ -228,21 +241,24 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// expired, and the outcome must still be reported.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer rcancel()
-	ftx, err := w.cfg.Pool.Begin(rctx)
+	ftx, err := fdb.Begin(rctx)
 	if err != nil {
 		return reply, fmt.Errorf("begin failure record: %w", err)
 	}
 	defer ftx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if saga.IsPermanent(herr) {
-		tag, err := ftx.Exec(rctx, recordFailure, cmd.Key, cmd.SagaID, cmd.Step, cmd.Phase, cmd.Attempt, reply.Error)
+		tag, err := ftx.Exec(rctx, recordFailure, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt, reply.Error)
 		if err != nil {
 			return reply, fmt.Errorf("record permanent failure: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			// Someone else recorded an outcome meanwhile: that one stands.
-			return w.replayStored(rctx, ftx, reply)
+			if reply, err = storedReply(rctx, ftx, reply); err != nil {
+				return reply, err
+			}
+		} else {
+			reply.Outcome = wire.OutcomeFailed
 		}
-		reply.Outcome = wire.OutcomeFailed
 	} else {
 		reply.Outcome = wire.OutcomeRetry
 	}
@@ -302,11 +318,14 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 	return handler(ctx, sc)
 }
 
-func (w *Worker) replayStored(ctx context.Context, tx pgx.Tx, reply wire.Reply) (wire.Reply, error) {
+// storedReply fills reply with the outcome the inbox holds for its key.
+func storedReply(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, reply wire.Reply) (wire.Reply, error) {
 	var outcome string
 	var result []byte
 	var errText string
-	if err := tx.QueryRow(ctx, readOutcome, reply.Key).Scan(&outcome, &result, &errText); err != nil {
+	if err := q.QueryRow(ctx, readOutcome, pguuid.Of(reply.Key)).Scan(&outcome, &result, &errText); err != nil {
 		return reply, fmt.Errorf("read stored outcome: %w", err)
 	}
 	reply.Duplicate = true
@@ -322,13 +341,26 @@ func (w *Worker) replayStored(ctx context.Context, tx pgx.Tx, reply wire.Reply) 
 	default:
 		return reply, fmt.Errorf("unknown stored outcome %q", outcome)
 	}
-	if err := w.writeReply(ctx, tx, reply); err != nil {
-		return reply, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return reply, fmt.Errorf("commit: %w", err)
-	}
 	return reply, nil
+}
+
+// replyAndCommit sends the statements of b (if any), the reply's outbox
+// row and COMMIT, in one round trip.
+func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch) error {
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	if err := w.queueReply(b, reply); err != nil {
+		return err
+	}
+	b.Queue("commit")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("record the outcome and reply: %w", err)
+	}
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		return errors.New("record the outcome and reply: the transaction is still open after COMMIT")
+	}
+	return nil
 }
 
 func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) error {
