@@ -243,6 +243,9 @@ func TestPurgedStreamIsRecoveredByLeases(t *testing.T) {
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.LeaseGrace = time.Second
 		c.Registerer = reg
+		// One command and one reply at a time, so that a backlog waits in
+		// the stream, not yet delivered, when it is purged.
+		c.StepConcurrency, c.ReplyConcurrency = 1, 1
 	})
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)

@@ -38,6 +38,9 @@ type benchCmd struct {
 	PgbenchSeconds int           `name:"pgbench-seconds" default:"10" help:"Length of the pgbench ceiling run (0: skip it)."`
 	Timeout        time.Duration `default:"10m" help:"How long the run may take."`
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
+	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
+	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
+	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
 }
 
 type benchResult struct {
@@ -49,11 +52,16 @@ type benchResult struct {
 	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
 	PgbenchTPS                     float64
 	Differences                    int
+	// Heap in use after a GC, and resident memory, after the warm-up and
+	// at the end of the run.
+	HeapBefore, HeapAfter uint64
+	RSSBefore, RSSAfter   uint64
 }
 
 func (b *benchCmd) Run(ctx context.Context, g *globals) error {
-	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 {
-		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate and --dup-rate between 0 and 1")
+	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 ||
+		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 {
+		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill and --rate not negative")
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
@@ -69,11 +77,24 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 
+	if b.Prefill > 0 {
+		if err := prefill(ctx, pool, b.Prefill); err != nil {
+			return err
+		}
+	}
+
 	ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
 	if err != nil {
 		return err
 	}
 	defer stopNATS()
+	if b.Redeliver > 0 {
+		stopCopies, err := redeliverCommands(ns.ClientURL(), b.Redeliver)
+		if err != nil {
+			return err
+		}
+		defer stopCopies()
+	}
 
 	// Waiters are told when their saga finishes, by whichever pool.
 	var waitMu sync.Mutex
@@ -163,7 +184,15 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 				}
 			})
 		}
+		start := time.Now()
 		for i := range n {
+			if b.Rate > 0 && latencies != nil {
+				// Open loop: the i-th saga starts at i/rate, whatever the
+				// engine's pace (up to --concurrency in flight).
+				if d := time.Until(start.Add(time.Duration(float64(i) / b.Rate * float64(time.Second)))); d > 0 {
+					time.Sleep(d)
+				}
+			}
 			jobs <- i
 		}
 		close(jobs)
@@ -176,8 +205,11 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 
-	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice; PostgreSQL %s, embedded NATS (default fsync), GOMAXPROCS %d\n",
-		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, pgVersion(ctx, pool), runtime.GOMAXPROCS(0))
+	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, embedded NATS (default fsync), GOMAXPROCS %d\n",
+		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), runtime.GOMAXPROCS(0))
+	if b.Rate > 0 {
+		fmt.Printf("bench: open loop at %.0f sagas/s\n", b.Rate)
+	}
 	if err := run(200, "warm", nil); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
@@ -209,7 +241,8 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 
-	res := benchResult{Sagas: b.Sagas, Elapsed: elapsed}
+	res := benchResult{Sagas: b.Sagas, Elapsed: elapsed,
+		HeapBefore: before.heap, HeapAfter: after.heap, RSSBefore: before.rss, RSSAfter: after.rss}
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
 	res.P50, res.P95, res.P99 = pct(0.50), pct(0.95), pct(0.99)
@@ -256,6 +289,8 @@ func (r benchResult) print() {
 		row("pgbench ceiling", "%.0f TPS (UPDATE by key + INSERT per transaction, same clients)", r.PgbenchTPS)
 		row("ratio", "%.2f (sagas/s x commits per saga / pgbench TPS)", rate*r.TxPerSaga/r.PgbenchTPS)
 	}
+	row("memory", "heap %s after warm-up, %s at the end; resident %s, then %s (workers, NATS and the benchmark's own bookkeeping)",
+		mib(r.HeapBefore), mib(r.HeapAfter), mib(r.RSSBefore), mib(r.RSSAfter))
 	row("reconcile", "%d differences", r.Differences)
 	_ = w.Flush()
 	fmt.Printf("\n| sagas/s | p50 | p95 | p99 | commits/saga | rows/saga | msgs/saga | CPU/saga (workers+PG) | pgbench TPS | ratio |\n")
@@ -267,9 +302,12 @@ func (r benchResult) print() {
 		r.TxPerSaga, r.RowsPerSaga, r.MsgsPerSaga, (r.WorkerCPUPerSaga + r.PGCPUPerSaga).Round(time.Microsecond), r.PgbenchTPS, ratio)
 }
 
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
 type stats struct {
 	commits, rows, msgs int64
 	selfCPU, pgCPU      time.Duration
+	heap, rss           uint64
 }
 
 func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, db string) (stats, error) {
@@ -296,8 +334,76 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, d
 		s.selfCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	s.pgCPU = postgresCPU()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s.heap, s.rss = ms.HeapInuse, residentMemory()
 	return s, nil
 }
+
+// residentMemory is this process's resident set size, from /proc (Linux;
+// 0 elsewhere).
+func residentMemory() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseUint(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// prefill writes n finished transfer sagas as the engine leaves them
+// (saga, two succeeded steps with their attempts and inbox rows, two
+// ledger rows that cancel out on account 1), in batches, then vacuums and
+// analyzes, so that a run measures the engine on large tables.
+func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	const batch = 50_000
+	start := time.Now()
+	for lo := 1; lo <= n; lo += batch {
+		hi := min(n, lo+batch-1)
+		if _, err := pool.Exec(ctx, prefillSQL, lo, hi); err != nil {
+			return fmt.Errorf("prefill sagas %d to %d: %w", lo, hi, err)
+		}
+	}
+	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.inbox", "idemsaga.step_attempts", "transfer.ledger"} {
+		if _, err := pool.Exec(ctx, "vacuum analyze "+t); err != nil {
+			return fmt.Errorf("prefill: vacuum %s: %w", t, err)
+		}
+	}
+	fmt.Printf("bench: prefilled %d finished sagas in %s\n", n, time.Since(start).Round(time.Second))
+	return nil
+}
+
+const prefillSQL = `with s as (
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, created_at, updated_at, finished_at)
+  select md5('prefill-' || g)::uuid, 'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
+    jsonb_build_object('from', 1, 'to', 1, 'amount', 1), 'credited', 3,
+    now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+  from generate_series($1::int, $2::int) g
+  returning id
+), st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at)
+  select s.id, x.step, 'forward', x.idx, md5(s.id::text || x.step)::uuid, 'succeeded', 1, jsonb_build_object('account', 1, 'amount', x.amount),
+    now() - interval '1 day', now() - interval '1 day'
+  from s cross join (values ('deduct', 0, -1), ('credit', 1, 1)) x(step, idx, amount)
+  returning saga_id, step, key
+), ib as (
+  insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, created_at)
+  select key, saga_id, step, 'forward', 1, 'succeeded', now() - interval '1 day' from st
+), att as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
+  select saga_id, step, 'forward', 1, now() - interval '1 day', now() - interval '1 day', 'succeeded' from st
+)
+insert into transfer.ledger (saga_id, step, account_id, amount, created_at)
+select saga_id, step, 1, case when step = 'deduct' then -1 else 1 end, now() - interval '1 day' from st`
 
 // postgresCPU adds up the CPU time of every process named postgres on
 // this machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
 
@@ -88,34 +86,12 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	// Simulated redeliveries: copy a fraction of the commands back into the
 	// stream under a fresh message id, so the broker's dedup cannot drop
 	// them and the step workers' inbox must.
-	var copyWG sync.WaitGroup
+	stopCopies := func() {}
 	if d.Redeliver > 0 {
-		nc, err := connectNATS(ns.ClientURL(), "demo-redeliverer")
-		if err != nil {
+		if stopCopies, err = redeliverCommands(ns.ClientURL(), d.Redeliver); err != nil {
 			return err
 		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		var n atomic.Int64
-		every := int64(1 / d.Redeliver)
-		sub, err := nc.Subscribe(engine.SubjectPrefixDefault+".cmd.>", func(m *nats.Msg) {
-			if m.Header.Get("X-Demo-Copy") != "" || n.Add(1)%every != 0 {
-				return
-			}
-			copyWG.Go(func() {
-				c := nats.NewMsg(m.Subject)
-				c.Data = m.Data
-				c.Header.Set("X-Demo-Copy", "1")
-				_, _ = js.PublishMsg(context.Background(), c, jetstream.WithMsgID("copy-"+m.Header.Get(nats.MsgIdHdr)))
-			})
-		})
-		if err != nil {
-			return err
-		}
-		defer sub.Unsubscribe() //nolint:errcheck
+		defer stopCopies()
 	}
 
 	// The workload: 10% of credits go to the frozen account, 3% of
@@ -215,7 +191,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	}
 	elapsed := time.Since(start)
 	// Let the redelivered copies still queued be consumed (and absorbed).
-	copyWG.Wait()
+	stopCopies()
 	for range 100 {
 		var pending int
 		if err := pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is null`).Scan(&pending); err != nil {

@@ -3,11 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -121,4 +126,46 @@ func withClient(ctx context.Context, g *globals, fn func(*engine.Client) error) 
 		return err
 	}
 	return fn(cl)
+}
+
+// redeliverCommands publishes a copy of a fraction of the commands (every
+// one for 1) under a new message id, as a broker redelivery would: the
+// broker cannot drop them and the step workers' inbox must. stop waits for
+// the copies in flight.
+func redeliverCommands(url string, fraction float64) (stop func(), err error) {
+	nc, err := connectNATS(url, "redeliverer")
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	var n atomic.Int64
+	var copies sync.WaitGroup
+	every := max(1, int64(math.Round(1/fraction)))
+	sub, err := nc.Subscribe(engine.SubjectPrefixDefault+".cmd.>", func(m *nats.Msg) {
+		if m.Header.Get("X-Idemsaga-Copy") != "" || n.Add(1)%every != 0 {
+			return
+		}
+		copies.Go(func() {
+			c := nats.NewMsg(m.Subject)
+			c.Data = m.Data
+			c.Header.Set("X-Idemsaga-Copy", "1")
+			_, _ = js.PublishMsg(context.Background(), c, jetstream.WithMsgID("copy-"+m.Header.Get(nats.MsgIdHdr)))
+		})
+	})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			_ = sub.Unsubscribe()
+			copies.Wait()
+			nc.Close()
+		})
+	}, nil
 }
