@@ -23,4 +23,9 @@ values ($1, $2, $3, 'forward', 0, 'tombstone')
 on conflict (step_key) do nothing`
 
 	readOutcome = `select outcome, result, coalesce(error, '') from idemsaga.inbox where step_key = $1`
+
+	// readStored reads what the inbox holds for a key, after the claim in
+	// the same pipeline: a claim that found the row waited for its writer
+	// to commit, so this statement's snapshot sees what it committed.
+	readStored = `select outcome, result, coalesce(error, ''), attempt from idemsaga.inbox where step_key = $1`
 )

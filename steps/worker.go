@@ -190,22 +190,40 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 
 	// First round trip: BEGIN, bound how long this transaction may sit
 	// idle (a stalled or stopped process must not hold the key forever:
-	// the engine settles abandoned steps through the same inbox row), and
-	// claim the key.
+	// the engine settles abandoned steps through the same inbox row),
+	// claim the key, and read what the inbox holds for it.
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue(idleTimeout, idleTimeoutFor(policy))
 	claim := b.Queue(claimKey, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt)
 	var claimed int64
 	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
+	var st stored
+	b.Queue(readStored, pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt); err != nil {
+			return fmt.Errorf("read the inbox: %w", err)
+		}
+		return nil
+	})
 	if err := conn.SendBatch(attemptCtx, b).Close(); err != nil {
 		return reply, fmt.Errorf("claim step key: %w", err)
 	}
 	if claimed == 0 {
 		// Already processed (or tombstoned): answer with the first outcome.
-		reply, err := storedReply(attemptCtx, conn, reply)
+		reply, err := st.reply(reply)
 		if err != nil {
 			return reply, err
+		}
+		if st.attempt == cmd.Attempt && st.outcome != "tombstone" {
+			// The same attempt, delivered again: its reply committed with
+			// the inbox row, so it is in the outbox already (and a lost
+			// one is re-driven by the lease, under a new attempt). Write
+			// nothing.
+			tx.closed.Store(true)
+			if _, err := conn.Exec(attemptCtx, "rollback"); err != nil {
+				return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
+			}
+			return reply, nil
 		}
 		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil)
 	}
@@ -318,30 +336,41 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 	return handler(ctx, sc)
 }
 
+// stored is what the inbox holds for a step key.
+type stored struct {
+	outcome string
+	result  []byte
+	errText string
+	attempt int
+}
+
+// reply fills r with the stored outcome, as a duplicate.
+func (st stored) reply(r wire.Reply) (wire.Reply, error) {
+	r.Duplicate = true
+	switch st.outcome {
+	case "succeeded":
+		r.Outcome, r.Result = wire.OutcomeSucceeded, st.result
+	case "failed":
+		r.Outcome, r.Error = wire.OutcomeFailed, st.errText
+	case "tombstone":
+		// The orchestrator gave up on this forward step and compensated
+		// it; there is nobody to answer.
+		r.Outcome, r.Error = wire.OutcomeFailed, "step was abandoned and compensated before this delivery"
+	default:
+		return r, fmt.Errorf("unknown stored outcome %q", st.outcome)
+	}
+	return r, nil
+}
+
 // storedReply fills reply with the outcome the inbox holds for its key.
 func storedReply(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, reply wire.Reply) (wire.Reply, error) {
-	var outcome string
-	var result []byte
-	var errText string
-	if err := q.QueryRow(ctx, readOutcome, pguuid.Of(reply.Key)).Scan(&outcome, &result, &errText); err != nil {
+	var st stored
+	if err := q.QueryRow(ctx, readStored, pguuid.Of(reply.Key)).Scan(&st.outcome, &st.result, &st.errText, &st.attempt); err != nil {
 		return reply, fmt.Errorf("read stored outcome: %w", err)
 	}
-	reply.Duplicate = true
-	switch outcome {
-	case "succeeded":
-		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-	case "failed":
-		reply.Outcome, reply.Error = wire.OutcomeFailed, errText
-	case "tombstone":
-		// The orchestrator gave up on this forward step and compensated
-		// it; there is nobody to answer.
-		reply.Outcome, reply.Error = wire.OutcomeFailed, "step was abandoned and compensated before this delivery"
-	default:
-		return reply, fmt.Errorf("unknown stored outcome %q", outcome)
-	}
-	return reply, nil
+	return st.reply(reply)
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox
