@@ -40,12 +40,10 @@ from (select 1) one left join idemsaga.sagas s on s.id = $1`
 	// its command is already out, and nothing is written. It returns
 	// whether it dispatched.
 	dispatchStep = `with st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
-  values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond')
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond', now())
   on conflict (saga_id, step, phase) do nothing
-  returning saga_id, step, phase, attempt
-), a as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from st
+  returning saga_id
 ), o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $7, $8, $9, saga_id from st
 )
@@ -60,11 +58,9 @@ select count(*) from st`
   on conflict (definition, idem_key) do nothing
   returning id
 ), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until)
-  select id, $6, 'forward', 0, $7, 'dispatched', 1, now() + $8 * interval '1 millisecond' from s
-  returning saga_id, step, phase, attempt
-), a as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from st
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  select id, $6, 'forward', 0, $7, 'dispatched', 1, now() + $8 * interval '1 millisecond', now() from s
+  returning saga_id
 ), o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $9, $10, $11, saga_id from st
 )
@@ -77,25 +73,31 @@ select count(*) from s`
 	insertCommand = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id) values ($1, $2, $3, $4) returning id`
 
 	// redispatchStep starts the next attempt, fenced by the attempt seen.
-	redispatchStep = `with r as (
+	// The attempt it ends goes into the timeline as 'lease expired',
+	// unless it is there already (a retry was scheduled).
+	redispatchStep = `with cur as (
+  select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
+  from idemsaga.steps where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1,
     lease_until = now() + $3 * interval '1 millisecond',
-    next_attempt_at = null, updated_at = now()
+    next_attempt_at = null, dispatched_at = now(), updated_at = now()
   where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
-  returning saga_id, step, phase, attempt
+  returning attempt
 ), old as (
-  update idemsaga.step_attempts x set finished_at = now(), outcome = 'lease expired'
-  from r where x.saga_id = r.saga_id and x.step = r.step and x.phase = r.phase
-    and x.attempt = r.attempt - 1 and x.finished_at is null
-), a as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from r
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
+  select saga_id, step, phase, attempt, dispatched_at, now(), 'lease expired' from cur where exists (select 1 from r)
+  on conflict (saga_id, step, phase, attempt) do update set
+    finished_at = coalesce(idemsaga.step_attempts.finished_at, now()),
+    outcome = coalesce(idemsaga.step_attempts.outcome, 'lease expired')
 )
 select attempt from r`
 
-	// finishStep records a step's outcome and ends its attempt in the
-	// timeline, in one statement, fenced by the attempt (a miss raises
-	// IDM01). $6 is the attempt's outcome as shown.
+	// finishStep records a step's outcome, fenced by the attempt (a miss
+	// raises IDM01). The attempt's timeline row, if it has one (a retry was
+	// scheduled, then a redelivery succeeded), takes the outcome $6; on the
+	// happy path there is none, and the step row is the timeline.
 	finishStep = `with f as (
   update idemsaga.steps set
     status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
@@ -121,15 +123,18 @@ on conflict (step_key) do nothing`
 
 	settleRead = `select outcome, result from idemsaga.inbox where step_key = $1`
 
+	// scheduleRetry puts a step in its retry wait and its attempt into
+	// the timeline as 'retry'.
 	scheduleRetry = `with f as (
   update idemsaga.steps set
     status = 'retrying', last_error = $3, lease_until = null,
     next_attempt_at = now() + $4 * interval '1 millisecond', updated_at = now()
   where key = $1 and attempt = $2 and status = 'dispatched'
-  returning saga_id, step, phase, attempt
+  returning saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
 ), a as (
-  update idemsaga.step_attempts x set finished_at = now(), outcome = 'retry', error = $3
-  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+  select saga_id, step, phase, attempt, dispatched_at, now(), 'retry', $3 from f
+  on conflict (saga_id, step, phase, attempt) do update set finished_at = now(), outcome = 'retry', error = excluded.error
 )
 select idemsaga.expect(count(*) > 0, 'step ' || $1::text) from f`
 
@@ -157,8 +162,23 @@ for update of s skip locked`
 from idemsaga.steps where key = $1 for update`
 )
 
-const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at, coalesce(outcome, ''), coalesce(error, '')
-from idemsaga.step_attempts where saga_id = $1 order by dispatched_at, attempt`
+// selectAttempts is a saga's timeline: the attempts recorded in
+// step_attempts, and each step's current attempt from its own row when
+// step_attempts has none for it (the happy path).
+const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at, outcome, error from (
+  select step, phase, attempt, dispatched_at, finished_at, coalesce(outcome, '') as outcome, coalesce(error, '') as error
+  from idemsaga.step_attempts where saga_id = $1
+  union all
+  select st.step, st.phase, st.attempt, coalesce(st.dispatched_at, st.created_at),
+    case when st.status in ('succeeded', 'failed') then st.updated_at end,
+    case when st.status in ('succeeded', 'failed') then st.status else '' end,
+    case when st.status = 'failed' then coalesce(st.last_error, '') else '' end
+  from idemsaga.steps st
+  where st.saga_id = $1 and not exists (
+    select 1 from idemsaga.step_attempts x
+    where x.saga_id = st.saga_id and x.step = st.step and x.phase = st.phase and x.attempt = st.attempt)
+) t
+order by dispatched_at, attempt`
 
 // listSagas filters by definition ($1), state ($2), age ($3 seconds) and
 // stuckness ($4, with margin $5 seconds); empty or zero filters match all.
@@ -173,14 +193,21 @@ where ($1 = '' or s.definition = $1)
 order by s.created_at desc
 limit $6`
 
-// retryFailedStep re-opens a failed step for an operator's retry.
-const retryFailedStep = `with r as (
+// retryFailedStep re-opens a failed step for an operator's retry; the
+// failed attempt goes into the timeline.
+const retryFailedStep = `with cur as (
+  select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at, updated_at, last_error
+  from idemsaga.steps where key = $1 and attempt = $2 and status = 'failed'
+), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1, last_error = null,
-    lease_until = now() + $3 * interval '1 millisecond', next_attempt_at = null, updated_at = now()
+    lease_until = now() + $3 * interval '1 millisecond', next_attempt_at = null,
+    dispatched_at = now(), updated_at = now()
   where key = $1 and attempt = $2 and status = 'failed'
-  returning saga_id, step, phase, attempt
-), a as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt) select saga_id, step, phase, attempt from r
+  returning attempt
+), old as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+  select saga_id, step, phase, attempt, dispatched_at, updated_at, 'failed', last_error from cur where exists (select 1 from r)
+  on conflict (saga_id, step, phase, attempt) do nothing
 )
 select attempt from r`

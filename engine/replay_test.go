@@ -407,4 +407,16 @@ where saga_id = any($1) and step = 'deduct' and phase = 'forward' and status = '
 	require.NoError(t, pool.QueryRow(ctx, `select count(*), count(distinct saga_id) from transfer.ledger where step = 'deduct'`).Scan(&deducts, &sagas))
 	require.Equal(t, one+many, deducts, "one deduction per saga")
 	require.Equal(t, one+many, sagas)
+
+	// The timeline keeps the expired attempt; the current ones come from
+	// the step rows.
+	sg, err := reapers[0].Client().Get(ctx, ids[0])
+	require.NoError(t, err)
+	var timeline []string
+	for _, a := range sg.Attempts {
+		timeline = append(timeline, fmt.Sprintf("%s#%d:%s", a.Step, a.Attempt, a.Outcome))
+		require.False(t, a.DispatchedAt.IsZero())
+		require.NotNil(t, a.FinishedAt)
+	}
+	require.Equal(t, []string{"deduct#1:lease expired", "deduct#2:succeeded", "credit#1:succeeded"}, timeline)
 }

@@ -361,7 +361,7 @@ func residentMemory() uint64 {
 }
 
 // prefill writes n finished transfer sagas as the engine leaves them
-// (saga, two succeeded steps with their attempts and inbox rows, two
+// (saga, two succeeded steps and their inbox rows, two
 // ledger rows that cancel out on account 1), in batches, then vacuums and
 // analyzes, so that a run measures the engine on large tables.
 func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
@@ -373,7 +373,7 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			return fmt.Errorf("prefill sagas %d to %d: %w", lo, hi, err)
 		}
 	}
-	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.inbox", "idemsaga.step_attempts", "transfer.ledger"} {
+	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.inbox", "transfer.ledger"} {
 		if _, err := pool.Exec(ctx, "vacuum analyze "+t); err != nil {
 			return fmt.Errorf("prefill: vacuum %s: %w", t, err)
 		}
@@ -390,17 +390,14 @@ const prefillSQL = `with s as (
   from generate_series($1::int, $2::int) g
   returning id
 ), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at)
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at, dispatched_at)
   select s.id, x.step, 'forward', x.idx, md5(s.id::text || x.step)::uuid, 'succeeded', 1, jsonb_build_object('account', 1, 'amount', x.amount),
-    now() - interval '1 day', now() - interval '1 day'
+    now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
   from s cross join (values ('deduct', 0, -1), ('credit', 1, 1)) x(step, idx, amount)
   returning saga_id, step, key
 ), ib as (
   insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, created_at)
   select key, saga_id, step, 'forward', 1, 'succeeded', now() - interval '1 day' from st
-), att as (
-  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
-  select saga_id, step, 'forward', 1, now() - interval '1 day', now() - interval '1 day', 'succeeded' from st
 )
 insert into transfer.ledger (saga_id, step, account_id, amount, created_at)
 select saga_id, step, 1, case when step = 'deduct' then -1 else 1 end, now() - interval '1 day' from st`

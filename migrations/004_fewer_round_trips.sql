@@ -1,4 +1,6 @@
--- Why: the engine sends a transaction's writes together with its COMMIT,
+-- Why: fewer round trips and fewer writes per saga (issue 5).
+--
+-- The engine sends a transaction's writes together with its COMMIT,
 -- in one round trip. A write that must touch a row (a conditional update
 -- of a saga or a step, fenced by its version or attempt) cannot then be
 -- checked in Go before the commit, so it checks itself in SQL: a miss
@@ -27,3 +29,11 @@ begin
     raise exception using errcode = 'IDM01', message = what || ' is now ' || found_state || ', not where this move starts';
 end
 $$;
+
+-- When the step's current attempt was dispatched. idemsaga.step_attempts
+-- now holds only attempts that ended otherwise than as the step's last
+-- word (a retry scheduled, a lease expired) or that an operator's retry
+-- re-opened; the current attempt is read from the step row. On the happy
+-- path that saves an insert and an update per step. Rows written before
+-- this migration keep their step_attempts rows, which take precedence.
+alter table idemsaga.steps add column dispatched_at timestamptz;
