@@ -86,7 +86,10 @@ type Config struct {
 	// outbox rows are kept; each engine runs a cleaner with it. Zero
 	// fields take the defaults (7 days of replay for sagas and the inbox).
 	Retention RetentionConfig
-	// DisableRetention keeps everything forever (no cleaner runs).
+	// DisableRetention runs no cleaner: finished sagas, inbox rows and
+	// published outbox rows that Retention.PublishedOutbox keeps stay
+	// forever. (With PublishedOutbox 0 the relay deletes published rows
+	// itself.)
 	DisableRetention bool
 	// OnFinishedFunc, if set, is called after the commit that brings a saga
 	// to a terminal state in this process (not in other processes). It
@@ -248,7 +251,7 @@ func New(cfg Config) (*Engine, error) {
 	m := c.metrics
 	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
 		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
-		Logger: cfg.Logger,
+		KeepPublished: cfg.Retention.PublishedOutbox > 0, Logger: cfg.Logger,
 		OnPublishFunc: func(rows, dups int, took time.Duration) {
 			m.OutboxPublished.Add(float64(rows))
 			m.Deliveries.WithLabelValues(metrics.LayerBroker).Add(float64(rows))

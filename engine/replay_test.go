@@ -113,7 +113,10 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	stream := testenv.Name("REPLAY")
 	prefix := "t." + stream
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Registerer = reg })
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
+		c.Registerer = reg
+		c.Retention.PublishedOutbox = time.Hour // keep published rows, to count them
+	})
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 

@@ -25,9 +25,9 @@ const (
 	// InboxDefault keeps an inbox row for 7 days after it was written, and
 	// in any case for as long as its saga exists.
 	InboxDefault = 7 * 24 * time.Hour
-	// PublishedOutboxDefault keeps a published outbox row for an hour after
-	// it was published, well past the broker's 2-minute dedup window.
-	PublishedOutboxDefault = time.Hour
+	// PublishedOutboxDefault (0) deletes an outbox row as soon as the
+	// broker acknowledged it, in the relay's own transaction.
+	PublishedOutboxDefault time.Duration = 0
 	// RetentionBatchSizeDefault is the most rows (or sagas) one cleaning
 	// transaction deletes.
 	RetentionBatchSizeDefault = 500
@@ -60,8 +60,9 @@ const (
 //   - An inbox row is deleted only in the transaction that deletes its saga
 //     or after its saga is gone, and only once it is older than Inbox. It
 //     is never deleted while its saga exists, finished or not.
-//   - A published outbox row is deleted once it is older than
-//     PublishedOutbox. An unpublished row is never deleted, however old.
+//   - A published outbox row is deleted by the relay at once, or, if
+//     PublishedOutbox is set, by the cleaner once it is older than that.
+//     An unpublished row is never deleted, however old.
 //
 // Past FinishedSagas the saga's idempotency key is free again: Start with
 // the same key creates a new saga, with a new ID and so new step keys.
@@ -83,12 +84,15 @@ type RetentionConfig struct {
 	// their commands is still absorbed. Defaults to InboxDefault.
 	Inbox time.Duration
 	// PublishedOutbox is how long a published outbox row is kept after
-	// published_at. It must exceed the broker's 2-minute Nats-Msg-Id dedup
-	// window (broker.DuplicateWindowDefault), so that every copy the broker
-	// may still drop as a duplicate can be traced to its row. Deleting it
-	// never affects delivery: the row was already published, and a lost
-	// message is re-driven by its step's lease. Defaults to
-	// PublishedOutboxDefault.
+	// published_at. 0 (the default) keeps none: the relay deletes each row
+	// in the transaction that saw the broker's ack, which costs the least
+	// (no update, no index entry, no later delete). A positive value,
+	// which must exceed the broker's 2-minute Nats-Msg-Id dedup window
+	// (broker.DuplicateWindowDefault), makes the relay mark rows published
+	// instead and the cleaner delete them past the window, so that every
+	// copy the broker may still drop as a duplicate can be traced to its
+	// row. Neither affects delivery: the row was already published, and a
+	// lost message is re-driven by its step's lease.
 	PublishedOutbox time.Duration
 	// BatchSize is the most sagas, inbox rows or outbox rows one cleaning
 	// transaction deletes (a saga's steps and inbox rows go with it), at
@@ -124,9 +128,6 @@ func (c *RetentionConfig) validate() error {
 	if c.Inbox == 0 {
 		c.Inbox = InboxDefault
 	}
-	if c.PublishedOutbox == 0 {
-		c.PublishedOutbox = PublishedOutboxDefault
-	}
 	if c.BatchSize == 0 {
 		c.BatchSize = RetentionBatchSizeDefault
 	}
@@ -138,8 +139,8 @@ func (c *RetentionConfig) validate() error {
 		return fmt.Errorf("idemsaga: RetentionConfig.FinishedSagas is %s, under the %s minimum: it is the replay window, and a command delivered after it could run its step again", c.FinishedSagas, minRecordWindow)
 	case c.Inbox < c.FinishedSagas:
 		return fmt.Errorf("idemsaga: RetentionConfig.Inbox (%s) is shorter than RetentionConfig.FinishedSagas (%s): inbox rows live at least as long as their saga; raise Inbox to at least FinishedSagas", c.Inbox, c.FinishedSagas)
-	case c.PublishedOutbox <= broker.DuplicateWindowDefault:
-		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; it must exceed the broker's %s dedup window", c.PublishedOutbox, broker.DuplicateWindowDefault)
+	case c.PublishedOutbox > 0 && c.PublishedOutbox <= broker.DuplicateWindowDefault:
+		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; it must exceed the broker's %s dedup window, or be 0 to delete rows as soon as they are published", c.PublishedOutbox, broker.DuplicateWindowDefault)
 	case c.BatchSize > maxRetentionBatch:
 		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d, over %d; keep cleaning transactions small", c.BatchSize, maxRetentionBatch)
 	}
@@ -386,8 +387,12 @@ func (c *Cleaner) orphanInboxBatch(ctx context.Context) (CleanResult, int64, err
 	return CleanResult{Inbox: n}, n, err
 }
 
-// outboxBatch deletes one batch of published outbox rows.
+// outboxBatch deletes one batch of published outbox rows. With
+// PublishedOutbox 0 the relay deletes them itself.
 func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
+	if c.cfg.PublishedOutbox == 0 {
+		return CleanResult{}, 0, nil
+	}
 	n, err := c.deleteBatch(ctx, deletePublishedOutbox, c.cfg.PublishedOutbox)
 	return CleanResult{Outbox: n}, n, err
 }

@@ -107,7 +107,8 @@ func TestRetentionDeletesOnlyWhatCannotBeRedelivered(t *testing.T) {
 	def := transferDef(t)
 	seedForLoad(t, pool)
 	stream := testenv.Name("RETAIN")
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	// Published rows are kept (marked), to be cleaned past their window.
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Retention.PublishedOutbox = time.Hour })
 	const n = 30
 	submitTransfers(t, def, n, e.Client())
 	waitAllFinished(t, pool, time.Minute)
@@ -199,7 +200,7 @@ union all select i.* from idemsaga.inbox i where i.created_at > now() - interval
 	require.Len(t, before["sagas"], n-10+3)
 	require.Positive(t, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at is null`), "running sagas have unpublished commands")
 
-	c := newCleaner(t, pool, engine.RetentionConfig{})
+	c := newCleaner(t, pool, engine.RetentionConfig{PublishedOutbox: time.Hour})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, want, got)
@@ -251,7 +252,8 @@ func TestRetentionLongerInboxOutlivesItsSaga(t *testing.T) {
 	_, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	stream := testenv.Name("RETINBOX")
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	// Published rows are kept, so the test can read the deduct command.
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Retention.PublishedOutbox = time.Hour })
 	res, err := e.Client().Start(ctx, def, "late", transferInput(1, 2, 40))
 	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -310,7 +312,7 @@ func TestRetentionDeletesInBatches(t *testing.T) {
 	insertOrphanInbox(t, pool, 50, "8 days")
 	insertOutbox(t, pool, 50, "2 hours", true)
 
-	c := newCleaner(t, pool, engine.RetentionConfig{BatchSize: 7})
+	c := newCleaner(t, pool, engine.RetentionConfig{BatchSize: 7, PublishedOutbox: time.Hour})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, engine.CleanResult{Sagas: 50, Steps: 100, Inbox: 150, Outbox: 50, Batches: 24}, got)
@@ -336,7 +338,7 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 	insertFinishedSagas(t, pool, "young-", 20, "1 day")
 	insertOutbox(t, pool, 20, "30 days", false)
 
-	cfg := engine.RetentionConfig{BatchSize: 10}
+	cfg := engine.RetentionConfig{BatchSize: 10, PublishedOutbox: time.Hour}
 	cleaners := []*engine.Cleaner{newCleaner(t, pool, cfg), newCleaner(t, pool2, cfg)}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -385,7 +387,7 @@ func TestRetentionConfigValidation(t *testing.T) {
 	}, c.Config())
 	require.Equal(t, 7*24*time.Hour, engine.FinishedSagasDefault)
 	require.Equal(t, 7*24*time.Hour, engine.InboxDefault)
-	require.Greater(t, engine.PublishedOutboxDefault, 2*time.Minute)
+	require.Zero(t, engine.PublishedOutboxDefault, "published rows are deleted by the relay by default")
 
 	day := 24 * time.Hour
 	for _, ok := range []engine.RetentionConfig{
@@ -393,6 +395,7 @@ func TestRetentionConfigValidation(t *testing.T) {
 		{FinishedSagas: day, Inbox: day},
 		{FinishedSagas: day, Inbox: 30 * day},
 		{PublishedOutbox: 2*time.Minute + time.Second},
+		{PublishedOutbox: 0},
 		{BatchSize: 1, Interval: time.Millisecond},
 		{BatchSize: 10_000},
 		{DeleteFailed: true},
@@ -434,7 +437,7 @@ func TestCleanerStartStop(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	insertFinishedSagas(t, pool, "old-", 3, "8 days")
-	c := newCleaner(t, pool, engine.RetentionConfig{Interval: 20 * time.Millisecond})
+	c := newCleaner(t, pool, engine.RetentionConfig{Interval: 20 * time.Millisecond, PublishedOutbox: time.Hour})
 	require.NoError(t, c.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, c.Stop(context.Background())) })
 	require.ErrorIs(t, c.Start(ctx), lifecycle.ErrAlreadyStarted)

@@ -17,6 +17,8 @@ for update skip locked`
 
 	markPublished = `update idemsaga.outbox set published_at = now() where id = any($1)`
 
+	deletePublished = `delete from idemsaga.outbox where id = any($1)`
+
 	markFailed = `update idemsaga.outbox set attempts = attempts + 1, last_error = $2 where id = $1`
 
 	backlog = `select count(*), coalesce(extract(epoch from now() - min(created_at)), 0)

@@ -38,6 +38,11 @@ type RelayConfig struct {
 	// PublishTimeout bounds the wait for the broker's acks of one batch.
 	// Defaults to PublishTimeoutDefault.
 	PublishTimeout time.Duration
+	// KeepPublished marks a published row (published_at) instead of
+	// deleting it, for whoever cleans the outbox later. By default the row
+	// is deleted in the transaction that saw the broker's ack: no update,
+	// no new index entry, nothing left to clean.
+	KeepPublished bool
 	// Logger receives errors. Defaults to slog.Default().
 	Logger *slog.Logger
 	// OnPublishFunc, if set, is called after each committed batch with the
@@ -145,8 +150,9 @@ type row struct {
 	headers map[string]string
 }
 
-// RelayOnce claims one batch, publishes it and marks what the broker
-// acknowledged. It returns the number of rows marked published.
+// RelayOnce claims one batch, publishes it, and deletes (or marks, with
+// KeepPublished) what the broker acknowledged. It returns the number of
+// rows published.
 //
 // A batch costs two round trips to PostgreSQL: BEGIN travels with the
 // claim, and COMMIT with the marks.
@@ -242,7 +248,11 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		marks.Queue(markFailed, batch[i].id, err.Error())
 	}
 	if len(published) > 0 {
-		marks.Queue(markPublished, published)
+		if r.cfg.KeepPublished {
+			marks.Queue(markPublished, published)
+		} else {
+			marks.Queue(deletePublished, published)
+		}
 	}
 	marks.Queue("commit")
 	err = conn.SendBatch(ctx, marks).Close()

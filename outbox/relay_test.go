@@ -147,4 +147,39 @@ func TestRelaySkipsARowTheBrokerRefuses(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `select attempts, last_error from idemsaga.outbox where msg_id = 'huge' and published_at is null`).Scan(&attempts, &lastErr))
 	require.Equal(t, 1, attempts)
 	require.Contains(t, lastErr, "maximum payload")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&left))
+	require.Equal(t, 1, left, "the published rows are deleted; the refused one stays")
+}
+
+// TestRelayKeepsPublishedRowsWhenAsked: with KeepPublished the relay marks
+// rows instead of deleting them, and publishes each once.
+func TestRelayKeepsPublishedRowsWhenAsked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	name := testenv.Name("KEEP")
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Write(ctx, tx,
+		outbox.Message{Subject: name + ".x", MsgID: "a", Payload: []byte("a")},
+		outbox.Message{Subject: name + ".x", MsgID: "b", Payload: []byte("b")}))
+	require.NoError(t, tx.Commit(ctx))
+
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, JetStream: js, KeepPublished: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	n, err := r.RelayOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	n, err = r.RelayOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a published row is not published again")
+	var marked int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is not null`).Scan(&marked))
+	require.Equal(t, 2, marked)
 }

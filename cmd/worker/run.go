@@ -24,7 +24,7 @@ type runCmd struct {
 	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: step timeout + 30s, at least 60s)."`
 	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/transfers), /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
 	KeepFinished     time.Duration `name:"keep-finished" default:"168h" help:"How long finished sagas and their inbox records are kept (the replay window); a key can start a new saga after it."`
-	KeepPublished    time.Duration `name:"keep-published" default:"1h" help:"How long published outbox rows are kept (must exceed the broker's 2-minute dedup window)."`
+	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"How long published outbox rows are kept (0: deleted as soon as the broker acknowledged them; otherwise more than the broker's 2-minute dedup window)."`
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
