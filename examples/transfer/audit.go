@@ -119,10 +119,12 @@ group by s.id, s.state, s.finished_at`)
 	if err := rows.Err(); err != nil {
 		return r, fmt.Errorf("audit: %w", err)
 	}
-	perAccount, err := q.Query(ctx, `select a.id, a.balance, s.per_account + coalesce((select sum(l.amount) from transfer.ledger l where l.account_id = a.id), 0)
-from transfer.accounts a cross join transfer.seeds s
-where a.id between 1 and s.accounts
-  and a.balance <> s.per_account + coalesce((select sum(l.amount) from transfer.ledger l where l.account_id = a.id), 0)
+	// The ledger is summed once, grouped by account (a correlated sum per
+	// account would scan the ledger once per account).
+	perAccount, err := q.Query(ctx, `with l as (select account_id, sum(amount) as total from transfer.ledger group by account_id)
+select a.id, a.balance, s.per_account + coalesce(l.total, 0)
+from transfer.accounts a cross join transfer.seeds s left join l on l.account_id = a.id
+where a.id between 1 and s.accounts and a.balance <> s.per_account + coalesce(l.total, 0)
 order by a.id`)
 	if err != nil {
 		return r, fmt.Errorf("audit: %w", err)
