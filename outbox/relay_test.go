@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -18,19 +20,27 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// relayEnv gives a test its database, a NATS connection with JetStream,
+// and a stream of its own capturing name.>.
+func relayEnv(t *testing.T, prefix string) (*pgxpool.Pool, *nats.Conn, jetstream.JetStream, jetstream.Stream, string) {
+	t.Helper()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	name := testenv.Name(prefix)
+	stream, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	require.NoError(t, err)
+	return pool, nc, js, stream, name
+}
+
 // TestRelaysPublishEveryRowOnce runs three relays against writers whose
 // transactions commit out of id order (some held open while later ids
 // commit): every row is published, none twice into the stream.
 func TestRelaysPublishEveryRowOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	name := testenv.Name("RELAY")
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
-	require.NoError(t, err)
+	pool, _, js, stream, name := relayEnv(t, "RELAY")
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var relays []*outbox.Relay
@@ -114,13 +124,7 @@ func TestNewRelayValidates(t *testing.T) {
 func TestRelaySkipsARowTheBrokerRefuses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	name := testenv.Name("POISON")
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
-	require.NoError(t, err)
+	pool, nc, js, stream, name := relayEnv(t, "POISON")
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -157,13 +161,7 @@ func TestRelaySkipsARowTheBrokerRefuses(t *testing.T) {
 func TestRelayKeepsPublishedRowsWhenAsked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	name := testenv.Name("KEEP")
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
-	require.NoError(t, err)
+	pool, _, js, _, name := relayEnv(t, "KEEP")
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	require.NoError(t, outbox.Write(ctx, tx,
