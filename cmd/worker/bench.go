@@ -38,6 +38,7 @@ type benchCmd struct {
 	PgbenchSeconds int           `name:"pgbench-seconds" default:"10" help:"Length of the pgbench ceiling run (0: skip it)."`
 	Timeout        time.Duration `default:"10m" help:"How long the run may take."`
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
+	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
@@ -240,6 +241,17 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
+	if b.MemProfile != "" {
+		f, err := os.Create(b.MemProfile)
+		if err != nil {
+			return err
+		}
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("write the heap profile: %w", err)
+		}
+	}
 
 	res := benchResult{Sagas: b.Sagas, Elapsed: elapsed,
 		HeapBefore: before.heap, HeapAfter: after.heap, RSSBefore: before.rss, RSSAfter: after.rss}
@@ -361,9 +373,9 @@ func residentMemory() uint64 {
 }
 
 // prefill writes n finished transfer sagas as the engine leaves them
-// (saga, two succeeded steps and their inbox rows, two
-// ledger rows that cancel out on account 1), in batches, then vacuums and
-// analyzes, so that a run measures the engine on large tables.
+// (saga, two succeeded steps and their inbox rows, two ledger rows that
+// cancel out on account 1), in batches, then vacuums, analyzes and
+// checkpoints, so that a run measures the engine on large tables.
 func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	const batch = 50_000
 	start := time.Now()
@@ -377,6 +389,11 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 		if _, err := pool.Exec(ctx, "vacuum analyze "+t); err != nil {
 			return fmt.Errorf("prefill: vacuum %s: %w", t, err)
 		}
+	}
+	// Write the prefill's dirty pages out now, so that the checkpoint it
+	// would trigger does not land in the measured run.
+	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
+		fmt.Printf("bench: prefill: checkpoint not run (%v); the measured run may include it\n", err)
 	}
 	fmt.Printf("bench: prefilled %d finished sagas in %s\n", n, time.Since(start).Round(time.Second))
 	return nil
