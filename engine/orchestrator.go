@@ -72,6 +72,17 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	if idx < 0 {
 		return "", fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
 	}
+	fx := &effects{}
+	v, err := c.applyReply(ctx, def, idx, r, fx)
+	if err == nil && v == VerdictApplied {
+		// After the connection went back to the pool: OnFinishedFunc may
+		// use the pool itself.
+		c.emit(fx)
+	}
+	return v, err
+}
+
+func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r wire.Reply, fx *effects) (Verdict, error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("acquire a connection: %w", err)
@@ -116,7 +127,6 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 		return v, nil
 	}
 	// Second round trip: the writes and COMMIT.
-	fx := &effects{}
 	err = c.apply(ctx, t, sg, def, idx, r, fx)
 	if err == nil {
 		err = t.commit(ctx)
@@ -127,7 +137,6 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	if err != nil {
 		return "", err
 	}
-	c.emit(fx)
 	return VerdictApplied, nil
 }
 

@@ -35,6 +35,11 @@ const (
 	RetentionIntervalDefault = time.Minute
 )
 
+// markedOutboxWindow is how long the cleaner keeps rows marked published
+// when PublishedOutbox is 0: rows left by an engine that marks them (a
+// positive PublishedOutbox, or a version before the relay deleted them).
+const markedOutboxWindow = time.Hour
+
 // Bounds checked by RetentionConfig.validate.
 const (
 	// minRecordWindow is the shortest FinishedSagas or Inbox accepted: a
@@ -61,8 +66,10 @@ const (
 //     or after its saga is gone, and only once it is older than Inbox. It
 //     is never deleted while its saga exists, finished or not.
 //   - A published outbox row is deleted by the relay at once, or, if
-//     PublishedOutbox is set, by the cleaner once it is older than that.
-//     An unpublished row is never deleted, however old.
+//     PublishedOutbox is set, marked and deleted by the cleaner once it is
+//     older than that (an hour for rows marked while PublishedOutbox is
+//     0: by another engine, or an older version). An unpublished row is
+//     never deleted, however old.
 //
 // Past FinishedSagas the saga's idempotency key is free again: Start with
 // the same key creates a new saga, with a new ID and so new step keys.
@@ -388,12 +395,15 @@ func (c *Cleaner) orphanInboxBatch(ctx context.Context) (CleanResult, int64, err
 }
 
 // outboxBatch deletes one batch of published outbox rows. With
-// PublishedOutbox 0 the relay deletes them itself.
+// PublishedOutbox 0 the relay deletes what it publishes; the cleaner still
+// deletes rows marked published (by an engine that keeps them, or by a
+// version before the relay deleted) once they are an hour old.
 func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
-	if c.cfg.PublishedOutbox == 0 {
-		return CleanResult{}, 0, nil
+	window := c.cfg.PublishedOutbox
+	if window == 0 {
+		window = markedOutboxWindow
 	}
-	n, err := c.deleteBatch(ctx, deletePublishedOutbox, c.cfg.PublishedOutbox)
+	n, err := c.deleteBatch(ctx, deletePublishedOutbox, window)
 	return CleanResult{Outbox: n}, n, err
 }
 

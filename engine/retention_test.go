@@ -518,3 +518,21 @@ func TestRetentionKeepsASagaWithUnpublishedMessages(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, got.Sagas)
 }
+
+// TestRetentionDeletesMarkedRowsWhenRelayDeletes: with PublishedOutbox 0
+// (the relay deletes what it publishes), rows marked published by an
+// engine that keeps them, or by an older version, still go after an hour.
+func TestRetentionDeletesMarkedRowsWhenRelayDeletes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	insertOutbox(t, pool, 4, "2 hours", true)
+	insertOutbox(t, pool, 3, "30 minutes", true)
+	insertOutbox(t, pool, 2, "30 days", false)
+	c := newCleaner(t, pool, engine.RetentionConfig{})
+	got, err := c.CleanOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, got.Outbox)
+	require.EqualValues(t, 3, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at is not null`), "marked rows younger than an hour stay")
+	require.EqualValues(t, 2, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at is null`), "unpublished rows stay")
+}

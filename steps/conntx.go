@@ -62,6 +62,9 @@ func (t *stepTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // connection. pgx offers no other way to build one; its BEGIN, sent inside
 // the open transaction, only draws a warning from PostgreSQL.
 func (t *stepTx) LargeObjects() pgx.LargeObjects {
+	if t.closed.Load() {
+		panic("steps: large objects of a step transaction that has ended")
+	}
 	tx, err := t.conn.Begin(context.Background())
 	if err != nil {
 		panic(fmt.Sprintf("steps: large objects in a step transaction: %v", err))
@@ -104,6 +107,58 @@ type savepointTx struct {
 	*stepTx
 	name  string
 	ended bool
+}
+
+// done reports whether the savepoint, or the step's transaction, ended.
+func (s *savepointTx) done() bool { return s.ended || s.closed.Load() }
+
+func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.done() {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.stepTx.Begin(ctx)
+}
+
+func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if s.done() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return s.stepTx.Exec(ctx, sql, args...)
+}
+
+func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if s.done() {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.stepTx.Query(ctx, sql, args...)
+}
+
+func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if s.done() {
+		return errRow{pgx.ErrTxClosed}
+	}
+	return s.stepTx.QueryRow(ctx, sql, args...)
+}
+
+func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if s.done() {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return s.stepTx.SendBatch(ctx, b)
+}
+
+func (s *savepointTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if s.done() {
+		return 0, pgx.ErrTxClosed
+	}
+	return s.stepTx.CopyFrom(ctx, table, columns, src)
+}
+
+func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if s.done() {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.stepTx.Prepare(ctx, name, sql)
 }
 
 func (s *savepointTx) Commit(ctx context.Context) error {

@@ -3,6 +3,8 @@ package steps_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -42,6 +44,9 @@ func TestHandlerTransaction(t *testing.T) {
 			}
 			if err := sp.Rollback(ctx); err != nil {
 				return nil, err
+			}
+			if _, err := sp.Exec(ctx, `insert into notes values (5, 'after its rollback')`); !errors.Is(err, pgx.ErrTxClosed) {
+				return nil, fmt.Errorf("a savepoint used after its rollback: %v", err)
 			}
 			sp2, err := sc.Tx.Begin(ctx)
 			if err != nil {

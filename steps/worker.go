@@ -127,9 +127,11 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
-// Handle runs one command to a committed reply. It returns the reply
-// written; an error means nothing was committed and the command should be
-// delivered again.
+// Handle runs one command to a committed reply. It returns the reply: the
+// one written, or, for a redelivery of an attempt already answered, the
+// stored outcome (Duplicate set), whose reply is already in the outbox. An
+// error means nothing was committed and the command should be delivered
+// again.
 func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
 	def, ok := w.defs[cmd.Definition]
 	if !ok {
