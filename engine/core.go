@@ -233,13 +233,13 @@ func (c *core) dispatch(tx *txn, sg *saga.Instance, def *saga.Definition, idx in
 // redispatch starts the next attempt of a step, fenced by the attempt the
 // caller saw. It reports false when another writer moved the step first.
 func (c *core) redispatch(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) (bool, error) {
-	key := saga.StepKey(sg.ID, def.Step(idx).Name, phase)
+	id := stepID{sg.ID, def.Step(idx).Name, phase}
 	q, err := tx.read(ctx)
 	if err != nil {
 		return false, err
 	}
 	var attempt int
-	err = q.QueryRow(ctx, redispatchStep, key, seenAttempt, c.leaseMillis(policyOf(def, idx, phase))).Scan(&attempt)
+	err = q.QueryRow(ctx, redispatchStep, id.args(seenAttempt, c.leaseMillis(policyOf(def, idx, phase)))...).Scan(&attempt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -252,8 +252,7 @@ func (c *core) redispatch(ctx context.Context, tx *txn, sg *saga.Instance, def *
 // succeed records a step's success and moves the saga on: to the next
 // forward step or the final state, or to the next compensation.
 func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
-	key := saga.StepKey(sg.ID, def.Step(idx).Name, phase)
-	c.finishStep(tx, key, attempt, saga.StepSucceeded, result, "")
+	c.finishStep(tx, stepID{sg.ID, def.Step(idx).Name, phase}, attempt, saga.StepSucceeded, result, "")
 	if phase == saga.PhaseCompensate {
 		return c.compensateNext(tx, sg, def, idx, fx)
 	}
@@ -278,7 +277,6 @@ func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int
 // StateFailed.
 func (c *core) abandon(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
 	step := def.Step(idx)
-	key := saga.StepKey(sg.ID, step.Name, phase)
 	outcome, result, err := c.settle(ctx, tx, sg, def, idx, phase)
 	if err != nil {
 		return err
@@ -287,7 +285,7 @@ func (c *core) abandon(ctx context.Context, tx *txn, sg *saga.Instance, def *sag
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attempt)
 		return c.succeed(tx, sg, def, idx, phase, attempt, result, fx)
 	}
-	c.finishStep(tx, key, attempt, saga.StepFailed, nil, reason)
+	c.finishStep(tx, stepID{sg.ID, step.Name, phase}, attempt, saga.StepFailed, nil, reason)
 	if phase == saga.PhaseCompensate {
 		return c.giveUp(tx, sg, def, idx, reason, fx)
 	}

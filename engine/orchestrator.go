@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -101,7 +100,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		sg, err = scanSaga(row)
 		return err
 	}, pguuid.Of(r.SagaID))
-	t.queue(selectStepByKey, func(row pgx.Row) error {
+	t.queue(selectStep, func(row pgx.Row) error {
 		err := row.Scan(&st.index, &phase, &status, &st.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			stepFound = false
@@ -111,7 +110,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 			return fmt.Errorf("read step: %w", err)
 		}
 		return nil
-	}, pguuid.Of(r.Key))
+	}, stepID{r.SagaID, r.Step, r.Phase}.args()...)
 	if err := t.flush(ctx); errors.Is(err, saga.ErrNotFound) {
 		return VerdictMissing, nil
 	} else if err != nil {
@@ -157,7 +156,7 @@ func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.
 				return fmt.Errorf("schedule a retry of step %s: %w", r.Key, err)
 			}
 			return nil
-		}, pguuid.Of(r.Key), r.Attempt, r.Error, delay.Milliseconds())
+		}, stepID{r.SagaID, r.Step, r.Phase}.args(r.Attempt, r.Error, delay.Milliseconds())...)
 		fx.retries = append(fx.retries, [3]string{def.Name(), r.Step, string(r.Phase)})
 		return nil
 
@@ -171,7 +170,7 @@ func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.
 }
 
 // finishStep queues a step's outcome, fenced by its attempt.
-func (c *core) finishStep(tx *txn, key uuid.UUID, attempt int, status saga.StepStatus, result []byte, errText string) {
+func (c *core) finishStep(tx *txn, id stepID, attempt int, status saga.StepStatus, result []byte, errText string) {
 	var e any
 	if errText != "" {
 		e = errText
@@ -179,10 +178,10 @@ func (c *core) finishStep(tx *txn, key uuid.UUID, attempt int, status saga.StepS
 	tx.queue(finishStep, func(row pgx.Row) error {
 		var ok int
 		if err := row.Scan(&ok); err != nil {
-			return fmt.Errorf("record the outcome of step %v: %w", key, err)
+			return fmt.Errorf("record the outcome of step %q (%s) of saga %s: %w", id.step, id.phase, id.saga, err)
 		}
 		return nil
-	}, pguuid.Of(key), attempt, status, nullJSON(result), e, string(status))
+	}, id.args(attempt, status, nullJSON(result), e, string(status))...)
 }
 
 // handleReplyMsg is the orchestrator's JetStream handler: apply, then ack.

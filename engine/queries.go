@@ -13,7 +13,7 @@ created_at, updated_at, finished_at`
 coalesce(last_error, ''), result, created_at, updated_at
 from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 
-	selectStepByKey = `select step_index, phase, status, attempt from idemsaga.steps where key = $1 for update`
+	selectStep = `select step_index, phase, status, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 for update`
 
 	// transitionSaga is the one way a saga's state changes: conditional on
 	// the state and version the caller read. A miss raises (migration 004),
@@ -77,13 +77,13 @@ select count(*) from s`
 	// unless it is there already (a retry was scheduled).
 	redispatchStep = `with cur as (
   select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
-  from idemsaga.steps where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+  from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
 ), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1,
-    lease_until = now() + $3 * interval '1 millisecond',
+    lease_until = now() + $5 * interval '1 millisecond',
     next_attempt_at = null, dispatched_at = now(), updated_at = now()
-  where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
   returning attempt
 ), old as (
   insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
@@ -96,19 +96,19 @@ select attempt from r`
 
 	// finishStep records a step's outcome, fenced by the attempt (a miss
 	// raises IDM01). The attempt's timeline row, if it has one (a retry was
-	// scheduled, then a redelivery succeeded), takes the outcome $6; on the
+	// scheduled, then a redelivery succeeded), takes the outcome $8; on the
 	// happy path there is none, and the step row is the timeline.
 	finishStep = `with f as (
   update idemsaga.steps set
-    status = $3, result = $4, last_error = $5, lease_until = null, next_attempt_at = null, updated_at = now()
-  where key = $1 and attempt = $2 and status in ('dispatched', 'retrying')
+    status = $5, result = $6, last_error = $7, lease_until = null, next_attempt_at = null, updated_at = now()
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
   returning saga_id, step, phase, attempt
 ), a as (
   update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
-    outcome = case when x.outcome is null or x.outcome = 'retry' then $6 else x.outcome end, error = coalesce($5, x.error)
+    outcome = case when x.outcome is null or x.outcome = 'retry' then $8 else x.outcome end, error = coalesce($7, x.error)
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
 )
-select idemsaga.expect(count(*) > 0, 'step ' || $1::text) from f`
+select idemsaga.expect(count(*) > 0, 'step ' || $2 || ' (' || $3 || ') of saga ' || $1::text) from f`
 
 	// settleLockTimeout bounds the wait on a step worker still holding the
 	// key uncommitted: the engine retries the decision later rather than
@@ -127,39 +127,36 @@ on conflict (step_key) do nothing`
 	// the timeline as 'retry'.
 	scheduleRetry = `with f as (
   update idemsaga.steps set
-    status = 'retrying', last_error = $3, lease_until = null,
-    next_attempt_at = now() + $4 * interval '1 millisecond', updated_at = now()
-  where key = $1 and attempt = $2 and status = 'dispatched'
+    status = 'retrying', last_error = $5, lease_until = null,
+    next_attempt_at = now() + $6 * interval '1 millisecond', updated_at = now()
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'
   returning saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
 ), a as (
   insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
-  select saga_id, step, phase, attempt, dispatched_at, now(), 'retry', $3 from f
+  select saga_id, step, phase, attempt, dispatched_at, now(), 'retry', $5 from f
   on conflict (saga_id, step, phase, attempt) do update set finished_at = now(), outcome = 'retry', error = excluded.error
 )
-select idemsaga.expect(count(*) > 0, 'step ' || $1::text) from f`
+select idemsaga.expect(count(*) > 0, 'step ' || $2 || ' (' || $3 || ') of saga ' || $1::text) from f`
 
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.
-	dueRetries = `select st.key from idemsaga.steps st
+	dueRetries = `select st.saga_id, st.step, st.phase from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= now()
 order by st.next_attempt_at limit $1`
 
-	expiredLeases = `select st.key from idemsaga.steps st
+	expiredLeases = `select st.saga_id, st.step, st.phase from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < now()
 order by st.lease_until limit $1`
 
-	// lockSagaOfStep locks the saga first (the orchestrator takes the same
+	// lockSagaOfStep locks the saga of a step first (the orchestrator takes the same
 	// order: saga, then step, so the two never deadlock), skipping a saga
 	// another process holds.
-	lockSagaOfStep = `select s.id from idemsaga.sagas s
-join idemsaga.steps st on st.saga_id = s.id
-where st.key = $1
-for update of s skip locked`
+	lockSagaOfStep = `select id from idemsaga.sagas where id = $1 for update skip locked`
 
 	selectStepForReap = `select step_index, phase, status, attempt,
 (status = 'retrying' and next_attempt_at <= now()) as due,
 (status = 'dispatched' and lease_until < now()) as expired
-from idemsaga.steps where key = $1 for update`
+from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 for update`
 )
 
 // selectAttempts is a saga's timeline: the attempts recorded in
@@ -197,13 +194,13 @@ limit $6`
 // failed attempt goes into the timeline.
 const retryFailedStep = `with cur as (
   select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at, updated_at, last_error
-  from idemsaga.steps where key = $1 and attempt = $2 and status = 'failed'
+  from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'failed'
 ), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1, last_error = null,
-    lease_until = now() + $3 * interval '1 millisecond', next_attempt_at = null,
+    lease_until = now() + $5 * interval '1 millisecond', next_attempt_at = null,
     dispatched_at = now(), updated_at = now()
-  where key = $1 and attempt = $2 and status = 'failed'
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'failed'
   returning attempt
 ), old as (
   insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -18,22 +19,28 @@ import (
 // moved. Many processes may run it at once: each candidate is re-checked
 // under its saga's row lock, and every write is fenced by the attempt.
 func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
-	var keys []uuid.UUID
+	var due []stepID
 	for _, q := range []string{dueRetries, expiredLeases} {
 		rows, err := c.pool.Query(ctx, q, limit)
 		if err != nil {
 			return 0, fmt.Errorf("find due steps: %w", err)
 		}
-		ks, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
+			var id stepID
+			var phase string
+			err := row.Scan(&id.saga, &id.step, &phase)
+			id.phase = saga.Phase(phase)
+			return id, err
+		})
 		if err != nil {
 			return 0, fmt.Errorf("find due steps: %w", err)
 		}
-		keys = append(keys, ks...)
+		due = append(due, ids...)
 	}
 	moved := 0
 	var firstErr error
-	for _, k := range keys {
-		ok, err := c.reapStep(ctx, k)
+	for _, id := range due {
+		ok, err := c.reapStep(ctx, id)
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}
@@ -44,7 +51,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	return moved, firstErr
 }
 
-func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
+func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin: %w", err)
@@ -52,18 +59,22 @@ func (c *core) reapStep(ctx context.Context, key uuid.UUID) (bool, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	var sagaID uuid.UUID
-	err = tx.QueryRow(ctx, lockSagaOfStep, key).Scan(&sagaID)
+	err = tx.QueryRow(ctx, lockSagaOfStep, pguuid.Of(id.saga)).Scan(&sagaID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil // another process holds the saga, or it is gone
 	}
 	if err != nil {
-		return false, fmt.Errorf("lock saga of step %s: %w", key, err)
+		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
 	var st stepRow
 	var phase, status string
 	var due, expired bool
-	if err := tx.QueryRow(ctx, selectStepForReap, key).Scan(&st.index, &phase, &status, &st.attempt, &due, &expired); err != nil {
-		return false, fmt.Errorf("read step %s: %w", key, err)
+	err = tx.QueryRow(ctx, selectStepForReap, id.args()...).Scan(&st.index, &phase, &status, &st.attempt, &due, &expired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil // gone since we looked
+	}
+	if err != nil {
+		return false, fmt.Errorf("read step %q (%s) of saga %s: %w", id.step, id.phase, id.saga, err)
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 	if !due && !expired {

@@ -56,7 +56,8 @@ where saga_id = $1 and phase = 'compensate' and status = 'failed' order by updat
 		return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
 	}
 	var next int
-	if err := tx.QueryRow(ctx, retryFailedStep, key, attempt, c.leaseMillis(policyOf(def, idx, saga.PhaseCompensate))).Scan(&next); err != nil {
+	sid := stepID{id, step, saga.PhaseCompensate}
+	if err := tx.QueryRow(ctx, retryFailedStep, sid.args(attempt, c.leaseMillis(policyOf(def, idx, saga.PhaseCompensate)))...).Scan(&next); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
 	t := newTxn(tx)
@@ -117,7 +118,7 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 		return err
 	}
 	fx := &effects{}
-	key := saga.StepKey(id, step, saga.PhaseForward)
+	sid := stepID{id, step, saga.PhaseForward}
 	completed := idx
 	if outcome == "succeeded" {
 		if idx == def.Len()-1 {
@@ -131,14 +132,14 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 			c.emit(fx)
 			return fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 		}
-		c.finishStep(t, key, attempt, saga.StepSucceeded, result, "")
+		c.finishStep(t, sid, attempt, saga.StepSucceeded, result, "")
 		st := def.Step(idx)
 		if err := c.transition(t, sg, st.Reaches, false, nil, &st.Name, result, fx); err != nil {
 			return err
 		}
 		completed = idx + 1
 	} else {
-		c.finishStep(t, key, attempt, saga.StepFailed, nil, "cancelled")
+		c.finishStep(t, sid, attempt, saga.StepFailed, nil, "cancelled")
 	}
 	msg := "cancelled by an operator"
 	if reason != "" {

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -145,4 +147,19 @@ func checkError(err error) error {
 		return fmt.Errorf("%w: %s", saga.ErrNotFound, pgErr.Message)
 	}
 	return err
+}
+
+// stepID names a step row by its primary key, (saga, step, phase). The
+// step key is derived from the same three and has no index of its own
+// (migration 005): a random UUID index grows slowly with the table.
+type stepID struct {
+	saga  uuid.UUID
+	step  string
+	phase saga.Phase
+}
+
+// args returns the three as the first parameters of a statement, followed
+// by more.
+func (s stepID) args(more ...any) []any {
+	return append([]any{pguuid.Of(s.saga), s.step, string(s.phase)}, more...)
 }
