@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 )
@@ -37,22 +38,13 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	ids := make([]string, len(msgs))
 	payloads := make([][]byte, len(msgs))
 	headers := make([][]byte, len(msgs))
-	sagas := make([]*uuid.UUID, len(msgs))
+	sagas := make([]pgtype.UUID, len(msgs))
 	for i, m := range msgs {
-		if m.Subject == "" || m.MsgID == "" {
-			return fmt.Errorf("outbox: message %d has an empty subject or message id", i)
+		h, err := m.encodedHeaders(i)
+		if err != nil {
+			return err
 		}
-		subjects[i], ids[i], payloads[i] = m.Subject, m.MsgID, m.Payload
-		if m.SagaID != uuid.Nil {
-			sagas[i] = &msgs[i].SagaID
-		}
-		if len(m.Headers) > 0 {
-			h, err := json.Marshal(m.Headers)
-			if err != nil {
-				return fmt.Errorf("outbox: encode headers: %w", err)
-			}
-			headers[i] = h
-		}
+		subjects[i], ids[i], payloads[i], headers[i], sagas[i] = m.Subject, m.MsgID, m.Payload, h, pguuid.OrNull(m.SagaID)
 	}
 	if len(msgs) == 1 {
 		_, err := tx.Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0], sagas[0])
@@ -72,18 +64,27 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 // published if and only if the transaction that runs b commits.
 func Queue(b *pgx.Batch, msgs ...Message) error {
 	for i, m := range msgs {
-		if m.Subject == "" || m.MsgID == "" {
-			return fmt.Errorf("outbox: message %d has an empty subject or message id", i)
+		h, err := m.encodedHeaders(i)
+		if err != nil {
+			return err
 		}
-		var headers []byte
-		if len(m.Headers) > 0 {
-			h, err := json.Marshal(m.Headers)
-			if err != nil {
-				return fmt.Errorf("outbox: encode headers: %w", err)
-			}
-			headers = h
-		}
-		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, headers, pguuid.OrNull(m.SagaID))
+		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, h, pguuid.OrNull(m.SagaID))
 	}
 	return nil
+}
+
+// encodedHeaders checks the i-th message of a write and returns its
+// headers as JSON (nil when it has none).
+func (m Message) encodedHeaders(i int) ([]byte, error) {
+	if m.Subject == "" || m.MsgID == "" {
+		return nil, fmt.Errorf("outbox: message %d has an empty subject or message id", i)
+	}
+	if len(m.Headers) == 0 {
+		return nil, nil
+	}
+	h, err := json.Marshal(m.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: encode headers of message %d: %w", i, err)
+	}
+	return h, nil
 }

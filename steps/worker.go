@@ -182,9 +182,9 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// A connection still inside a transaction when released (an error
 	// midway that rollback could not clear) is closed by the pool.
 	defer conn.Release()
-	tx := &stepTx{conn: conn.Conn()}
+	tx := newStepTx(conn.Conn())
 	defer func() {
-		tx.closed.Store(true)
+		tx.close()
 		if conn.Conn().PgConn().TxStatus() != 'I' {
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
 		}
@@ -201,12 +201,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	var claimed int64
 	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
 	var st stored
-	b.Queue(readStored, pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt); err != nil {
-			return fmt.Errorf("read the inbox: %w", err)
-		}
-		return nil
-	})
+	b.Queue(readStored, pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error { return st.scan(row) })
 	if err := conn.SendBatch(attemptCtx, b).Close(); err != nil {
 		return reply, fmt.Errorf("claim step key: %w", err)
 	}
@@ -221,7 +216,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			// the inbox row, so it is in the outbox already (and a lost
 			// one is re-driven by the lease, under a new attempt). Write
 			// nothing.
-			tx.closed.Store(true)
+			tx.close()
 			if _, err := conn.Exec(attemptCtx, "rollback"); err != nil {
 				return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
 			}
@@ -244,7 +239,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 
 	// The handler failed: nothing it or we wrote survives.
-	tx.closed.Store(true)
+	tx.close()
 	var fdb interface {
 		Begin(ctx context.Context) (pgx.Tx, error)
 	} = conn
@@ -346,6 +341,14 @@ type stored struct {
 	attempt int
 }
 
+// scan reads a row of readStored.
+func (st *stored) scan(row pgx.Row) error {
+	if err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt); err != nil {
+		return fmt.Errorf("read the inbox: %w", err)
+	}
+	return nil
+}
+
 // reply fills r with the stored outcome, as a duplicate.
 func (st stored) reply(r wire.Reply) (wire.Reply, error) {
 	r.Duplicate = true
@@ -369,8 +372,8 @@ func storedReply(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, reply wire.Reply) (wire.Reply, error) {
 	var st stored
-	if err := q.QueryRow(ctx, readStored, pguuid.Of(reply.Key)).Scan(&st.outcome, &st.result, &st.errText, &st.attempt); err != nil {
-		return reply, fmt.Errorf("read stored outcome: %w", err)
+	if err := st.scan(q.QueryRow(ctx, readStored, pguuid.Of(reply.Key))); err != nil {
+		return reply, err
 	}
 	return st.reply(reply)
 }
