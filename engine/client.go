@@ -16,6 +16,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -48,16 +49,14 @@ type StartResult struct {
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
 	// Without the caller's transaction the start is one statement, which
 	// PostgreSQL runs as its own transaction: one round trip.
-	res, err := cl.start(ctx, cl.c.pool, def, key, input)
+	res, sent, err := cl.start(ctx, cl.c.pool, def, key, input, cl.c.handOffArg())
 	if err != nil {
 		return res, err
 	}
 	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
 	}
-	if !res.Duplicate {
-		cl.c.woke()
-	}
+	cl.c.sent(sent)
 	return res, nil
 }
 
@@ -67,49 +66,56 @@ func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, i
 // key to resolve to one saga. Metrics count the start even if the caller
 // later rolls back.
 func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, key string, input any) (StartResult, error) {
-	return cl.start(ctx, tx, def, key, input)
+	// The commit is the caller's: the first command is the relay's to
+	// publish (no hand-off), at its next poll.
+	res, _, err := cl.start(ctx, tx, def, key, input, nil)
+	return res, err
 }
 
-func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, key string, input any) (StartResult, error) {
+// start runs the start statement on q. handOff is the command's
+// publish_after in milliseconds, nil for the relay to publish it; the row
+// is returned for a publish after commit.
+func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, key string, input any, handOff any) (StartResult, []outbox.Committed, error) {
 	if def == nil {
-		return StartResult{}, errors.New("idemsaga: start saga: definition is nil")
+		return StartResult{}, nil, errors.New("idemsaga: start saga: definition is nil")
 	}
 	registered, err := cl.c.definition(def.Name())
 	if err != nil {
-		return StartResult{}, err
+		return StartResult{}, nil, err
 	}
 	if err := validKey(key); err != nil {
-		return StartResult{}, err
+		return StartResult{}, nil, err
 	}
 	canonical, err := saga.CanonicalInput(input)
 	if err != nil {
-		return StartResult{}, err
+		return StartResult{}, nil, err
 	}
 	if len(canonical) > cl.c.maxInput {
-		return StartResult{}, fmt.Errorf("idemsaga: saga input is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)
+		return StartResult{}, nil, fmt.Errorf("idemsaga: saga input is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)
 	}
 	sum := sha256.Sum256(canonical)
 
 	id, err := uuid.NewV7()
 	if err != nil {
-		return StartResult{}, fmt.Errorf("idemsaga: start saga: new id: %w", err)
+		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
 	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
 	subject, msgID, payload, err := cl.c.commandMessage(sg, registered, 0, saga.PhaseForward, 1)
 	if err != nil {
-		return StartResult{}, err
+		return StartResult{}, nil, err
 	}
 	var inserted int
+	var outboxID *int64
 	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], []byte(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload).Scan(&inserted)
+		subject, msgID, payload, handOff).Scan(&inserted, &outboxID)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
-		return StartResult{}, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
+		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
 	}
 	if err != nil {
-		return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
+		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 	}
 	cl.c.metrics.Deliveries.WithLabelValues(metrics.LayerStart).Inc()
 	if inserted == 0 {
@@ -120,17 +126,21 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		var hash []byte
 		var state string
 		if err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(&existing, &hash, &state); err != nil {
-			return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 		}
 		if !bytes.Equal(hash, sum[:]) {
 			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
-			return StartResult{ID: existing}, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
+			return StartResult{ID: existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
 		}
 		cl.c.metrics.Duplicates.WithLabelValues(metrics.LayerStart).Inc()
-		return StartResult{ID: existing, State: saga.State(state), Duplicate: true}, nil
+		return StartResult{ID: existing, State: saga.State(state), Duplicate: true}, nil, nil
 	}
 	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
-	return StartResult{ID: id, State: saga.StateInit}, nil
+	var sent []outbox.Committed
+	if outboxID != nil {
+		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload}}
+	}
+	return StartResult{ID: id, State: saga.StateInit}, sent, nil
 }
 
 func validKey(key string) error {

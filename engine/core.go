@@ -16,6 +16,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -34,6 +35,12 @@ type core struct {
 	log        *slog.Logger
 	// notify wakes the local relay after a commit that wrote the outbox.
 	notify func()
+	// publish, if set, publishes the outbox rows this process committed,
+	// right after the commit (outbox.Relay.Publish); the relay's sweep
+	// takes them over only after handOff. Without it the rows are the
+	// relay's at once.
+	publish func(rows ...outbox.Committed)
+	handOff time.Duration
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
@@ -52,11 +59,35 @@ func (c *core) woke() {
 	}
 }
 
+// handOffArg is the publish_after parameter of the engine's outbox
+// inserts: the hand-off in milliseconds when this process publishes its
+// rows after commit, NULL (the relay's at once) when it does not.
+func (c *core) handOffArg() any {
+	if c.publish == nil {
+		return nil
+	}
+	return c.handOff.Milliseconds()
+}
+
+// sent publishes rows a transaction committed, or wakes the relay to.
+func (c *core) sent(rows []outbox.Committed) {
+	if len(rows) == 0 {
+		return
+	}
+	if c.publish != nil {
+		c.publish(rows...)
+		return
+	}
+	c.woke()
+}
+
 // effects are observed after a transaction commits.
 type effects struct {
 	finished []finished
 	// retries holds (definition, step, phase) of retries scheduled.
 	retries [][3]string
+	// sent holds the outbox rows the transaction wrote.
+	sent []outbox.Committed
 }
 
 type finished struct {
@@ -78,7 +109,7 @@ func (c *core) emit(fx *effects) {
 			c.onFinished(f.id, f.definition, f.state)
 		}
 	}
-	c.woke()
+	c.sent(fx.sent)
 }
 
 type queryer interface {
@@ -205,8 +236,9 @@ func (c *core) command(tx *txn, sg *saga.Instance, def *saga.Definition, idx int
 		if err := row.Scan(&id); err != nil {
 			return fmt.Errorf("outbox: insert command %s: %w", msgID, err)
 		}
+		tx.sent = append(tx.sent, outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload})
 		return nil
-	}, subject, msgID, payload, pguuid.Of(sg.ID))
+	}, subject, msgID, payload, pguuid.Of(sg.ID), c.handOffArg())
 	return nil
 }
 
@@ -221,12 +253,15 @@ func (c *core) dispatch(tx *txn, sg *saga.Instance, def *saga.Definition, idx in
 	}
 	id := sg.ID
 	tx.queue(dispatchStep, func(row pgx.Row) error {
-		var n int
-		if err := row.Scan(&n); err != nil {
+		var out *int64
+		if err := row.Scan(&out); err != nil {
 			return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, id, err)
 		}
+		if out != nil {
+			tx.sent = append(tx.sent, outbox.Committed{ID: *out, Subject: subject, MsgID: msgID, Payload: payload})
+		}
 		return nil
-	}, pguuid.Of(sg.ID), step.Name, phase, idx, pguuid.Of(key), c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload)
+	}, pguuid.Of(sg.ID), step.Name, phase, idx, pguuid.Of(key), c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload, c.handOffArg())
 	return nil
 }
 

@@ -82,6 +82,13 @@ type Config struct {
 	// RelayPollInterval is how often the relay looks for rows without a
 	// wake-up. Defaults to outbox.PollIntervalDefault.
 	RelayPollInterval time.Duration
+	// RelayHandOff is how long the relay leaves an outbox row to the
+	// process that committed it: that process publishes the row itself
+	// right after the commit, and deletes it once the broker acknowledged
+	// it. Past the hand-off the relay publishes whatever is still there (a
+	// crash between a commit and its publish, a publish the broker did not
+	// acknowledge). Defaults to outbox.HandOffDefault.
+	RelayHandOff time.Duration
 	// Retention sets how long finished sagas, inbox rows and published
 	// outbox rows are kept; each engine runs a cleaner with it. Zero
 	// fields take the defaults (7 days of replay for sagas and the inbox).
@@ -114,8 +121,11 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.Definitions is empty: give the engine the sagas it runs")
 	case c.StepConcurrency < 0, c.ReplyConcurrency < 0, c.RelayBatch < 0:
 		return errors.New("idemsaga: Config.StepConcurrency, ReplyConcurrency and RelayBatch must not be negative")
-	case c.LeaseGrace < 0, c.ReapInterval < 0, c.AckWait < 0, c.RelayPollInterval < 0:
-		return errors.New("idemsaga: Config.LeaseGrace, ReapInterval, AckWait and RelayPollInterval must not be negative")
+	case c.LeaseGrace < 0, c.ReapInterval < 0, c.AckWait < 0, c.RelayPollInterval < 0, c.RelayHandOff < 0:
+		return errors.New("idemsaga: Config.LeaseGrace, ReapInterval, AckWait, RelayPollInterval and RelayHandOff must not be negative")
+	}
+	if c.RelayHandOff == 0 {
+		c.RelayHandOff = outbox.HandOffDefault
 	}
 	if c.Stream == "" {
 		c.Stream = StreamDefault
@@ -264,6 +274,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	c.notify = e.relay.Notify
+	// What this process commits it publishes itself, right after the
+	// commit; the relay sweeps only what that missed.
+	c.publish, c.handOff = e.relay.Publish, cfg.RelayHandOff
 	if !cfg.DisableRetention {
 		if e.cleaner, err = NewCleaner(cfg.Pool, cfg.Retention, cfg.Logger); err != nil {
 			return nil, err
@@ -272,7 +285,7 @@ func New(cfg Config) (*Engine, error) {
 	e.worker, err = steps.New(steps.Config{
 		Pool: cfg.Pool, Consumer: e.consumerFunc("_steps", e.subjects.AllCommands()), Subjects: e.subjects,
 		Definitions: cfg.Definitions, Concurrency: cfg.StepConcurrency, Logger: cfg.Logger, Metrics: m,
-		CommittedFunc: e.relay.Notify,
+		PublishFunc: e.relay.Publish, HandOff: cfg.RelayHandOff,
 	})
 	if err != nil {
 		return nil, err

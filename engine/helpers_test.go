@@ -35,7 +35,7 @@ func startEngine(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, stream string,
 	cfg := engine.Config{
 		Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
 		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond,
-		RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger(),
+		RelayPollInterval: 20 * time.Millisecond, RelayHandOff: time.Second, Logger: quietLogger(),
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -130,6 +130,9 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	if err == nil {
 		err = t.commit(ctx)
 	}
+	if err == nil {
+		fx.sent = t.sent
+	}
 	if errors.Is(err, errAlreadyApplied) {
 		return VerdictDuplicate, nil
 	}

@@ -37,21 +37,27 @@ from (select 1) one left join idemsaga.sagas s on s.id = $1`
 
 	// dispatchStep creates attempt 1 of a (saga, step, phase) and its
 	// command in the outbox, in one statement; if the step exists already
-	// its command is already out, and nothing is written. It returns
-	// whether it dispatched.
+	// its command is already out, and nothing is written. It returns the
+	// command's outbox id, NULL when it wrote nothing. $10 is the outbox
+	// hand-off in milliseconds (publish_after), NULL when the relay is to
+	// publish the row.
 	dispatchStep = `with st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   values ($1, $2, $3, $4, $5, 'dispatched', 1, now() + $6 * interval '1 millisecond', now())
   on conflict (saga_id, step, phase) do nothing
   returning saga_id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $7, $8, $9, saga_id from st
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $7, $8, $9, saga_id, now() + $10 * interval '1 millisecond' from st
+  returning id
 )
-select count(*) from st`
+select (select id from o)`
 
 	// startSaga inserts a saga and dispatches its first step, in one
 	// statement, so that Start costs one round trip. A saga already under
-	// (definition, key) makes it write nothing and return 0.
+	// (definition, key) makes it write nothing and return 0. It also
+	// returns the command's outbox id; $12 is its hand-off, as in
+	// dispatchStep.
 	startSaga = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
   values ($1, $2, $3, $4, $5, 'init')
@@ -62,15 +68,19 @@ select count(*) from st`
   select id, $6, 'forward', 0, $7, 'dispatched', 1, now() + $8 * interval '1 millisecond', now() from s
   returning saga_id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id) select $9, $10, $11, saga_id from st
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $9, $10, $11, saga_id, now() + $12 * interval '1 millisecond' from st
+  returning id
 )
-select count(*) from s`
+select (select count(*) from s), (select id from o)`
 
 	// selectSagaByKey reads what a duplicate start needs to adjudicate.
 	selectSagaByKey = `select id, input_hash, state from idemsaga.sagas where definition = $1 and idem_key = $2`
 
-	// insertCommand enqueues one command in the outbox.
-	insertCommand = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id) values ($1, $2, $3, $4) returning id`
+	// insertCommand enqueues one command in the outbox; $5 is its
+	// hand-off, as in dispatchStep.
+	insertCommand = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond') returning id`
 
 	// redispatchStep starts the next attempt, fenced by the attempt seen.
 	// The attempt it ends goes into the timeline as 'lease expired',

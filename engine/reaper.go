@@ -124,6 +124,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	if err := t.commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
+	fx.sent = t.sent
 	c.emit(fx)
 	return true, nil
 }

@@ -78,7 +78,7 @@ where id = $1 and state = 'failed' and version = $2`, id, sg.Version)
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: commit: %w", id, err)
 	}
-	c.woke()
+	c.sent(t.sent)
 	return nil
 }
 
@@ -129,6 +129,7 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 			if err := t.commit(ctx); err != nil {
 				return err
 			}
+			fx.sent = t.sent
 			c.emit(fx)
 			return fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 		}
@@ -160,6 +161,7 @@ where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying'
 	if err := t.commit(ctx); err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: commit: %w", id, err)
 	}
+	fx.sent = t.sent
 	c.emit(fx)
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -32,6 +33,8 @@ type txn struct {
 	conn  *pgxpool.Conn // set for a transaction begun lazily on a connection
 	begun bool
 	batch *pgx.Batch
+	// sent holds the outbox rows written, for their publish after commit.
+	sent []outbox.Committed
 }
 
 type batcher interface {

@@ -6,11 +6,17 @@ const (
 	insertMany = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id)
 select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])`
 
+	// insertHandedOff inserts a row its writer publishes itself after
+	// commit; the relay takes it over once publish_after passes.
+	insertHandedOff = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id, publish_after)
+values ($1, $2, $3, $4, $5, now() + $6 * interval '1 millisecond') returning id`
+
 	// claimBatch takes unpublished rows by state, skipping rows another
-	// relay holds. Never "id > last seen": ids commit out of order.
+	// relay holds and rows their writer is still publishing itself. Never
+	// "id > last seen": ids commit out of order.
 	claimBatch = `select id, subject, msg_id, payload, headers
 from idemsaga.outbox
-where published_at is null
+where published_at is null and (publish_after is null or publish_after <= now())
 order by id
 limit $1
 for update skip locked`

@@ -38,6 +38,10 @@ type RelayConfig struct {
 	// PublishTimeout bounds the wait for the broker's acks of one batch.
 	// Defaults to PublishTimeoutDefault.
 	PublishTimeout time.Duration
+	// SettleInterval is how long rows acknowledged after Publish wait, at
+	// most, to be deleted together (sooner once BatchSize are waiting).
+	// Defaults to SettleIntervalDefault.
+	SettleInterval time.Duration
 	// KeepPublished marks a published row (published_at) instead of
 	// deleting it, for whoever cleans the outbox later. By default the row
 	// is deleted in the transaction that saw the broker's ack: no update,
@@ -63,8 +67,11 @@ func (c *RelayConfig) validate() error {
 	if c.JetStream == nil {
 		return errors.New("outbox: RelayConfig.JetStream is required")
 	}
-	if c.BatchSize < 0 || c.PollInterval < 0 || c.PublishTimeout < 0 {
-		return errors.New("outbox: RelayConfig.BatchSize, PollInterval and PublishTimeout must not be negative")
+	if c.BatchSize < 0 || c.PollInterval < 0 || c.PublishTimeout < 0 || c.SettleInterval < 0 {
+		return errors.New("outbox: RelayConfig.BatchSize, PollInterval, PublishTimeout and SettleInterval must not be negative")
+	}
+	if c.SettleInterval == 0 {
+		c.SettleInterval = SettleIntervalDefault
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = BatchSizeDefault
@@ -81,11 +88,14 @@ func (c *RelayConfig) validate() error {
 	return nil
 }
 
-// Relay publishes committed outbox rows to JetStream.
+// Relay publishes committed outbox rows to JetStream. It sweeps the
+// outbox for rows nobody publishes (RelayOnce, on a poll or a Notify), and
+// settles rows their writer handed to Publish right after committing them.
 type Relay struct {
-	cfg    RelayConfig
-	wake   chan struct{}
-	runner lifecycle.Runner
+	cfg     RelayConfig
+	wake    chan struct{}
+	handOff *handOff
+	runner  lifecycle.Runner
 }
 
 // NewRelay returns a relay; Start runs it.
@@ -93,7 +103,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
+	return &Relay{cfg: cfg, wake: make(chan struct{}, 1), handOff: newHandOff()}, nil
 }
 
 // Start checks the database and runs the relay in the background until Stop.
@@ -101,10 +111,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err := r.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("outbox relay: database unreachable: %w", err)
 	}
-	return r.runner.Start(ctx, r.loop)
+	return r.runner.Start(ctx, r.loop, r.settleLoop)
 }
 
-// Stop finishes the batch in hand and returns. Calling it twice is fine.
+// Stop finishes the batch in hand, settles what Publish sent, and returns.
+// Calling it twice is fine.
 func (r *Relay) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
 
 // Running reports whether the relay is started.
@@ -201,14 +212,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	failures := make([]error, len(batch))
 	for i, x := range batch {
-		msg := nats.NewMsg(x.subject)
-		msg.Data = x.payload
-		for k, v := range x.headers {
-			msg.Header.Set(k, v)
-		}
 		// A row the broker refuses must not hold back the rows after it:
 		// record its error and go on.
-		futures[i], failures[i] = r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
+		futures[i], failures[i] = r.cfg.JetStream.PublishMsgAsync(newMsg(x.subject, x.payload, x.headers), jetstream.WithMsgID(x.msgID))
 	}
 	published := make([]int64, 0, len(batch))
 	dups := 0

@@ -46,8 +46,16 @@ type Config struct {
 	// Metrics, if set, is updated.
 	Metrics *metrics.Metrics
 	// CommittedFunc, if set, is called after each commit that wrote to the
-	// outbox (the engine uses it to wake the relay).
+	// outbox, to wake a relay. It is not called when PublishFunc is set.
 	CommittedFunc func()
+	// PublishFunc, if set, publishes each reply right after its commit
+	// (the engine passes outbox.Relay.Publish); the relay's sweep takes a
+	// reply over only after HandOff. Without it replies are the relay's to
+	// publish at once.
+	PublishFunc func(rows ...outbox.Committed)
+	// HandOff is how long the relay leaves a reply to PublishFunc.
+	// Defaults to outbox.HandOffDefault.
+	HandOff time.Duration
 }
 
 // Worker consumes and runs step commands.
@@ -68,6 +76,11 @@ func New(cfg Config) (*Worker, error) {
 		return nil, errors.New("steps: Config.Definitions is empty; give the worker the sagas it runs")
 	case cfg.Concurrency < 0:
 		return nil, fmt.Errorf("steps: Config.Concurrency is %d; use a positive number, or 0 for %d", cfg.Concurrency, ConcurrencyDefault)
+	case cfg.HandOff < 0:
+		return nil, fmt.Errorf("steps: Config.HandOff is %s; use a positive duration, or 0 for %s", cfg.HandOff, outbox.HandOffDefault)
+	}
+	if cfg.HandOff == 0 {
+		cfg.HandOff = outbox.HandOffDefault
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = ConcurrencyDefault
@@ -148,9 +161,15 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	}
 
 	start := time.Now()
-	reply, err := w.run(ctx, cmd, handler, policy)
+	var sent []outbox.Committed
+	reply, err := w.run(ctx, cmd, handler, policy, &sent)
 	if err != nil {
 		return reply, err
+	}
+	if w.cfg.PublishFunc != nil {
+		w.cfg.PublishFunc(sent...)
+	} else if w.cfg.CommittedFunc != nil {
+		w.cfg.CommittedFunc()
 	}
 	w.cfg.Metrics.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 	outcome := string(reply.Outcome)
@@ -161,13 +180,12 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	}
 	w.cfg.Metrics.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), outcome).Inc()
 	w.cfg.Metrics.StepHandler.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase)).Observe(time.Since(start).Seconds())
-	if w.cfg.CommittedFunc != nil {
-		w.cfg.CommittedFunc()
-	}
 	return reply, nil
 }
 
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy) (wire.Reply, error) {
+// run runs one attempt to its commit; sent receives the outbox rows the
+// commit wrote, for their publish.
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, sent *[]outbox.Committed) (wire.Reply, error) {
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
 		Phase: cmd.Phase, Key: cmd.Key, Attempt: cmd.Attempt,
@@ -222,7 +240,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			}
 			return reply, nil
 		}
-		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil)
+		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil, sent)
 	}
 
 	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
@@ -235,7 +253,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		record := &pgx.Batch{}
 		record.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
-		return reply, w.replyAndCommit(attemptCtx, conn, reply, record)
+		return reply, w.replyAndCommit(attemptCtx, conn, reply, record, sent)
 	}
 
 	// The handler failed: nothing it or we wrote survives.
@@ -277,7 +295,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	} else {
 		reply.Outcome = wire.OutcomeRetry
 	}
-	if err := w.writeReply(rctx, ftx, reply); err != nil {
+	if err := w.writeReply(rctx, ftx, reply, sent); err != nil {
 		return reply, err
 	}
 	if err := ftx.Commit(rctx); err != nil {
@@ -380,11 +398,11 @@ func storedReply(ctx context.Context, q interface {
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox
 // row and COMMIT, in one round trip.
-func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch) error {
+func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, sent *[]outbox.Committed) error {
 	if b == nil {
 		b = &pgx.Batch{}
 	}
-	if err := w.queueReply(b, reply); err != nil {
+	if err := w.queueReply(b, reply, sent); err != nil {
 		return err
 	}
 	b.Queue("commit")
@@ -397,9 +415,9 @@ func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply w
 	return nil
 }
 
-func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) error {
+func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply, sent *[]outbox.Committed) error {
 	b := &pgx.Batch{}
-	if err := w.queueReply(b, reply); err != nil {
+	if err := w.queueReply(b, reply, sent); err != nil {
 		return err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -408,13 +426,14 @@ func (w *Worker) writeReply(ctx context.Context, tx pgx.Tx, reply wire.Reply) er
 	return nil
 }
 
-// queueReply adds the reply's outbox row to b.
-func (w *Worker) queueReply(b *pgx.Batch, reply wire.Reply) error {
+// queueReply adds the reply's outbox row to b. With a PublishFunc the row
+// is handed off: sent receives it when b runs, to publish after commit.
+func (w *Worker) queueReply(b *pgx.Batch, reply wire.Reply, sent *[]outbox.Committed) error {
 	payload, err := json.Marshal(reply)
 	if err != nil {
 		return fmt.Errorf("encode reply: %w", err)
 	}
-	return outbox.Queue(b, outbox.Message{
+	m := outbox.Message{
 		SagaID:  reply.SagaID,
 		Subject: w.cfg.Subjects.Reply(reply.Definition),
 		// The outcome is part of the id: two deliveries of one attempt can
@@ -422,7 +441,11 @@ func (w *Worker) queueReply(b *pgx.Batch, reply wire.Reply) error {
 		// and the broker must not drop the second as a duplicate.
 		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt) + "-" + string(reply.Outcome),
 		Payload: payload,
-	})
+	}
+	if w.cfg.PublishFunc == nil {
+		return outbox.Queue(b, m)
+	}
+	return outbox.QueueHandedOff(b, m, w.cfg.HandOff, func(c outbox.Committed) { *sent = append(*sent, c) })
 }
 
 // idleTimeoutFor is the longest a step transaction may sit idle: the
