@@ -5,11 +5,20 @@
 // rows into idemsaga.outbox inside the caller's pgx.Tx. The Relay claims
 // unpublished rows with FOR UPDATE SKIP LOCKED (so any number of relays can
 // run at once), publishes each with a Nats-Msg-Id header, waits for the
-// broker's acks, and marks the rows published in the same transaction as
+// broker's acks, and deletes (or marks) the rows in the same transaction as
 // the claim.
 //
+// A writer that knows when its transaction commits can do better: it
+// queues its rows with QueueHandedOff, and right after the commit hands
+// them to Relay.Publish, which publishes them at once and deletes the
+// acknowledged ones in batches, with no claim. The relay's sweep leaves
+// such a row alone until its hand-off has passed, then publishes it if it
+// is still there: after a crash between the commit and the publish, or a
+// publish the broker did not acknowledge. The engine and the step workers
+// write their commands and replies this way.
+//
 // Guarantees: a committed row is published at least once. A relay that
-// crashes after publishing and before marking publishes the row again; the
-// broker's dedup window usually drops that copy, and the consumers' inbox
-// and fenced updates absorb it when it does not.
+// crashes after publishing and before deleting publishes the row again;
+// the broker's dedup window usually drops that copy, and the consumers'
+// inbox and fenced updates absorb it when it does not.
 package outbox

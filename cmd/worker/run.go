@@ -25,6 +25,7 @@ type runCmd struct {
 	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/transfers), /metrics, /healthz and /readyz; port 0 picks a free port (logged)."`
 	KeepFinished     time.Duration `name:"keep-finished" default:"168h" help:"How long finished sagas and their inbox records are kept (the replay window); a key can start a new saga after it."`
 	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"How long published outbox rows are kept (0: deleted as soon as the broker acknowledged them; otherwise more than the broker's 2-minute dedup window)."`
+	RelayHandOff     time.Duration `name:"relay-hand-off" default:"10s" help:"How long the relay leaves an outbox row to the process that committed it, which publishes it right after the commit; past it the relay publishes what is still there (after a crash between commit and publish)."`
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
 	MetricsFile      string        `name:"metrics-file" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
@@ -55,7 +56,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
 		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
-		LeaseGrace: g.LeaseGrace, AckWait: r.AckWait, Logger: log, Registerer: reg,
+		LeaseGrace: g.LeaseGrace, AckWait: r.AckWait, RelayHandOff: r.RelayHandOff, Logger: log, Registerer: reg,
 		Retention:        engine.RetentionConfig{FinishedSagas: r.KeepFinished, Inbox: r.KeepFinished, PublishedOutbox: r.KeepPublished},
 		DisableRetention: r.NoRetention,
 	})
