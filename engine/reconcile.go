@@ -44,7 +44,8 @@ func (d Difference) String() string {
 //     effect, no step recorded as succeeded is missing from the inbox
 //     (each step key's effect is recorded once, by the inbox's primary key);
 //   - the outbox is drained or draining: no row unpublished for longer than
-//     staleAfter, none the broker refused;
+//     staleAfter after it became the relay's (its hand-off passed), none
+//     the broker refused;
 //   - sagas in StateFailed are listed: they need a person.
 //
 // defs gives the final state of each definition; sagas of other
@@ -105,7 +106,7 @@ where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succ
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
-from idemsaga.outbox where published_at is null and (created_at < now() - $1 * interval '1 second' or attempts > 0)
+from idemsaga.outbox where published_at is null and (coalesce(publish_after, created_at) < now() - $1 * interval '1 second' or attempts > 0)
 order by id limit 100`, []any{stale}},
 	}
 	for _, c := range checks {
