@@ -286,6 +286,9 @@ func New(cfg Config) (*Engine, error) {
 		Pool: cfg.Pool, Consumer: e.consumerFunc("_steps", e.subjects.AllCommands()), Subjects: e.subjects,
 		Definitions: cfg.Definitions, Concurrency: cfg.StepConcurrency, Logger: cfg.Logger, Metrics: m,
 		PublishFunc: e.relay.Publish, HandOff: cfg.RelayHandOff,
+		// The step workers share the engine's database: a success moves
+		// its saga on in the step's own transaction.
+		ApplyFunc: c.applyInStep,
 	})
 	if err != nil {
 		return nil, err
@@ -327,6 +330,13 @@ func (e *Engine) Client() *Client { return e.client }
 // orchestrator calls it for every reply it consumes.
 func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	return e.c.ApplyReply(ctx, r)
+}
+
+// HandleCommand runs one step command as the engine's step workers do: a
+// success moves the saga on in the step's own transaction, anything else
+// is answered with a reply in the outbox. Exposed for tools and tests.
+func (e *Engine) HandleCommand(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+	return e.worker.Handle(ctx, cmd)
 }
 
 // ReapOnce runs one pass of the reaper; exposed for tools and tests.

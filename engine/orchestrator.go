@@ -90,13 +90,35 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	t := newConnTxn(conn)
 	defer t.rollback(ctx)
 
-	// First round trip: BEGIN, lock the saga (the order every writer
-	// takes: saga, then step) and read the step.
+	// First round trip: BEGIN, lock the saga, read the step. Second: the
+	// writes and COMMIT.
+	v, err := c.judgeAndQueue(ctx, t, def, idx, r, fx)
+	if err == nil && v == VerdictApplied {
+		err = t.commit(ctx)
+	}
+	if errors.Is(err, errAlreadyApplied) {
+		return VerdictDuplicate, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if v == VerdictApplied {
+		fx.sent = t.sent
+	}
+	return v, nil
+}
+
+// judgeAndQueue locks the reply's saga (the order every writer takes:
+// saga, then step), reads its step, and judges the reply: in one round
+// trip, with whatever t had queued. An applicable reply's writes are
+// queued on t, for the caller to commit.
+func (c *core) judgeAndQueue(ctx context.Context, t *txn, def *saga.Definition, idx int, r wire.Reply, fx *effects) (Verdict, error) {
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
 	stepFound := true
 	t.queue(selectSagaByIDLocked, func(row pgx.Row) error {
+		var err error
 		sg, err = scanSaga(row)
 		return err
 	}, pguuid.Of(r.SagaID))
@@ -120,26 +142,11 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		return VerdictMissing, nil
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
-
 	v := judge(st, r)
 	if v != VerdictApplied {
 		return v, nil
 	}
-	// Second round trip: the writes and COMMIT.
-	err = c.apply(ctx, t, sg, def, idx, r, fx)
-	if err == nil {
-		err = t.commit(ctx)
-	}
-	if err == nil {
-		fx.sent = t.sent
-	}
-	if errors.Is(err, errAlreadyApplied) {
-		return VerdictDuplicate, nil
-	}
-	if err != nil {
-		return "", err
-	}
-	return VerdictApplied, nil
+	return v, c.apply(ctx, t, sg, def, idx, r, fx)
 }
 
 func (c *core) apply(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, r wire.Reply, fx *effects) error {
@@ -215,4 +222,41 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 		return // as if the ack was lost: JetStream redelivers after AckWait
 	}
 	_ = msg.Ack()
+}
+
+// applyInStep applies a step's success to its saga inside the step
+// worker's own transaction (steps.Config.ApplyFunc), so the success needs
+// no reply, no second transaction and no trip through the broker. The
+// saga is locked after the step's business writes, in the order every
+// writer takes (saga, then step); what the engine gives up on it settles
+// through the inbox with a lock timeout, so it cannot wait on a step
+// forever. b holds the step's writes not yet sent; they go with the lock
+// and the read. The writes returned are the step worker's to commit.
+func (c *core) applyInStep(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r wire.Reply) (*pgx.Batch, func(), error) {
+	def, err := c.definition(r.Definition)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx := def.StepIndex(r.Step)
+	if idx < 0 {
+		return nil, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
+	}
+	fx := &effects{}
+	t := inTxn(conn, b)
+	v, err := c.judgeAndQueue(ctx, t, def, idx, r, fx)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch v {
+	case VerdictApplied:
+	case VerdictStale:
+		c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc()
+		return nil, nil, nil
+	default:
+		return nil, nil, nil
+	}
+	return t.pending(), func() {
+		fx.sent = t.sent
+		c.emit(fx)
+	}, nil
 }

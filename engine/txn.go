@@ -31,6 +31,7 @@ import (
 type txn struct {
 	db    batcher
 	conn  *pgxpool.Conn // set for a transaction begun lazily on a connection
+	q     querier       // set for a transaction another owner commits (inTxn)
 	begun bool
 	batch *pgx.Batch
 	// sent holds the outbox rows written, for their publish after commit.
@@ -47,6 +48,20 @@ func newTxn(tx pgx.Tx) *txn { return &txn{db: tx, begun: true} }
 // newConnTxn starts a transaction on conn with its first batch. Call
 // rollback (a no-op after commit) before releasing conn.
 func newConnTxn(conn *pgxpool.Conn) *txn { return &txn{db: conn, conn: conn} }
+
+// inTxn joins a transaction open on conn that its owner ends (a step
+// worker's): b holds the owner's statements not yet sent, and the engine's
+// go with them. The owner sends what pending returns, with its COMMIT.
+func inTxn(conn *pgx.Conn, b *pgx.Batch) *txn {
+	return &txn{db: conn, q: conn, begun: true, batch: b}
+}
+
+// pending returns the statements queued and not sent, and forgets them.
+func (t *txn) pending() *pgx.Batch {
+	b := t.batch
+	t.batch = nil
+	return b
+}
 
 // queue adds a statement. fn receives its one result row (a SELECT, an
 // UPDATE or INSERT ... RETURNING, or a SELECT over data-modifying CTEs)
@@ -88,7 +103,10 @@ func (t *txn) read(ctx context.Context) (querier, error) {
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
-	if t.conn != nil {
+	switch {
+	case t.q != nil:
+		return t.q, nil
+	case t.conn != nil:
 		return t.conn, nil
 	}
 	return t.db.(pgx.Tx), nil

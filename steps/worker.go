@@ -56,6 +56,26 @@ type Config struct {
 	// HandOff is how long the relay leaves a reply to PublishFunc.
 	// Defaults to outbox.HandOffDefault.
 	HandOff time.Duration
+	// ApplyFunc, if set, applies a step's success to its saga inside the
+	// step's own transaction, in place of a reply: the engine passes its
+	// orchestrator when it runs the step workers on its own database. It
+	// gets the step's writes not yet sent (b) and sends them with its own
+	// reads, in one round trip; it returns its writes, which the worker
+	// sends with COMMIT, or nil when the success is not to be applied (the
+	// attempt is stale, say; a reply would be dropped too). after, if not
+	// nil, runs once the transaction committed. On an error the worker
+	// rolls back and runs the step again, answering with a reply.
+	ApplyFunc func(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r wire.Reply) (writes *pgx.Batch, after func(), err error)
+}
+
+// errApplyInStep marks a failed ApplyFunc: the step runs again with a
+// reply.
+var errApplyInStep = errors.New("apply the success in the step's transaction")
+
+// attempt is what a committed attempt leaves to do after its commit.
+type attempt struct {
+	sent  []outbox.Committed // outbox rows to publish
+	after func()             // ApplyFunc's, if it applied the success
 }
 
 // Worker consumes and runs step commands.
@@ -161,13 +181,24 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	}
 
 	start := time.Now()
-	var sent []outbox.Committed
-	reply, err := w.run(ctx, cmd, handler, policy, &sent)
+	var done attempt
+	reply, err := w.run(ctx, cmd, handler, policy, &done, w.cfg.ApplyFunc != nil)
+	if errors.Is(err, errApplyInStep) {
+		// Nothing committed: run the step again, with a reply for the
+		// orchestrator to apply on its own.
+		w.cfg.Logger.Warn("step worker: the success could not be applied in the step's transaction; running the step again with a reply",
+			"saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
+		done = attempt{}
+		reply, err = w.run(ctx, cmd, handler, policy, &done, false)
+	}
 	if err != nil {
 		return reply, err
 	}
+	if done.after != nil {
+		done.after()
+	}
 	if w.cfg.PublishFunc != nil {
-		w.cfg.PublishFunc(sent...)
+		w.cfg.PublishFunc(done.sent...)
 	} else if w.cfg.CommittedFunc != nil {
 		w.cfg.CommittedFunc()
 	}
@@ -183,9 +214,11 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	return reply, nil
 }
 
-// run runs one attempt to its commit; sent receives the outbox rows the
-// commit wrote, for their publish.
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, sent *[]outbox.Committed) (wire.Reply, error) {
+// run runs one attempt to its commit; done receives what is left to do
+// after the commit. With applyInStep a success is applied to the saga in
+// the same transaction (Config.ApplyFunc) instead of replied.
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, done *attempt, applyInStep bool) (wire.Reply, error) {
+	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
 		Phase: cmd.Phase, Key: cmd.Key, Attempt: cmd.Attempt,
@@ -253,6 +286,9 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		record := &pgx.Batch{}
 		record.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
+		if applyInStep {
+			return reply, w.applyAndCommit(attemptCtx, conn, reply, record, done)
+		}
 		return reply, w.replyAndCommit(attemptCtx, conn, reply, record, sent)
 	}
 
@@ -394,6 +430,28 @@ func storedReply(ctx context.Context, q interface {
 		return reply, err
 	}
 	return st.reply(reply)
+}
+
+// applyAndCommit hands the step's pending writes (b) to ApplyFunc, which
+// applies the success to the saga, and commits: two round trips, and no
+// reply. Any failure is errApplyInStep, with nothing committed.
+func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, done *attempt) error {
+	writes, after, err := w.cfg.ApplyFunc(ctx, conn.Conn(), b, reply)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errApplyInStep, err)
+	}
+	if writes == nil {
+		writes = &pgx.Batch{}
+	}
+	writes.Queue("commit")
+	if err := conn.SendBatch(ctx, writes).Close(); err != nil {
+		return fmt.Errorf("%w: write and commit: %w", errApplyInStep, err)
+	}
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		return fmt.Errorf("%w: the transaction is still open after COMMIT", errApplyInStep)
+	}
+	done.after = after
+	return nil
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox

@@ -1,0 +1,143 @@
+package engine_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestSuccessAppliedInStepConcurrently delivers each command of one
+// transfer to twenty goroutines across four engines at once. A success
+// moves the saga on inside the step's own transaction, with no reply:
+// exactly one delivery takes effect, the saga moves once per step, the
+// next step is dispatched once, and money is conserved.
+func TestSuccessAppliedInStepConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	stream := testenv.Name("INSTEP")
+
+	// Not started: the goroutines play the step workers.
+	engines := make([]*engine.Engine, 4)
+	regs := make([]*prometheus.Registry, len(engines))
+	for i := range engines {
+		regs[i] = prometheus.NewRegistry()
+		e, err := engine.New(engine.Config{
+			Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+			Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour,
+			Logger: quietLogger(), Registerer: regs[i],
+		})
+		require.NoError(t, err)
+		engines[i] = e
+	}
+	res, err := engines[0].Client().Start(ctx, def, "in-step", transferInput(1, 2, 70))
+	require.NoError(t, err)
+
+	for step, state := range []string{"deducted", "credited"} {
+		cmd := latestCommand(t, pool)
+		require.Equal(t, def.Step(step).Name, cmd.Step)
+
+		const perEngine = 5
+		var wg sync.WaitGroup
+		replies := make([]wire.Reply, len(engines)*perEngine)
+		errs := make([]error, len(replies))
+		start := make(chan struct{})
+		for i := range replies {
+			wg.Go(func() {
+				<-start
+				replies[i], errs[i] = engines[i%len(engines)].HandleCommand(ctx, cmd)
+			})
+		}
+		close(start)
+		wg.Wait()
+		fresh := 0
+		for i := range replies {
+			require.NoError(t, errs[i])
+			require.Equal(t, wire.OutcomeSucceeded, replies[i].Outcome)
+			if !replies[i].Duplicate {
+				fresh++
+			}
+		}
+		require.Equal(t, 1, fresh, "one delivery takes effect; the rest are absorbed by the inbox")
+
+		var got string
+		var version int
+		require.NoError(t, pool.QueryRow(ctx, `select state, version from idemsaga.sagas where id = $1`, res.ID).Scan(&got, &version))
+		require.Equal(t, state, got)
+		require.Equal(t, step+2, version, "one transition per step")
+	}
+
+	var steps, commands, replies, ledger int
+	require.NoError(t, pool.QueryRow(ctx, `select
+  (select count(*) from idemsaga.steps where status = 'succeeded'),
+  (select count(*) from idemsaga.outbox where subject like '%.cmd.%'),
+  (select count(*) from idemsaga.outbox where subject like '%.reply.%'),
+  (select count(*) from transfer.ledger)`).Scan(&steps, &commands, &replies, &ledger))
+	require.Equal(t, []int{2, 2, 0, 2}, []int{steps, commands, replies, ledger},
+		"two steps succeeded, two commands dispatched, no reply written, one ledger entry per step")
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
+}
+
+// latestCommand decodes the newest command in the outbox.
+func latestCommand(t *testing.T, pool *pgxpool.Pool) wire.Command {
+	t.Helper()
+	var payload []byte
+	require.NoError(t, pool.QueryRow(context.Background(), `select payload from idemsaga.outbox where subject like '%.cmd.%' order by id desc limit 1`).Scan(&payload))
+	cmd, err := wire.DecodeCommand(payload)
+	require.NoError(t, err)
+	return cmd
+}
+
+// TestSuccessNotAppliableInStepFallsBackToAReply: when the saga cannot take
+// the success in the step's transaction (here its state was changed by
+// hand), the step is rolled back and run again, answering with a reply as
+// a worker without the engine's tables would. Its effect happens once.
+func TestSuccessNotAppliableInStepFallsBackToAReply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	stream := testenv.Name("FALLBACK")
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
+	})
+	require.NoError(t, err)
+	res, err := e.Client().Start(ctx, def, "fallback", transferInput(1, 2, 70))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set state = 'credited' where id = $1`, res.ID)
+	require.NoError(t, err)
+
+	reply, err := e.HandleCommand(ctx, latestCommand(t, pool))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.False(t, reply.Duplicate)
+
+	var replies, ledger, version int
+	require.NoError(t, pool.QueryRow(ctx, `select
+  (select count(*) from idemsaga.outbox where subject like '%.reply.%'),
+  (select count(*) from transfer.ledger),
+  (select version from idemsaga.sagas where id = $1)`, res.ID).Scan(&replies, &ledger, &version))
+	require.Equal(t, []int{1, 1, 1}, []int{replies, ledger, version}, "one reply, one effect, the saga untouched")
+}
