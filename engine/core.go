@@ -342,7 +342,7 @@ func (c *core) settle(ctx context.Context, tx *txn, sg *saga.Instance, def *saga
 	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
 	var outcome string
 	var result []byte
-	b.Queue(settleRead, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
+	b.Queue(settleRead, sg.ID, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
 	if err := q.SendBatch(ctx, b).Close(); err != nil {
 		return "", nil, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
 	}

@@ -129,9 +129,9 @@ select idemsaga.expect(count(*) > 0, 'step ' || $2 || ' (' || $3 || ') of saga '
 	// commits, no delivery of the step's command can take effect.
 	settleTombstone = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
 values ($1, $2, $3, $4, 0, 'tombstone')
-on conflict (step_key) do nothing`
+on conflict (saga_id, step_key) do nothing`
 
-	settleRead = `select outcome, result from idemsaga.inbox where step_key = $1`
+	settleRead = `select outcome, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
 
 	// scheduleRetry puts a step in its retry wait and its attempt into
 	// the timeline as 'retry'.

@@ -95,10 +95,10 @@ from idemsaga.steps st where st.status = 'dispatched' and st.lease_until < now()
 		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from now() - st.next_attempt_at)) || 's ago'
 from idemsaga.steps st where st.status = 'retrying' and st.next_attempt_at < now() - $1 * interval '1 second'`, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
-from idemsaga.steps st join idemsaga.inbox i on i.step_key = st.key
+from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
 		{"step recorded as succeeded has no success in the inbox: %s", `select st.saga_id, st.step || '/' || st.phase
-from idemsaga.steps st left join idemsaga.inbox i on i.step_key = st.key
+from idemsaga.steps st left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')`, nil},
 		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id

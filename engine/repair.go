@@ -52,7 +52,7 @@ where saga_id = $1 and phase = 'compensate' and status = 'failed' order by updat
 		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
 	key := saga.StepKey(id, step, saga.PhaseCompensate)
-	if _, err := tx.Exec(ctx, `delete from idemsaga.inbox where step_key = $1 and outcome in ('failed', 'tombstone')`, key); err != nil {
+	if _, err := tx.Exec(ctx, `delete from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone')`, id, key); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
 	}
 	var next int

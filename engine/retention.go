@@ -188,8 +188,8 @@ where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
 
 	// deleteOrphanInbox deletes inbox rows past the window whose saga is
 	// gone. A row whose saga exists, in any state, is never touched.
-	deleteOrphanInbox = `delete from idemsaga.inbox where step_key in (
-  select i.step_key from idemsaga.inbox i
+	deleteOrphanInbox = `delete from idemsaga.inbox where (saga_id, step_key) in (
+  select i.saga_id, i.step_key from idemsaga.inbox i
   where i.created_at < now() - $1 * interval '1 millisecond'
     and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)
   order by i.created_at

@@ -8,24 +8,24 @@ const (
 	// committed outcome; if this transaction rolls back, so does the row.
 	claimKey = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
 values ($1, $2, $3, $4, $5, 'succeeded')
-on conflict (step_key) do nothing`
+on conflict (saga_id, step_key) do nothing`
 
-	recordResult = `update idemsaga.inbox set result = $2 where step_key = $1`
+	recordResult = `update idemsaga.inbox set result = $3 where saga_id = $1 and step_key = $2`
 
 	recordFailure = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, error)
 values ($1, $2, $3, $4, $5, 'failed', $6)
-on conflict (step_key) do nothing`
+on conflict (saga_id, step_key) do nothing`
 
 	// tombstone fences a forward step before its compensation: if the
 	// forward command has not run yet, it never will.
 	tombstone = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
 values ($1, $2, $3, 'forward', 0, 'tombstone')
-on conflict (step_key) do nothing`
+on conflict (saga_id, step_key) do nothing`
 
-	readOutcome = `select outcome, result, coalesce(error, '') from idemsaga.inbox where step_key = $1`
+	readOutcome = `select outcome, result, coalesce(error, '') from idemsaga.inbox where saga_id = $1 and step_key = $2`
 
 	// readStored reads what the inbox holds for a key, after the claim in
 	// the same pipeline: a claim that found the row waited for its writer
 	// to commit, so this statement's snapshot sees what it committed.
-	readStored = `select outcome, result, coalesce(error, ''), attempt from idemsaga.inbox where step_key = $1`
+	readStored = `select outcome, result, coalesce(error, ''), attempt from idemsaga.inbox where saga_id = $1 and step_key = $2`
 )

@@ -252,7 +252,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	var claimed int64
 	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
 	var st stored
-	b.Queue(readStored, pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error { return st.scan(row) })
+	b.Queue(readStored, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error { return st.scan(row) })
 	if err := conn.SendBatch(attemptCtx, b).Close(); err != nil {
 		return reply, fmt.Errorf("claim step key: %w", err)
 	}
@@ -285,7 +285,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		// the outbox, COMMIT.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		record := &pgx.Batch{}
-		record.Queue(recordResult, pguuid.Of(cmd.Key), nullJSON(result))
+		record.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
 		if applyInStep {
 			return reply, w.applyAndCommit(attemptCtx, conn, reply, record, done)
 		}
@@ -360,7 +360,7 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		var outcome string
 		var fwd []byte
 		var ferr string
-		if err := tx.QueryRow(ctx, readOutcome, forwardKey).Scan(&outcome, &fwd, &ferr); err != nil {
+		if err := tx.QueryRow(ctx, readOutcome, cmd.SagaID, forwardKey).Scan(&outcome, &fwd, &ferr); err != nil {
 			return nil, fmt.Errorf("read forward outcome: %w", err)
 		}
 		if outcome != "succeeded" {
@@ -426,7 +426,7 @@ func storedReply(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, reply wire.Reply) (wire.Reply, error) {
 	var st stored
-	if err := st.scan(q.QueryRow(ctx, readStored, pguuid.Of(reply.Key))); err != nil {
+	if err := st.scan(q.QueryRow(ctx, readStored, pguuid.Of(reply.SagaID), pguuid.Of(reply.Key))); err != nil {
 		return reply, err
 	}
 	return st.reply(reply)
