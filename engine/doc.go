@@ -18,8 +18,12 @@
 //     and writes nothing.
 //   - Every state change is one conditional update on (state, version) in
 //     the same transaction as the step's outcome and the next command in
-//     the outbox. A reply already applied, or from an older attempt, changes
-//     nothing.
+//     the outbox. The engine's own step workers apply a success in the
+//     step's transaction, with the inbox row and the business write; a
+//     failure comes back as a reply. A reply or success already applied,
+//     or from an older attempt, changes nothing.
+//   - What a process commits to the outbox it publishes right after the
+//     commit; the relay publishes what is left after Config.RelayHandOff.
 //   - A dispatched step holds a lease taken from the database clock. When
 //     it expires with no reply, the step is dispatched again with the same
 //     key and the next attempt number; when the last attempt's lease

@@ -3,6 +3,10 @@
 // the step key in the inbox, and writes the reply to the outbox in that same
 // transaction. It acknowledges a command only after that commit.
 //
+// Run inside an engine (Config.ApplyFunc), a success needs no reply: the
+// engine moves the saga on in the step's own transaction, and the worker
+// publishes the next command right after the commit (Config.PublishFunc).
+//
 // Guarantees:
 //   - A command whose key is already in the inbox returns the stored outcome
 //     and runs nothing: each step key's business effect happens once.

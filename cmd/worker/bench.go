@@ -42,6 +42,7 @@ type benchCmd struct {
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
+	MemoryEvery    time.Duration `name:"memory-every" default:"0s" help:"Also print the heap (after a GC) and resident memory at this interval during the run (0: only after the warm-up and at the end), to see whether memory stays flat."`
 }
 
 type benchResult struct {
@@ -230,7 +231,10 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 	start := time.Now()
-	if err := run(b.Sagas, "bench", latencies); err != nil {
+	stopSampling := sampleMemory(b.MemoryEvery, start)
+	err = run(b.Sagas, "bench", latencies)
+	stopSampling()
+	if err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
@@ -316,6 +320,33 @@ func (r benchResult) print() {
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
+// sampleMemory prints the heap in use (after a GC) and the resident memory
+// every interval until the returned function is called; interval 0 prints
+// nothing.
+func sampleMemory(every time.Duration, start time.Time) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Printf("  memory at %-7s heap %s, resident %s\n", time.Since(start).Round(time.Second), mib(ms.HeapInuse), mib(residentMemory()))
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
 type stats struct {
 	commits, rows, msgs int64
 	selfCPU, pgCPU      time.Duration
@@ -395,6 +426,10 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
 		fmt.Printf("bench: prefill: checkpoint not run (%v); the measured run may include it\n", err)
 	}
+	// And have the kernel write back what the prefill left dirty in the
+	// page cache (a gigabyte of WAL and tables for a million sagas): its
+	// writeback would otherwise stall the measured run's WAL flushes.
+	syscall.Sync()
 	fmt.Printf("bench: prefilled %d finished sagas in %s\n", n, time.Since(start).Round(time.Second))
 	return nil
 }
