@@ -141,3 +141,64 @@ func TestSuccessNotAppliableInStepFallsBackToAReply(t *testing.T) {
   (select version from idemsaga.sagas where id = $1)`, res.ID).Scan(&replies, &ledger, &version))
 	require.Equal(t, []int{1, 1, 1}, []int{replies, ledger, version}, "one reply, one effect, the saga untouched")
 }
+
+// TestStaleSuccessInStepIsAnsweredByTheNextAttempt: attempt 1 succeeds
+// after its lease was taken over. Its success is stale and moves nothing,
+// but its effect is in the inbox: attempt 2's delivery answers with that
+// outcome in a reply, and the orchestrator applies it. One effect, nothing
+// lost.
+func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	stream := testenv.Name("STALE")
+	reg := prometheus.NewRegistry()
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(), Registerer: reg,
+	})
+	require.NoError(t, err)
+	res, err := e.Client().Start(ctx, def, "stale", transferInput(1, 2, 70))
+	require.NoError(t, err)
+	first := latestCommand(t, pool)
+
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	moved, err := e.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, moved)
+	second := latestCommand(t, pool)
+	require.Equal(t, 2, second.Attempt)
+
+	reply, err := e.HandleCommand(ctx, first)
+	require.NoError(t, err)
+	require.False(t, reply.Duplicate, "attempt 1 ran its handler")
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `select state from idemsaga.sagas where id = $1`, res.ID).Scan(&state))
+	require.Equal(t, "init", state, "a stale success moves nothing")
+	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_stale_replies_total", nil))
+
+	reply, err = e.HandleCommand(ctx, second)
+	require.NoError(t, err)
+	require.True(t, reply.Duplicate, "attempt 2 finds attempt 1's effect in the inbox")
+	var payload []byte
+	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject like '%.reply.%'`).Scan(&payload))
+	r, err := wire.DecodeReply(payload)
+	require.NoError(t, err)
+	require.Equal(t, 2, r.Attempt)
+	v, err := e.ApplyReply(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, engine.VerdictApplied, v)
+
+	// The credit, applied in its step, finishes the saga.
+	_, err = e.HandleCommand(ctx, latestCommand(t, pool))
+	require.NoError(t, err)
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
+}

@@ -42,6 +42,7 @@ type benchCmd struct {
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
+	NATSURL        string        `name:"nats-url" help:"Use this NATS server (with JetStream) instead of one embedded in this process, so that the process holds only the workers; the broker's CPU is then counted apart (processes named nats-server). The benchmark uses a stream of its own there, IDEMSAGA_BENCH, deleted at the end."`
 	MemoryEvery    time.Duration `name:"memory-every" default:"0s" help:"Also print the heap (after a GC) and resident memory at this interval during the run (0: only after the warm-up and at the end), to see whether memory stays flat."`
 }
 
@@ -52,6 +53,9 @@ type benchResult struct {
 	TxPerSaga, RowsPerSaga         float64
 	MsgsPerSaga                    float64
 	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
+	// NATSCPUPerSaga is the external broker's (--nats-url), 0 when it is
+	// embedded and counted with the workers.
+	NATSCPUPerSaga time.Duration
 	PgbenchTPS                     float64
 	Differences                    int
 	// Heap in use after a GC, and resident memory, after the warm-up and
@@ -85,13 +89,20 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 
-	ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
-	if err != nil {
-		return err
+	natsURL, stream, prefix := b.NATSURL, engine.StreamDefault, engine.SubjectPrefixDefault
+	if natsURL == "" {
+		ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
+		if err != nil {
+			return err
+		}
+		defer stopNATS()
+		natsURL = ns.ClientURL()
+	} else {
+		stream, prefix = "IDEMSAGA_BENCH", "idemsaga-bench"
+		defer deleteStream(natsURL, stream)
 	}
-	defer stopNATS()
 	if b.Redeliver > 0 {
-		stopCopies, err := redeliverCommands(ns.ClientURL(), b.Redeliver)
+		stopCopies, err := redeliverCommands(natsURL, prefix, b.Redeliver)
 		if err != nil {
 			return err
 		}
@@ -126,7 +137,8 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	}
 
 	per := max(4, b.Concurrency/b.Pools)
-	engines, stopPools, err := startPools(ctx, b.Pools, dsn, ns.ClientURL(), int32(2*per+6), func(_ int, cfg *engine.Config) {
+	engines, stopPools, err := startPools(ctx, b.Pools, dsn, natsURL, int32(2*per+6), func(_ int, cfg *engine.Config) {
+		cfg.Stream, cfg.SubjectPrefix = stream, prefix
 		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.DisableRetention = per, per, true
 		cfg.Logger, cfg.OnFinishedFunc = newLogger("error"), onFinished
 	})
@@ -134,7 +146,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer stopPools()
-	jsConn, err := connectNATS(ns.ClientURL(), "bench-stats")
+	jsConn, err := connectNATS(natsURL, "bench-stats")
 	if err != nil {
 		return err
 	}
@@ -207,15 +219,19 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 
-	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, embedded NATS (default fsync), GOMAXPROCS %d\n",
-		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), runtime.GOMAXPROCS(0))
+	broker := "embedded NATS (default fsync)"
+	if b.NATSURL != "" {
+		broker = "NATS at " + b.NATSURL
+	}
+	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
+		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
 	if b.Rate > 0 {
 		fmt.Printf("bench: open loop at %.0f sagas/s\n", b.Rate)
 	}
 	if err := run(200, "warm", nil); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	before, err := snapshot(ctx, pool, js, b.DBName)
+	before, err := snapshot(ctx, pool, js, stream, b.DBName)
 	if err != nil {
 		return err
 	}
@@ -241,7 +257,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
-	after, err := snapshot(ctx, pool, js, b.DBName)
+	after, err := snapshot(ctx, pool, js, stream, b.DBName)
 	if err != nil {
 		return err
 	}
@@ -268,6 +284,9 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
 	res.WorkerCPUPerSaga = time.Duration(float64(after.selfCPU-before.selfCPU) / n)
 	res.PGCPUPerSaga = time.Duration(float64(after.pgCPU-before.pgCPU) / n)
+	if b.NATSURL != "" {
+		res.NATSCPUPerSaga = time.Duration(float64(after.natsCPU-before.natsCPU) / n)
+	}
 
 	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
 	if err != nil {
@@ -300,22 +319,32 @@ func (r benchResult) print() {
 	row("latency", "p50 %s, p95 %s, p99 %s (submit to terminal state)", r.P50.Round(10*time.Microsecond), r.P95.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond))
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
-	row("CPU per saga", "%s workers + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), (r.WorkerCPUPerSaga + r.PGCPUPerSaga).Round(time.Microsecond))
+	if r.NATSCPUPerSaga > 0 {
+		row("CPU per saga", "%s workers + %s NATS + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.NATSCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), r.cpu().Round(time.Microsecond))
+	} else {
+		row("CPU per saga", "%s workers (with the embedded NATS) + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), r.cpu().Round(time.Microsecond))
+	}
 	if r.PgbenchTPS > 0 {
 		row("pgbench ceiling", "%.0f TPS (UPDATE by key + INSERT per transaction, same clients)", r.PgbenchTPS)
-		row("ratio", "%.2f (sagas/s x commits per saga / pgbench TPS)", rate*r.TxPerSaga/r.PgbenchTPS)
+		row("ratio", "%.2f (sagas/s x commits per saga / pgbench TPS); %.3f sagas per pgbench transaction (sagas/s / pgbench TPS)",
+			rate*r.TxPerSaga/r.PgbenchTPS, rate/r.PgbenchTPS)
 	}
-	row("memory", "heap %s after warm-up, %s at the end; resident %s, then %s (workers, NATS and the benchmark's own bookkeeping)",
+	row("memory", "heap %s after warm-up, %s at the end; resident %s, then %s (this process: the workers, the embedded NATS if any, and the benchmark's own bookkeeping)",
 		mib(r.HeapBefore), mib(r.HeapAfter), mib(r.RSSBefore), mib(r.RSSAfter))
 	row("reconcile", "%d differences", r.Differences)
 	_ = w.Flush()
-	fmt.Printf("\n| sagas/s | p50 | p95 | p99 | commits/saga | rows/saga | msgs/saga | CPU/saga (workers+PG) | pgbench TPS | ratio |\n")
-	ratio := 0.0
+	fmt.Printf("\n| sagas/s | p50 | p95 | p99 | commits/saga | rows/saga | msgs/saga | CPU/saga (all processes) | pgbench TPS | ratio | sagas/pgbench tx |\n")
+	ratio, perTx := 0.0, 0.0
 	if r.PgbenchTPS > 0 {
-		ratio = rate * r.TxPerSaga / r.PgbenchTPS
+		ratio, perTx = rate*r.TxPerSaga/r.PgbenchTPS, rate/r.PgbenchTPS
 	}
-	fmt.Printf("| %.0f | %s | %s | %s | %.2f | %.1f | %.2f | %s | %.0f | %.2f |\n", rate, r.P50.Round(100*time.Microsecond), r.P95.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond),
-		r.TxPerSaga, r.RowsPerSaga, r.MsgsPerSaga, (r.WorkerCPUPerSaga + r.PGCPUPerSaga).Round(time.Microsecond), r.PgbenchTPS, ratio)
+	fmt.Printf("| %.0f | %s | %s | %s | %.2f | %.1f | %.2f | %s | %.0f | %.2f | %.3f |\n", rate, r.P50.Round(100*time.Microsecond), r.P95.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond),
+		r.TxPerSaga, r.RowsPerSaga, r.MsgsPerSaga, r.cpu().Round(time.Microsecond), r.PgbenchTPS, ratio, perTx)
+}
+
+// cpu is the CPU time per saga of every process involved.
+func (r benchResult) cpu() time.Duration {
+	return r.WorkerCPUPerSaga + r.NATSCPUPerSaga + r.PGCPUPerSaga
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
@@ -350,10 +379,11 @@ func sampleMemory(every time.Duration, start time.Time) (stop func()) {
 type stats struct {
 	commits, rows, msgs int64
 	selfCPU, pgCPU      time.Duration
+	natsCPU             time.Duration
 	heap, rss           uint64
 }
 
-func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, db string) (stats, error) {
+func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, stream, db string) (stats, error) {
 	var s stats
 	// pg_stat counters are flushed by backends at commit with some delay;
 	// a short pause lets the last ones land.
@@ -367,7 +397,7 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, d
 	if err := pool.QueryRow(ctx, `select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint from pg_stat_user_tables`).Scan(&s.rows); err != nil {
 		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
 	}
-	st, err := js.Stream(ctx, engine.StreamDefault)
+	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return s, err
 	}
@@ -376,7 +406,7 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, d
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		s.selfCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	s.pgCPU = postgresCPU()
+	s.pgCPU, s.natsCPU = processCPU("postgres"), processCPU("nats-server")
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -454,9 +484,9 @@ const prefillSQL = `with s as (
 insert into transfer.ledger (saga_id, step, account_id, amount, created_at)
 select saga_id, step, 1, case when step = 'deduct' then -1 else 1 end, now() - interval '1 day' from st`
 
-// postgresCPU adds up the CPU time of every process named postgres on
-// this machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.
-func postgresCPU() time.Duration {
+// processCPU adds up the CPU time of every process of this name on this
+// machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.
+func processCPU(name string) time.Duration {
 	entries, _ := os.ReadDir("/proc")
 	var ticks int64
 	for _, e := range entries {
@@ -469,7 +499,7 @@ func postgresCPU() time.Duration {
 		}
 		line := string(b)
 		open, close := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if open < 0 || close < open || line[open+1:close] != "postgres" {
+		if open < 0 || close < open || line[open+1:close] != name {
 			continue
 		}
 		fields := strings.Fields(line[close+1:])

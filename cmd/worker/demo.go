@@ -88,7 +88,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 	// them and the step workers' inbox must.
 	stopCopies := func() {}
 	if d.Redeliver > 0 {
-		if stopCopies, err = redeliverCommands(ns.ClientURL(), d.Redeliver); err != nil {
+		if stopCopies, err = redeliverCommands(ns.ClientURL(), engine.SubjectPrefixDefault, d.Redeliver); err != nil {
 			return err
 		}
 		defer stopCopies()

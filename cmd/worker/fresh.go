@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -132,7 +133,7 @@ func withClient(ctx context.Context, g *globals, fn func(*engine.Client) error) 
 // one for 1) under a new message id, as a broker redelivery would: the
 // broker cannot drop them and the step workers' inbox must. stop waits for
 // the copies in flight.
-func redeliverCommands(url string, fraction float64) (stop func(), err error) {
+func redeliverCommands(url, prefix string, fraction float64) (stop func(), err error) {
 	nc, err := connectNATS(url, "redeliverer")
 	if err != nil {
 		return nil, err
@@ -145,7 +146,7 @@ func redeliverCommands(url string, fraction float64) (stop func(), err error) {
 	var n atomic.Int64
 	var copies sync.WaitGroup
 	every := max(1, int64(math.Round(1/fraction)))
-	sub, err := nc.Subscribe(engine.SubjectPrefixDefault+".cmd.>", func(m *nats.Msg) {
+	sub, err := nc.Subscribe(prefix+".cmd.>", func(m *nats.Msg) {
 		if m.Header.Get("X-Idemsaga-Copy") != "" || n.Add(1)%every != 0 {
 			return
 		}
@@ -168,4 +169,24 @@ func redeliverCommands(url string, fraction float64) (stop func(), err error) {
 			nc.Close()
 		})
 	}, nil
+}
+
+// deleteStream removes a stream a run made on an external server; what
+// fails is only reported.
+func deleteStream(url, stream string) {
+	nc, err := connectNATS(url, "cleanup")
+	if err != nil {
+		fmt.Printf("bench: stream %s left on %s: %v\n", stream, url, err)
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = js.DeleteStream(ctx, stream)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		fmt.Printf("bench: stream %s left on %s: %v\n", stream, url, err)
+	}
 }
