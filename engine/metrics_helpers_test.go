@@ -36,3 +36,11 @@ func metricSum(t testing.TB, reg *prometheus.Registry, name string, labels map[s
 	}
 	return total
 }
+
+// stepDuplicates is the duplicate commands the step side absorbed: by a
+// worker remembering the attempt, or by the inbox.
+func stepDuplicates(t testing.TB, reg *prometheus.Registry) float64 {
+	t.Helper()
+	return metricSum(t, reg, "idemsaga_duplicates_absorbed_total", map[string]string{"layer": "inbox"}) +
+		metricSum(t, reg, "idemsaga_duplicates_absorbed_total", map[string]string{"layer": "recent"})
+}

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +27,9 @@ import (
 
 // ConcurrencyDefault is the number of commands a worker handles at once.
 const ConcurrencyDefault = 8
+
+// RecentDefault is how many answered attempts a worker remembers.
+const RecentDefault = 16384
 
 // Config configures a Worker.
 type Config struct {
@@ -56,6 +61,14 @@ type Config struct {
 	// HandOff is how long the relay leaves a reply to PublishFunc.
 	// Defaults to outbox.HandOffDefault.
 	HandOff time.Duration
+	// Recent is how many answered attempts (step key and attempt) the
+	// worker remembers, so that another delivery of one is acknowledged
+	// without a round trip to the database: a fast path in front of the
+	// inbox, which stays the guarantee (a delivery the worker does not
+	// remember, or that reaches another process, goes to the inbox). Only
+	// outcomes the inbox holds are remembered; a retryable failure is not.
+	// Defaults to RecentDefault; -1 remembers nothing.
+	Recent int
 	// ApplyFunc, if set, applies a step's success to its saga inside the
 	// step's own transaction, in place of a reply: the engine passes its
 	// orchestrator when it runs the step workers on its own database. It
@@ -76,14 +89,51 @@ var errApplyInStep = errors.New("apply the success in the step's transaction")
 type attempt struct {
 	sent  []outbox.Committed // outbox rows to publish
 	after func()             // ApplyFunc's, if it applied the success
+	// stored is set when the inbox holds this attempt's outcome (a
+	// success or a permanent failure committed, or found there).
+	stored bool
+}
+
+// remembered reports an attempt this worker answered.
+func (w *Worker) remembered(cmd wire.Command) (answer, bool) {
+	if w.recent == nil {
+		return answer{}, false
+	}
+	return w.recent.Get(attemptKey{cmd.Key, cmd.Attempt})
+}
+
+// remember keeps an answered attempt whose outcome the inbox holds.
+func (w *Worker) remember(cmd wire.Command, reply wire.Reply, stored bool) {
+	if w.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
+		return
+	}
+	w.recent.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: reply.Result, errText: reply.Error})
 }
 
 // Worker consumes and runs step commands.
 type Worker struct {
 	cfg    Config
 	defs   map[string]*saga.Definition
+	recent *lru.Cache[attemptKey, answer] // nil when Config.Recent is -1
 	runner lifecycle.Runner
 }
+
+// attemptKey names one attempt of a step.
+type attemptKey struct {
+	key     uuid.UUID
+	attempt int
+}
+
+// answer is what the inbox holds for an attempt the worker answered.
+type answer struct {
+	outcome wire.Outcome
+	result  json.RawMessage
+	errText string
+}
+
+// maxRemembered bounds the result and error an answer keeps; a larger
+// answer is not remembered, and its duplicates go to the inbox.
+const maxRemembered = 1024
 
 // New returns a worker; Start runs it.
 func New(cfg Config) (*Worker, error) {
@@ -98,6 +148,11 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("steps: Config.Concurrency is %d; use a positive number, or 0 for %d", cfg.Concurrency, ConcurrencyDefault)
 	case cfg.HandOff < 0:
 		return nil, fmt.Errorf("steps: Config.HandOff is %s; use a positive duration, or 0 for %s", cfg.HandOff, outbox.HandOffDefault)
+	case cfg.Recent < -1:
+		return nil, fmt.Errorf("steps: Config.Recent is %d; use a positive number, 0 for %d, or -1 to remember nothing", cfg.Recent, RecentDefault)
+	}
+	if cfg.Recent == 0 {
+		cfg.Recent = RecentDefault
 	}
 	if cfg.HandOff == 0 {
 		cfg.HandOff = outbox.HandOffDefault
@@ -112,6 +167,12 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Metrics, _ = metrics.New(nil)
 	}
 	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition)}
+	if cfg.Recent > 0 {
+		var err error
+		if w.recent, err = lru.New[attemptKey, answer](cfg.Recent); err != nil {
+			return nil, fmt.Errorf("steps: %w", err)
+		}
+	}
 	for _, d := range cfg.Definitions {
 		if _, dup := w.defs[d.Name()]; dup {
 			return nil, fmt.Errorf("steps: definition %q is given twice", d.Name())
@@ -180,6 +241,17 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 		handler, policy = step.Compensate, step.CompensateRetry
 	}
 
+	if a, ok := w.remembered(cmd); ok {
+		// Another delivery of an attempt this worker answered: the inbox
+		// holds its outcome and its reply or effect committed with it;
+		// as in the inbox's own duplicate path, nothing is written.
+		w.cfg.Metrics.Duplicates.WithLabelValues(metrics.LayerRecent).Inc()
+		w.cfg.Metrics.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), "duplicate").Inc()
+		return wire.Reply{
+			SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
+			Key: cmd.Key, Attempt: cmd.Attempt, Outcome: a.outcome, Result: a.result, Error: a.errText, Duplicate: true,
+		}, nil
+	}
 	start := time.Now()
 	var done attempt
 	reply, err := w.run(ctx, cmd, handler, policy, &done, w.cfg.ApplyFunc != nil)
@@ -197,6 +269,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	if done.after != nil {
 		done.after()
 	}
+	w.remember(cmd, reply, done.stored)
 	if w.cfg.PublishFunc != nil {
 		w.cfg.PublishFunc(done.sent...)
 	} else if w.cfg.CommittedFunc != nil {
@@ -271,6 +344,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			if _, err := conn.Exec(attemptCtx, "rollback"); err != nil {
 				return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
 			}
+			done.stored = true
 			return reply, nil
 		}
 		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil, sent)
@@ -287,9 +361,12 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		record := &pgx.Batch{}
 		record.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
 		if applyInStep {
-			return reply, w.applyAndCommit(attemptCtx, conn, reply, record, done)
+			err = w.applyAndCommit(attemptCtx, conn, reply, record, done)
+		} else {
+			err = w.replyAndCommit(attemptCtx, conn, reply, record, sent)
 		}
-		return reply, w.replyAndCommit(attemptCtx, conn, reply, record, sent)
+		done.stored = err == nil
+		return reply, err
 	}
 
 	// The handler failed: nothing it or we wrote survives.
@@ -315,6 +392,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		return reply, fmt.Errorf("begin failure record: %w", err)
 	}
 	defer ftx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	recorded := false
 	if saga.IsPermanent(herr) {
 		tag, err := ftx.Exec(rctx, recordFailure, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt, reply.Error)
 		if err != nil {
@@ -326,7 +404,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 				return reply, err
 			}
 		} else {
-			reply.Outcome = wire.OutcomeFailed
+			reply.Outcome, recorded = wire.OutcomeFailed, true
 		}
 	} else {
 		reply.Outcome = wire.OutcomeRetry
@@ -337,6 +415,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	if err := ftx.Commit(rctx); err != nil {
 		return reply, fmt.Errorf("commit failure record: %w", err)
 	}
+	done.stored = recorded
 	return reply, nil
 }
 

@@ -243,3 +243,68 @@ func TestUnknownDefinitionIsNotAcked(t *testing.T) {
 	_, err := w.Handle(context.Background(), command(uuid.New(), "nope", "x", saga.PhaseForward, 1, 1))
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
 }
+
+// TestRememberedAttemptSkipsTheDatabase: a worker that answered an attempt
+// answers another delivery of it from memory, with the same outcome and
+// nothing written; a worker that does not remember (Recent -1) finds the
+// same answer in the inbox. A retryable failure is not remembered: its
+// redelivery runs the handler again.
+func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 2, 100)
+	require.NoError(t, err)
+	w := newWorker(t, pool, transfer.Definition)
+	id := uuid.New()
+	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 30})
+	first, err := w.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+
+	// Hide the inbox row: only the worker's memory can answer now.
+	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = gen_random_uuid() where saga_id = $1`, id)
+	require.NoError(t, err)
+	again, err := w.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.Outcome, again.Outcome)
+	require.JSONEq(t, string(first.Result), string(again.Result))
+	require.Equal(t, int64(70), balance(t, pool, 1), "debited once")
+	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = $2 where saga_id = $1`, id, cmd.Key)
+	require.NoError(t, err)
+
+	forgetful, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
+		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	fromInbox, err := forgetful.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.True(t, fromInbox.Duplicate)
+	require.JSONEq(t, string(first.Result), string(fromInbox.Result))
+	var outbox int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&outbox))
+	require.Equal(t, 1, outbox, "one reply, written by the first delivery")
+
+	// A retryable failure, then a success on the redelivery of the same
+	// attempt: the handler runs twice.
+	var runs atomic.Int32
+	flaky, err := saga.New("flaky", saga.Step{Name: "s", Reaches: "done", Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		if runs.Add(1) == 1 {
+			return nil, errors.New("not yet")
+		}
+		return json.RawMessage(`"ok"`), nil
+	}})
+	require.NoError(t, err)
+	fw := newWorker(t, pool, flaky)
+	fc := command(uuid.New(), "flaky", "s", saga.PhaseForward, 1, nil)
+	r1, err := fw.Handle(ctx, fc)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeRetry, r1.Outcome)
+	r2, err := fw.Handle(ctx, fc)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, r2.Outcome)
+	require.False(t, r2.Duplicate)
+	require.Equal(t, int32(2), runs.Load())
+}

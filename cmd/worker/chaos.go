@@ -46,6 +46,7 @@ type chaosFigures struct {
 	Submissions, StartDuplicates         int
 	Kills, NATSRestarts, Pauses, Cuts    int
 	BrokerDuplicates, InboxDuplicates    int
+	RecentDuplicates                     int
 	OrchestratorDuplicates, Stale        int
 	LeaseTakeovers, Retries              int
 	WallTime                             time.Duration
@@ -232,6 +233,7 @@ finished:
 	fig.LeaseTakeovers = int(sumPrefix(counters, "idemsaga_lease_takeovers_total"))
 	fig.Retries = int(sumPrefix(counters, "idemsaga_retries_scheduled_total"))
 	fig.InboxDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=inbox"])
+	fig.RecentDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=recent"])
 	res, err := reconcile(ctx, pool, 5*time.Second, seeded)
 	if err != nil {
 		return err
@@ -256,8 +258,8 @@ func (f *chaosFigures) print() {
 	fmt.Printf("  sagas              %d (credited %d, compensated %d, failed %d)\n", f.Sagas, f.Credited, f.Compensated, f.Failed)
 	fmt.Printf("  submissions        %d (%d answered as duplicates at start)\n", f.Submissions, f.StartDuplicates)
 	fmt.Printf("  chaos              %d SIGKILLs, %d NATS restarts, %d SIGSTOP pauses, %d database cuts\n", f.Kills, f.NATSRestarts, f.Pauses, f.Cuts)
-	fmt.Printf("  duplicates absorbed  start %d, broker %d, inbox %d, orchestrator %d (stale replies %d)\n",
-		f.StartDuplicates, f.BrokerDuplicates, f.InboxDuplicates, f.OrchestratorDuplicates, f.Stale)
+	fmt.Printf("  duplicates absorbed  start %d, broker %d, step workers' memory %d, inbox %d, orchestrator %d (stale replies %d)\n",
+		f.StartDuplicates, f.BrokerDuplicates, f.RecentDuplicates, f.InboxDuplicates, f.OrchestratorDuplicates, f.Stale)
 	fmt.Printf("  lease takeovers    %d, retries %d\n", f.LeaseTakeovers, f.Retries)
 	fmt.Printf("  wall time          %s\n", f.WallTime.Round(time.Millisecond))
 	for _, d := range f.Differences {

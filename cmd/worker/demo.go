@@ -241,9 +241,10 @@ from idemsaga.sagas where finished_at is not null`).Scan(&p50, &p99); err != nil
 	row("compensated", "%d (%d credits refused by the frozen account and refunded, %d deductions refused for insufficient funds)",
 		rep.ByState["compensated"], rep.ByState["compensated"]-deductFailed, deductFailed)
 	row("failed", "%d", rep.ByState["failed"])
-	row("duplicates absorbed", "start %d, broker %d, inbox %d, orchestrator %d",
+	row("duplicates absorbed", "start %d, broker %d, step workers' memory %d, inbox %d, orchestrator %d",
 		sum("idemsaga_duplicates_absorbed_total", "layer", "start"), sum("idemsaga_duplicates_absorbed_total", "layer", "broker"),
-		sum("idemsaga_duplicates_absorbed_total", "layer", "inbox"), sum("idemsaga_duplicates_absorbed_total", "layer", "orchestrator"))
+		sum("idemsaga_duplicates_absorbed_total", "layer", "recent"), sum("idemsaga_duplicates_absorbed_total", "layer", "inbox"),
+		sum("idemsaga_duplicates_absorbed_total", "layer", "orchestrator"))
 	row("key reused, other input", "refused=%v", keyReuseRefused)
 	row("lease takeovers", "%d, retries %d", sum("idemsaga_lease_takeovers_total"), sum("idemsaga_retries_scheduled_total"))
 	row("throughput", "%.0f sagas/s (%s wall time)", float64(d.Transfers)/elapsed.Seconds(), elapsed.Round(time.Millisecond))

@@ -17,6 +17,8 @@ const (
 	LayerStart        = "start"
 	LayerBroker       = "broker"
 	LayerInbox        = "inbox"
+	// LayerRecent: a step worker remembered answering the same attempt.
+	LayerRecent       = "recent"
 	LayerOrchestrator = "orchestrator"
 )
 
@@ -70,7 +72,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"definition", "step", "phase"}),
 		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "duplicates_absorbed_total",
-			Help: "Duplicates absorbed, by layer: start (same key and input), broker (Nats-Msg-Id), inbox (step key), orchestrator (reply already applied).",
+			Help: "Duplicates absorbed, by layer: start (same key and input), broker (Nats-Msg-Id), recent (a step worker remembered the attempt), inbox (step key), orchestrator (reply already applied).",
 		}, []string{"layer"}),
 		StaleReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "stale_replies_total",
