@@ -13,7 +13,10 @@ created_at, updated_at, finished_at`
 coalesce(last_error, ''), result, created_at, updated_at
 from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 
-	selectStep = `select step_index, phase, status, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 for update`
+	// selectStep reads a step under its saga's lock, which every writer of
+	// a step holds; the step's own writes are fenced by its attempt, so a
+	// row lock here would only add a WAL record per step.
+	selectStep = `select step_index, phase, status, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 
 	// transitionSaga is the one way a saga's state changes: conditional on
 	// the state and version the caller read. A miss raises (migration 004),
