@@ -144,18 +144,18 @@ func redeliverCommands(url, prefix string, fraction float64) (stop func(), err e
 		return nil, err
 	}
 	var n atomic.Int64
-	var copies sync.WaitGroup
 	every := max(1, int64(math.Round(1/fraction)))
+	// Copies are published without waiting for each ack (a copy the
+	// broker refused is just one duplicate fewer), so the copier costs
+	// the process little beside the engine it measures.
 	sub, err := nc.Subscribe(prefix+".cmd.>", func(m *nats.Msg) {
 		if m.Header.Get("X-Idemsaga-Copy") != "" || n.Add(1)%every != 0 {
 			return
 		}
-		copies.Go(func() {
-			c := nats.NewMsg(m.Subject)
-			c.Data = m.Data
-			c.Header.Set("X-Idemsaga-Copy", "1")
-			_, _ = js.PublishMsg(context.Background(), c, jetstream.WithMsgID("copy-"+m.Header.Get(nats.MsgIdHdr)))
-		})
+		c := nats.NewMsg(m.Subject)
+		c.Data = m.Data
+		c.Header.Set("X-Idemsaga-Copy", "1")
+		_, _ = js.PublishMsgAsync(c, jetstream.WithMsgID("copy-"+m.Header.Get(nats.MsgIdHdr)))
 	})
 	if err != nil {
 		nc.Close()
@@ -165,7 +165,10 @@ func redeliverCommands(url, prefix string, fraction float64) (stop func(), err e
 	return func() {
 		once.Do(func() {
 			_ = sub.Unsubscribe()
-			copies.Wait()
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(10 * time.Second):
+			}
 			nc.Close()
 		})
 	}, nil
