@@ -202,3 +202,24 @@ func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
 }
+
+// TestEnginePublishesWhatItCommits: with a hand-off of an hour, the relay's
+// sweep cannot carry any message of this run, so every command must be
+// published by the process that committed it, right after the commit.
+// The transfers finish, and the outbox empties as the broker acknowledges.
+func TestEnginePublishesWhatItCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded := seedForLoad(t, pool)
+	e := startEngine(t, pool, nc, testenv.Name("PUBLISH"), []*saga.Definition{def}, func(c *engine.Config) { c.RelayHandOff = time.Hour })
+
+	credited, compensated := submitTransfers(t, def, 60, e.Client())
+	waitAllFinished(t, pool, time.Minute)
+	requireAudit(t, pool, seeded, credited, compensated)
+	var handedOff int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where publish_after is not null`).Scan(&handedOff))
+	require.Zero(t, handedOff, "every handed-off row was published and deleted by its writer")
+}

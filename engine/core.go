@@ -41,6 +41,10 @@ type core struct {
 	// relay's at once.
 	publish func(rows ...outbox.Committed)
 	handOff time.Duration
+	// publishing reports whether the local relay runs, and so whether
+	// publish will publish; rows written while it does not are the
+	// relay's at once, wherever one runs.
+	publishing func() bool
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
@@ -63,7 +67,7 @@ func (c *core) woke() {
 // inserts: the hand-off in milliseconds when this process publishes its
 // rows after commit, NULL (the relay's at once) when it does not.
 func (c *core) handOffArg() any {
-	if c.publish == nil {
+	if c.publish == nil || (c.publishing != nil && !c.publishing()) {
 		return nil
 	}
 	return c.handOff.Milliseconds()

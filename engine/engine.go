@@ -276,7 +276,7 @@ func New(cfg Config) (*Engine, error) {
 	c.notify = e.relay.Notify
 	// What this process commits it publishes itself, right after the
 	// commit; the relay sweeps only what that missed.
-	c.publish, c.handOff = e.relay.Publish, cfg.RelayHandOff
+	c.publish, c.handOff, c.publishing = e.relay.Publish, cfg.RelayHandOff, e.relay.Running
 	if !cfg.DisableRetention {
 		if e.cleaner, err = NewCleaner(cfg.Pool, cfg.Retention, cfg.Logger); err != nil {
 			return nil, err

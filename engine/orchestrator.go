@@ -250,8 +250,8 @@ func (c *core) applyInStep(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r 
 	switch v {
 	case VerdictApplied:
 	case VerdictStale:
-		c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc()
-		return nil, nil, nil
+		// Counted once the step's transaction commits.
+		return nil, func() { c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc() }, nil
 	default:
 		return nil, nil, nil
 	}

@@ -51,7 +51,7 @@ from (select 1) one left join idemsaga.sagas s on s.id = $1`
   returning saga_id
 ), o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $7, $8, $9, saga_id, now() + $10 * interval '1 millisecond' from st
+  select $7, $8, $9, saga_id, clock_timestamp() + $10 * interval '1 millisecond' from st
   returning id
 )
 select (select id from o)`
@@ -72,7 +72,7 @@ select (select id from o)`
   returning saga_id
 ), o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $9, $10, $11, saga_id, now() + $12 * interval '1 millisecond' from st
+  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond' from st
   returning id
 )
 select (select count(*) from s), (select id from o)`
@@ -83,7 +83,7 @@ select (select count(*) from s), (select id from o)`
 	// insertCommand enqueues one command in the outbox; $5 is its
 	// hand-off, as in dispatchStep.
 	insertCommand = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond') returning id`
+values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond') returning id`
 
 	// redispatchStep starts the next attempt, fenced by the attempt seen.
 	// The attempt it ends goes into the timeline as 'lease expired',

@@ -171,9 +171,9 @@ where s.finished_at < now() - $1 * interval '1 millisecond'
   and not exists (
     select 1 from idemsaga.steps st
     where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))
-  and s.id <> all (array(
-    select o.saga_id from idemsaga.outbox o
-    where o.published_at is null and o.saga_id is not null))
+  and not exists (
+    select 1 from idemsaga.outbox o
+    where o.saga_id = s.id and o.published_at is null)
 order by s.finished_at
 limit $2
 for update of s skip locked`

@@ -123,7 +123,12 @@ func (t *txn) commit(ctx context.Context) error {
 	if !t.begun {
 		return nil // nothing was sent
 	}
-	t.batchFor().Queue("commit")
+	t.batchFor().Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return errors.New("the transaction had failed; COMMIT rolled it back")
+		}
+		return nil
+	})
 	err := t.flush(ctx)
 	if err == nil && t.conn.Conn().PgConn().TxStatus() != 'I' {
 		err = errors.New("commit: the transaction is still open after COMMIT")

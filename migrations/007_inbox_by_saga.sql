@@ -9,7 +9,10 @@
 -- the new key's prefix, and goes.
 --
 -- Rebuilding the key locks the inbox while it runs: on a large inbox, run
--- this migration in a quiet moment.
+-- this migration in a quiet moment. Stop the workers of older versions
+-- first: their claims name the old key (ON CONFLICT (step_key)) and fail
+-- against the new one, so they would refuse every command (nothing is
+-- lost, the commands wait) until they are replaced.
 alter table idemsaga.inbox drop constraint inbox_pkey;
 alter table idemsaga.inbox add primary key (saga_id, step_key);
 drop index if exists idemsaga.inbox_saga_idx;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -57,7 +58,7 @@ func QueueHandedOff(b *pgx.Batch, m Message, handOff time.Duration, done func(Co
 		if err := row.Scan(&id); err != nil {
 			return fmt.Errorf("outbox: insert %s: %w", m.MsgID, err)
 		}
-		done(Committed{ID: id, Subject: m.Subject, MsgID: m.MsgID, Payload: m.Payload, Headers: m.Headers})
+		done(Committed{ID: id, Subject: m.Subject, MsgID: m.MsgID, Payload: m.Payload, Headers: maps.Clone(m.Headers)})
 		return nil
 	})
 	return nil
@@ -204,19 +205,21 @@ func (r *Relay) settle() {
 	if len(ids) == 0 {
 		return
 	}
-	sql := deletePublished
+	sql := settleDelete
 	if r.cfg.KeepPublished {
-		sql = markPublished
+		sql = settleMark
 	}
-	if _, err := r.cfg.Pool.Exec(ctx, sql, ids); err != nil {
+	tag, err := r.cfg.Pool.Exec(ctx, sql, ids)
+	if err != nil {
 		// Published but still in the outbox: the sweep publishes them
 		// again after their hand-off, and the broker's dedup window or the
 		// consumers' inbox absorbs the copies.
 		r.cfg.Logger.Warn("outbox: could not delete rows the broker acknowledged; they will be published again", "rows", len(ids), "error", err)
 		return
 	}
-	if r.cfg.OnPublishFunc != nil {
-		r.cfg.OnPublishFunc(len(ids), dups, time.Since(batch[0].at))
+	// Rows a sweep took over are its to count.
+	if n := int(tag.RowsAffected()); n > 0 && r.cfg.OnPublishFunc != nil {
+		r.cfg.OnPublishFunc(n, min(dups, n), time.Since(batch[0].at))
 	}
 }
 

@@ -7,9 +7,12 @@ const (
 select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])`
 
 	// insertHandedOff inserts a row its writer publishes itself after
-	// commit; the relay takes it over once publish_after passes.
+	// commit; the relay takes it over once publish_after passes. The
+	// hand-off counts from the statement (clock_timestamp), not from the
+	// transaction's start: a step's handler may have run for many seconds
+	// before its reply is written.
 	insertHandedOff = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id, publish_after)
-values ($1, $2, $3, $4, $5, now() + $6 * interval '1 millisecond') returning id`
+values ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond') returning id`
 
 	// claimBatch takes unpublished rows by state, skipping rows another
 	// relay holds and rows their writer is still publishing itself. Never
@@ -24,6 +27,16 @@ for update skip locked`
 	markPublished = `update idemsaga.outbox set published_at = now() where id = any($1)`
 
 	deletePublished = `delete from idemsaga.outbox where id = any($1)`
+
+	// settleDelete deletes rows acknowledged after Publish, skipping rows
+	// a sweep holds (it deletes those itself once it published them), so
+	// the settle loop never waits on a sweep's broker round trip.
+	settleDelete = `delete from idemsaga.outbox where id in (
+  select id from idemsaga.outbox where id = any($1) for update skip locked)`
+
+	// settleMark is settleDelete for KeepPublished.
+	settleMark = `update idemsaga.outbox set published_at = now() where id in (
+  select id from idemsaga.outbox where id = any($1) and published_at is null for update skip locked)`
 
 	markFailed = `update idemsaga.outbox set attempts = attempts + 1, last_error = $2 where id = $1`
 

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,7 +108,8 @@ func (w *Worker) remember(cmd wire.Command, reply wire.Reply, stored bool) {
 	if w.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
 		return
 	}
-	w.recent.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: reply.Result, errText: reply.Error})
+	// A copy: the reply's result goes back to the caller, who may keep it.
+	w.recent.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: bytes.Clone(reply.Result), errText: reply.Error})
 }
 
 // Worker consumes and runs step commands.
@@ -249,7 +251,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 		w.cfg.Metrics.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), "duplicate").Inc()
 		return wire.Reply{
 			SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
-			Key: cmd.Key, Attempt: cmd.Attempt, Outcome: a.outcome, Result: a.result, Error: a.errText, Duplicate: true,
+			Key: cmd.Key, Attempt: cmd.Attempt, Outcome: a.outcome, Result: bytes.Clone(a.result), Error: a.errText, Duplicate: true,
 		}, nil
 	}
 	start := time.Now()
@@ -522,7 +524,7 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply w
 	if writes == nil {
 		writes = &pgx.Batch{}
 	}
-	writes.Queue("commit")
+	queueCommit(writes)
 	if err := conn.SendBatch(ctx, writes).Close(); err != nil {
 		return fmt.Errorf("%w: write and commit: %w", errApplyInStep, err)
 	}
@@ -542,7 +544,7 @@ func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply w
 	if err := w.queueReply(b, reply, sent); err != nil {
 		return err
 	}
-	b.Queue("commit")
+	queueCommit(b)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("record the outcome and reply: %w", err)
 	}
@@ -583,6 +585,17 @@ func (w *Worker) queueReply(b *pgx.Batch, reply wire.Reply, sent *[]outbox.Commi
 		return outbox.Queue(b, m)
 	}
 	return outbox.QueueHandedOff(b, m, w.cfg.HandOff, func(c outbox.Committed) { *sent = append(*sent, c) })
+}
+
+// queueCommit adds COMMIT to b, and fails the batch if PostgreSQL
+// answered ROLLBACK: the transaction had failed.
+func queueCommit(b *pgx.Batch) {
+	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return errors.New("the transaction had failed; COMMIT rolled it back")
+		}
+		return nil
+	})
 }
 
 // idleTimeoutFor is the longest a step transaction may sit idle: the

@@ -56,8 +56,8 @@ type benchResult struct {
 	// NATSCPUPerSaga is the external broker's (--nats-url), 0 when it is
 	// embedded and counted with the workers.
 	NATSCPUPerSaga time.Duration
-	PgbenchTPS                     float64
-	Differences                    int
+	PgbenchTPS     float64
+	Differences    int
 	// Heap in use after a GC, and resident memory, after the warm-up and
 	// at the end of the run.
 	HeapBefore, HeapAfter uint64

@@ -14,9 +14,9 @@ const Namespace = "idemsaga"
 
 // Layers at which duplicates are absorbed.
 const (
-	LayerStart        = "start"
-	LayerBroker       = "broker"
-	LayerInbox        = "inbox"
+	LayerStart  = "start"
+	LayerBroker = "broker"
+	LayerInbox  = "inbox"
 	// LayerRecent: a step worker remembered answering the same attempt.
 	LayerRecent       = "recent"
 	LayerOrchestrator = "orchestrator"
