@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"testing"
 	"time"
@@ -222,4 +223,70 @@ func TestEnginePublishesWhatItCommits(t *testing.T) {
 	var handedOff int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where publish_after is not null`).Scan(&handedOff))
 	require.Zero(t, handedOff, "every handed-off row was published and deleted by its writer")
+}
+
+// TestReaperGivingUpWaitsForAStepInFlight: the last attempt's lease
+// expires while its handler still runs. The reaper's settle cannot take
+// the step's key (the step holds it), gives up within its lock timeout and
+// changes nothing; the step then finishes and moves its saga on in its own
+// transaction. Neither waits on the other for long.
+func TestReaperGivingUpWaitsForAStepInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	once := policyOnce()
+	def, err := saga.New("slow",
+		saga.Step{Name: "a", Reaches: "a_done", Retry: once, Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			close(entered)
+			<-release
+			_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id) values ($1)`, sc.SagaID)
+			return json.RawMessage(`"a"`), err
+		}},
+		saga.Step{Name: "b", Reaches: "done", Retry: once, Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+			return nil, nil
+		}})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `create table effects (saga_id uuid not null)`)
+	require.NoError(t, err)
+	stream := testenv.Name("INFLIGHT")
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
+	})
+	require.NoError(t, err)
+	res, err := e.Client().Start(ctx, def, "in-flight", map[string]int{"n": 1})
+	require.NoError(t, err)
+	cmd := latestCommand(t, pool)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.HandleCommand(ctx, cmd)
+		done <- err
+	}()
+	<-entered
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	moved, err := e.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, moved, "the reaper leaves a step whose key is held")
+
+	close(release)
+	require.NoError(t, <-done)
+	var state string
+	var effects int
+	require.NoError(t, pool.QueryRow(ctx, `select (select state from idemsaga.sagas where id = $1), (select count(*) from effects)`, res.ID).Scan(&state, &effects))
+	require.Equal(t, "a_done", state, "the step's success moved the saga on")
+	require.Equal(t, 1, effects)
+	moved, err = e.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, moved, "nothing left to take over")
+}
+
+// policyOnce is one attempt with a long timeout.
+func policyOnce() saga.RetryPolicy {
+	p := fastPolicy
+	p.MaxAttempts = 1
+	return p
 }
