@@ -26,6 +26,9 @@ const (
 	// SettleIntervalDefault is how long rows acknowledged after Publish
 	// wait to be deleted together.
 	SettleIntervalDefault = 50 * time.Millisecond
+	// publishPendingMax is how many publishes may await the broker's ack
+	// before Publish leaves new rows to the sweep rather than wait.
+	publishPendingMax = 1024
 )
 
 // Committed is an outbox row whose transaction has committed, for its
@@ -117,10 +120,18 @@ func signal(c chan struct{}) {
 // KeepPublished) together, once per SettleInterval or BatchSize rows: one
 // statement for the lot, and no claim. A row the broker refuses or does not
 // acknowledge stays in the outbox, and the sweep publishes it once its
-// hand-off has passed. On a relay that is not running Publish does nothing,
-// and the sweep takes the rows over in the same way.
+// hand-off has passed. On a relay that is not running, or while the broker
+// is disconnected or has publishPendingMax acks outstanding, Publish does
+// nothing, and the sweep takes the rows over in the same way.
 func (r *Relay) Publish(rows ...Committed) {
 	if len(rows) == 0 || !r.runner.Running() {
+		return
+	}
+	// A broker that is away or behind is not waited for (the publisher
+	// would stall the committing goroutine): the sweep takes these rows
+	// over after their hand-off.
+	if nc := r.cfg.JetStream.Conn(); (nc != nil && !nc.IsConnected()) || r.cfg.JetStream.PublishAsyncPending() >= publishPendingMax {
+		r.cfg.Logger.Debug("outbox: broker away or behind; rows left to the relay's sweep", "rows", len(rows))
 		return
 	}
 	for _, c := range rows {

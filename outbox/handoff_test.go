@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/outbox"
 )
 
@@ -172,4 +173,29 @@ func TestQueueHandedOffValidates(t *testing.T) {
 	require.ErrorContains(t, outbox.QueueHandedOff(b, outbox.Message{Subject: "s", MsgID: "x"}, 0, func(outbox.Committed) {}), "positive duration")
 	require.ErrorContains(t, outbox.QueueHandedOff(b, outbox.Message{MsgID: "x"}, time.Second, func(outbox.Committed) {}), "empty subject")
 	require.Zero(t, b.Len(), "nothing queued")
+}
+
+// TestPublishLeavesRowsToTheSweepWhileTheBrokerIsAway: with its connection
+// down, Publish leaves the rows alone (the committing goroutine does not
+// wait for the broker); a relay with a connection sweeps them after their
+// hand-off.
+func TestPublishLeavesRowsToTheSweepWhileTheBrokerIsAway(t *testing.T) {
+	t.Parallel()
+	pool, _, js, stream, name := relayEnv(t, "AWAY")
+	srv, _ := testenv.NATS(t)
+	down := testenv.Connect(t, srv.ClientURL())
+	downJS, err := jetstream.New(down)
+	require.NoError(t, err)
+	r := startRelay(t, outbox.RelayConfig{Pool: pool, JetStream: downJS, PollInterval: time.Hour})
+	down.Close()
+
+	rows := commitHandedOff(t, pool, 300*time.Millisecond,
+		outbox.Message{Subject: name + ".x", MsgID: "a", Payload: []byte("a")},
+		outbox.Message{Subject: name + ".x", MsgID: "b", Payload: []byte("b")})
+	r.Publish(rows...)
+	require.Equal(t, 2, outboxRows(t, pool, "true"))
+
+	startRelay(t, outbox.RelayConfig{Pool: pool, JetStream: js, PollInterval: 5 * time.Millisecond})
+	require.Eventually(t, func() bool { return outboxRows(t, pool, "true") == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, 2, streamMsgs(t, stream))
 }
