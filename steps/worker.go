@@ -247,6 +247,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 		// Another delivery of an attempt this worker answered: the inbox
 		// holds its outcome and its reply or effect committed with it;
 		// as in the inbox's own duplicate path, nothing is written.
+		w.cfg.Metrics.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 		w.cfg.Metrics.Duplicates.WithLabelValues(metrics.LayerRecent).Inc()
 		w.cfg.Metrics.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), "duplicate").Inc()
 		return wire.Reply{
