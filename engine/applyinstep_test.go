@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,4 +290,52 @@ func policyOnce() saga.RetryPolicy {
 	p := fastPolicy
 	p.MaxAttempts = 1
 	return p
+}
+
+// TestSuccessFailingInSQLFallsBackToAReply: the saga's writes fail inside
+// PostgreSQL (a trigger refuses the transition), which aborts the step's
+// transaction. Only the saga's part, after its savepoint, is rolled back:
+// the step's effect commits once, with a reply, and the handler runs once.
+func TestSuccessFailingInSQLFallsBackToAReply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	var runs atomic.Int32
+	def, err := saga.New("refused",
+		saga.Step{Name: "a", Reaches: "a_done", Retry: policyOnce(), Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			runs.Add(1)
+			_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id) values ($1)`, sc.SagaID)
+			return json.RawMessage(`"a"`), err
+		}},
+		saga.Step{Name: "b", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `create table effects (saga_id uuid not null);
+create function refuse() returns trigger language plpgsql as $$
+begin raise exception 'transition refused by a test trigger'; end $$;
+create trigger refuse before update on idemsaga.sagas for each row when (new.state = 'a_done') execute function refuse()`)
+	require.NoError(t, err)
+	stream := testenv.Name("SQLFAIL")
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
+	})
+	require.NoError(t, err)
+	res, err := e.Client().Start(ctx, def, "sql-fail", map[string]int{"n": 1})
+	require.NoError(t, err)
+
+	reply, err := e.HandleCommand(ctx, latestCommand(t, pool))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.False(t, reply.Duplicate)
+	require.Equal(t, int32(1), runs.Load(), "the handler ran once")
+	var replies, effects, version int
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `select
+  (select count(*) from idemsaga.outbox where subject like '%.reply.%'),
+  (select count(*) from effects),
+  (select version from idemsaga.sagas where id = $1),
+  (select status from idemsaga.steps where saga_id = $1)`, res.ID).Scan(&replies, &effects, &version, &status))
+	require.Equal(t, []int{1, 1, 1}, []int{replies, effects, version}, "one reply, one effect, the saga untouched")
+	require.Equal(t, "dispatched", status, "the step's outcome is the orchestrator's to record, from the reply")
 }

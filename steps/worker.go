@@ -77,14 +77,21 @@ type Config struct {
 	// reads, in one round trip; it returns its writes, which the worker
 	// sends with COMMIT, or nil when the success is not to be applied (the
 	// attempt is stale, say; a reply would be dropped too). after, if not
-	// nil, runs once the transaction committed. On an error the worker
-	// rolls back and runs the step again, answering with a reply.
+	// nil, runs once the transaction committed. Its part runs after a
+	// savepoint: on an error the worker rolls it back and commits the step
+	// with a reply instead, without running the handler again.
 	ApplyFunc func(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r wire.Reply) (writes *pgx.Batch, after func(), err error)
 }
 
-// errApplyInStep marks a failed ApplyFunc: the step runs again with a
-// reply.
+// errApplyInStep marks a failed ApplyFunc whose step could not be saved
+// either: nothing committed, and the command is delivered again.
 var errApplyInStep = errors.New("apply the success in the step's transaction")
+
+// The savepoint behind which ApplyFunc's part of a step runs.
+const (
+	savepointApply = "savepoint idemsaga_apply"
+	rollbackApply  = "rollback to savepoint idemsaga_apply"
+)
 
 // attempt is what a committed attempt leaves to do after its commit.
 type attempt struct {
@@ -258,14 +265,6 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	start := time.Now()
 	var done attempt
 	reply, err := w.run(ctx, cmd, handler, policy, &done, w.cfg.ApplyFunc != nil)
-	if errors.Is(err, errApplyInStep) {
-		// Nothing committed: run the step again, with a reply for the
-		// orchestrator to apply on its own.
-		w.cfg.Logger.Warn("step worker: the success could not be applied in the step's transaction; running the step again with a reply",
-			"saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
-		done = attempt{}
-		reply, err = w.run(ctx, cmd, handler, policy, &done, false)
-	}
 	if err != nil {
 		return reply, err
 	}
@@ -516,24 +515,33 @@ func storedReply(ctx context.Context, q interface {
 
 // applyAndCommit hands the step's pending writes (b) to ApplyFunc, which
 // applies the success to the saga, and commits: two round trips, and no
-// reply. Any failure is errApplyInStep, with nothing committed.
+// reply. The saga's part runs after a savepoint: if it fails (the saga
+// cannot take the success, say), it alone is rolled back and the step's
+// own writes commit with a reply instead, for the orchestrator, without
+// running the handler again.
 func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, done *attempt) error {
+	b.Queue(savepointApply)
 	writes, after, err := w.cfg.ApplyFunc(ctx, conn.Conn(), b, reply)
-	if err != nil {
-		return fmt.Errorf("%w: %w", errApplyInStep, err)
+	if err == nil {
+		if writes == nil {
+			writes = &pgx.Batch{}
+		}
+		queueCommit(writes)
+		err = conn.SendBatch(ctx, writes).Close()
+		if err == nil && conn.Conn().PgConn().TxStatus() != 'I' {
+			err = errors.New("the transaction is still open after COMMIT")
+		}
+		if err == nil {
+			done.after = after
+			return nil
+		}
 	}
-	if writes == nil {
-		writes = &pgx.Batch{}
+	w.cfg.Logger.Warn("step worker: the success could not be applied in the step's transaction; answering with a reply",
+		"saga_id", reply.SagaID, "step", reply.Step, "phase", reply.Phase, "attempt", reply.Attempt, "error", err)
+	if _, rerr := conn.Exec(ctx, rollbackApply); rerr != nil {
+		return fmt.Errorf("%w: %w (and the step's own writes could not be saved: %w)", errApplyInStep, err, rerr)
 	}
-	queueCommit(writes)
-	if err := conn.SendBatch(ctx, writes).Close(); err != nil {
-		return fmt.Errorf("%w: write and commit: %w", errApplyInStep, err)
-	}
-	if conn.Conn().PgConn().TxStatus() != 'I' {
-		return fmt.Errorf("%w: the transaction is still open after COMMIT", errApplyInStep)
-	}
-	done.after = after
-	return nil
+	return w.replyAndCommit(ctx, conn, reply, nil, &done.sent)
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox
