@@ -264,7 +264,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	}
 	start := time.Now()
 	var done attempt
-	reply, err := w.run(ctx, cmd, handler, policy, &done, w.cfg.ApplyFunc != nil)
+	reply, err := w.run(ctx, cmd, handler, policy, &done)
 	if err != nil {
 		return reply, err
 	}
@@ -290,9 +290,9 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 }
 
 // run runs one attempt to its commit; done receives what is left to do
-// after the commit. With applyInStep a success is applied to the saga in
-// the same transaction (Config.ApplyFunc) instead of replied.
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, done *attempt, applyInStep bool) (wire.Reply, error) {
+// after the commit. With Config.ApplyFunc a success is applied to the saga
+// in the same transaction instead of replied.
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, done *attempt) (wire.Reply, error) {
 	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
@@ -362,7 +362,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		record := &pgx.Batch{}
 		record.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
-		if applyInStep {
+		if w.cfg.ApplyFunc != nil {
 			err = w.applyAndCommit(attemptCtx, conn, reply, record, done)
 		} else {
 			err = w.replyAndCommit(attemptCtx, conn, reply, record, sent)
