@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -39,13 +40,7 @@ func TestSuccessAppliedInStepConcurrently(t *testing.T) {
 	regs := make([]*prometheus.Registry, len(engines))
 	for i := range engines {
 		regs[i] = prometheus.NewRegistry()
-		e, err := engine.New(engine.Config{
-			Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
-			Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour,
-			Logger: quietLogger(), Registerer: regs[i],
-		})
-		require.NoError(t, err)
-		engines[i] = e
+		engines[i] = idleEngine(t, pool, nc, stream, regs[i], def)
 	}
 	res, err := engines[0].Client().Start(ctx, def, "in-step", transferInput(1, 2, 70))
 	require.NoError(t, err)
@@ -121,11 +116,7 @@ func TestSuccessNotAppliableInStepFallsBackToAReply(t *testing.T) {
 	_, err := transfer.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	stream := testenv.Name("FALLBACK")
-	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
-		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
-	})
-	require.NoError(t, err)
+	e := idleEngine(t, pool, nc, stream, nil, def)
 	res, err := e.Client().Start(ctx, def, "fallback", transferInput(1, 2, 70))
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `update idemsaga.sagas set state = 'credited' where id = $1`, res.ID)
@@ -159,11 +150,7 @@ func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
 	require.NoError(t, err)
 	stream := testenv.Name("STALE")
 	reg := prometheus.NewRegistry()
-	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
-		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(), Registerer: reg,
-	})
-	require.NoError(t, err)
+	e := idleEngine(t, pool, nc, stream, reg, def)
 	res, err := e.Client().Start(ctx, def, "stale", transferInput(1, 2, 70))
 	require.NoError(t, err)
 	first := latestCommand(t, pool)
@@ -252,11 +239,7 @@ func TestReaperGivingUpWaitsForAStepInFlight(t *testing.T) {
 	_, err = pool.Exec(ctx, `create table effects (saga_id uuid not null)`)
 	require.NoError(t, err)
 	stream := testenv.Name("INFLIGHT")
-	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
-		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
-	})
-	require.NoError(t, err)
+	e := idleEngine(t, pool, nc, stream, nil, def)
 	res, err := e.Client().Start(ctx, def, "in-flight", map[string]int{"n": 1})
 	require.NoError(t, err)
 	cmd := latestCommand(t, pool)
@@ -316,11 +299,7 @@ begin raise exception 'transition refused by a test trigger'; end $$;
 create trigger refuse before update on idemsaga.sagas for each row when (new.state = 'a_done') execute function refuse()`)
 	require.NoError(t, err)
 	stream := testenv.Name("SQLFAIL")
-	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
-		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour, Logger: quietLogger(),
-	})
-	require.NoError(t, err)
+	e := idleEngine(t, pool, nc, stream, nil, def)
 	res, err := e.Client().Start(ctx, def, "sql-fail", map[string]int{"n": 1})
 	require.NoError(t, err)
 
@@ -338,4 +317,17 @@ create trigger refuse before update on idemsaga.sagas for each row when (new.sta
   (select status from idemsaga.steps where saga_id = $1)`, res.ID).Scan(&replies, &effects, &version, &status))
 	require.Equal(t, []int{1, 1, 1}, []int{replies, effects, version}, "one reply, one effect, the saga untouched")
 	require.Equal(t, "dispatched", status, "the step's outcome is the orchestrator's to record, from the reply")
+}
+
+// idleEngine returns an engine on stream that is not started: the test
+// plays its step workers and reaper (HandleCommand, ReapOnce).
+func idleEngine(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn, stream string, reg prometheus.Registerer, def *saga.Definition) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: time.Hour,
+		Logger: quietLogger(), Registerer: reg,
+	})
+	require.NoError(t, err)
+	return e
 }
