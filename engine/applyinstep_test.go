@@ -331,3 +331,84 @@ func idleEngine(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn, stream string, 
 	require.NoError(t, err)
 	return e
 }
+
+// TestSuccessInStepFromWhatTheCommandSays: a success is applied in one
+// round trip from the saga state and version its command carries, and the
+// next command it writes carries the saga as committed. When the command
+// is behind the saga (its version moved meanwhile) or carries no version
+// (written by an older engine), the success is applied all the same, after
+// reading the saga. Each way: no reply, one effect, one transition.
+func TestSuccessInStepFromWhatTheCommandSays(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// prepare changes the saga or the command before the delivery.
+		prepare func(t *testing.T, pool *pgxpool.Pool, cmd *wire.Command)
+		// version is the saga's after the success.
+		version int64
+		// reads is how many times the saga was read to apply it.
+		reads float64
+	}{
+		{"as written", func(*testing.T, *pgxpool.Pool, *wire.Command) {}, 2, 0},
+		{"saga moved meanwhile", func(t *testing.T, pool *pgxpool.Pool, cmd *wire.Command) {
+			_, err := pool.Exec(context.Background(), `update idemsaga.sagas set version = version + 1 where id = $1`, cmd.SagaID)
+			require.NoError(t, err)
+		}, 3, 1},
+		{"written by an older engine", func(_ *testing.T, _ *pgxpool.Pool, cmd *wire.Command) {
+			cmd.State, cmd.Version = "", 0
+		}, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testenv.DB(t)
+			_, nc := testenv.NATS(t)
+			def := transferDef(t)
+			seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+			require.NoError(t, err)
+			reg := prometheus.NewRegistry()
+			e := idleEngine(t, pool, nc, testenv.Name("GUESS"), reg, def)
+			res, err := e.Client().Start(ctx, def, "guess", transferInput(1, 2, 70))
+			require.NoError(t, err)
+			cmd := latestCommand(t, pool)
+			require.Equal(t, saga.StateInit, cmd.State)
+			require.Equal(t, int64(1), cmd.Version)
+			tc.prepare(t, pool, &cmd)
+
+			reply, err := e.HandleCommand(ctx, cmd)
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.False(t, reply.Duplicate)
+
+			var state string
+			var version int64
+			var input []byte
+			var results map[string]json.RawMessage
+			var replies int
+			require.NoError(t, pool.QueryRow(ctx, `select state, version, input, results,
+  (select count(*) from idemsaga.outbox where subject like '%.reply.%')
+from idemsaga.sagas where id = $1`, res.ID).Scan(&state, &version, &input, &results, &replies))
+			require.Equal(t, "deducted", state)
+			require.Equal(t, tc.version, version, "one transition")
+			require.Zero(t, replies, "the success needs no reply")
+			require.Equal(t, tc.reads, metricSum(t, reg, "idemsaga_in_step_reads_total", nil))
+
+			next := latestCommand(t, pool)
+			require.Equal(t, transfer.StepCredit, next.Step)
+			require.Equal(t, saga.State(state), next.State)
+			require.Equal(t, version, next.Version, "the next command carries the saga as committed")
+			require.JSONEq(t, string(input), string(next.Input))
+			require.Len(t, next.Results, len(results))
+			for k, v := range results {
+				require.JSONEq(t, string(v), string(next.Results[k]), "result of %s", k)
+			}
+
+			_, err = e.HandleCommand(ctx, next)
+			require.NoError(t, err)
+			rep, err := transfer.Audit(ctx, pool, seeded)
+			require.NoError(t, err)
+			require.Empty(t, rep.Differences)
+			require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
+		})
+	}
+}

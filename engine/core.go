@@ -99,7 +99,9 @@ type finished struct {
 	state      saga.State
 	definition string
 	outcome    string
-	took       time.Duration
+	// created is the saga's start, read at emit: a success applied
+	// without reading the saga first learns it from its lock statement.
+	created *time.Time
 }
 
 func (c *core) emit(fx *effects) {
@@ -108,7 +110,7 @@ func (c *core) emit(fx *effects) {
 	}
 	for _, f := range fx.finished {
 		c.metrics.SagasFinished.WithLabelValues(f.definition, f.outcome).Inc()
-		c.metrics.SagaDuration.WithLabelValues(f.definition, f.outcome).Observe(f.took.Seconds())
+		c.metrics.SagaDuration.WithLabelValues(f.definition, f.outcome).Observe(time.Since(*f.created).Seconds())
 		if c.onFinished != nil {
 			c.onFinished(f.id, f.definition, f.state)
 		}
@@ -181,7 +183,7 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 		if to == saga.StateCompensated || to == saga.StateFailed {
 			outcome = string(to)
 		}
-		fx.finished = append(fx.finished, finished{id: sg.ID, state: to, definition: sg.Definition, outcome: outcome, took: time.Since(sg.CreatedAt)})
+		fx.finished = append(fx.finished, finished{id: sg.ID, state: to, definition: sg.Definition, outcome: outcome, created: &sg.CreatedAt})
 	}
 	return nil
 }
@@ -221,6 +223,7 @@ func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, 
 	cmd := wire.Command{
 		SagaID: sg.ID, Definition: sg.Definition, Step: step.Name, Phase: phase,
 		Key: key, Attempt: attempt, Input: sg.Input, Results: sg.Results,
+		State: sg.State, Version: sg.Version,
 	}
 	payload, err = json.Marshal(cmd)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
 )
 
 // Verdict says what applying a reply did.
@@ -230,33 +232,81 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 // saga is locked after the step's business writes, in the order every
 // writer takes (saga, then step); what the engine gives up on it settles
 // through the inbox with a lock timeout, so it cannot wait on a step
-// forever. b holds the step's writes not yet sent; they go with the lock
-// and the read. The writes returned are the step worker's to commit.
-func (c *core) applyInStep(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r wire.Reply) (*pgx.Batch, func(), error) {
+// forever. a.Pending holds the step's writes not yet sent. The writes
+// returned are the step worker's to commit.
+//
+// With a.Guess and a command that says which state and version of the
+// saga it was written at, nothing is read: the success is applied to that
+// state, every write fenced (the saga by its state and version, the step
+// by its attempt), and the whole success costs one round trip. A saga that
+// moved meanwhile fails the batch, and the worker asks again without
+// a.Guess: then the saga is locked and read, and the success judged as a
+// reply would be.
+func (c *core) applyInStep(ctx context.Context, a steps.Apply) (steps.Applied, error) {
+	r := a.Reply
 	def, err := c.definition(r.Definition)
 	if err != nil {
-		return nil, nil, err
+		return steps.Applied{}, err
 	}
 	idx := def.StepIndex(r.Step)
 	if idx < 0 {
-		return nil, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
+		return steps.Applied{}, fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", r.Definition, r.Step)
 	}
+	if a.Guess && a.Command.Version > 0 && r.Outcome == wire.OutcomeSucceeded {
+		if res, ok := c.guessInStep(a, def, idx); ok {
+			return res, nil
+		}
+	}
+	c.metrics.InStepReads.WithLabelValues(r.Definition, r.Step).Inc()
 	fx := &effects{}
-	t := inTxn(conn, b)
+	t := inTxn(a.Conn, a.Pending)
 	v, err := c.judgeAndQueue(ctx, t, def, idx, r, fx)
 	if err != nil {
-		return nil, nil, err
+		return steps.Applied{}, err
 	}
 	switch v {
 	case VerdictApplied:
 	case VerdictStale:
 		// Counted once the step's transaction commits.
-		return nil, func() { c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc() }, nil
+		return steps.Applied{After: func() { c.metrics.StaleReplies.WithLabelValues(r.Definition, r.Step, string(r.Phase)).Inc() }}, nil
 	default:
-		return nil, nil, nil
+		return steps.Applied{}, nil
 	}
-	return t.pending(), func() {
+	return steps.Applied{Writes: t.pending(), After: func() {
 		fx.sent = t.sent
 		c.emit(fx)
-	}, nil
+	}}, nil
+}
+
+// guessInStep queues a success's writes as if the saga were still at the
+// state and version its command was written at: the command carries the
+// saga's input and results of that version, which is all the next command
+// needs. The saga is locked first (saga, then step, as every writer), by
+// a statement that raises if it moved. It reports false, with a.Pending as
+// it was, when the writes cannot be built.
+func (c *core) guessInStep(a steps.Apply, def *saga.Definition, idx int) (steps.Applied, bool) {
+	cmd, r := a.Command, a.Reply
+	sg := &saga.Instance{
+		ID: cmd.SagaID, Definition: cmd.Definition, State: cmd.State, Version: cmd.Version,
+		Input: cmd.Input, Results: maps.Clone(cmd.Results),
+	}
+	queued := len(a.Pending.QueuedQueries)
+	fx := &effects{}
+	t := inTxn(a.Conn, a.Pending)
+	t.queue(lockSagaAt, func(row pgx.Row) error {
+		var ok int
+		if err := row.Scan(&ok, &sg.CreatedAt); err != nil {
+			return fmt.Errorf("lock saga %s at version %d: %w", sg.ID, sg.Version, err)
+		}
+		return nil
+	}, pguuid.Of(sg.ID), string(sg.State), sg.Version)
+	if err := c.succeed(t, sg, def, idx, r.Phase, r.Attempt, r.Result, fx); err != nil {
+		c.log.Debug("orchestrator: cannot apply a success as its command foresaw; reading the saga", "saga_id", sg.ID, "step", r.Step, "error", err)
+		a.Pending.QueuedQueries = a.Pending.QueuedQueries[:queued]
+		return steps.Applied{}, false
+	}
+	return steps.Applied{Writes: t.pending(), Guessed: true, After: func() {
+		fx.sent = t.sent
+		c.emit(fx)
+	}}, true
 }

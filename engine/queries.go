@@ -36,6 +36,14 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 select idemsaga.expect((select version from u) is not null, 'saga ' || $1::text, s.state, $3::text)
 from (select 1) one left join idemsaga.sagas s on s.id = $1`
 
+	// lockSagaAt locks a saga that must still be at the state and version
+	// a command was written at, and returns when it started; a saga that
+	// moved (or is gone) raises IDM01.
+	lockSagaAt = `with s as (
+  select created_at from idemsaga.sagas where id = $1 and state = $2 and version = $3 for update
+)
+select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3::text), min(created_at) from s`
+
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
 
 	// dispatchStep creates attempt 1 of a (saga, step, phase) and its

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,15 +73,43 @@ type Config struct {
 	Recent int
 	// ApplyFunc, if set, applies a step's success to its saga inside the
 	// step's own transaction, in place of a reply: the engine passes its
-	// orchestrator when it runs the step workers on its own database. It
-	// gets the step's writes not yet sent (b) and sends them with its own
-	// reads, in one round trip; it returns its writes, which the worker
-	// sends with COMMIT, or nil when the success is not to be applied (the
-	// attempt is stale, say; a reply would be dropped too). after, if not
-	// nil, runs once the transaction committed. Its part runs after a
-	// savepoint: on an error the worker rolls it back and commits the step
-	// with a reply instead, without running the handler again.
-	ApplyFunc func(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, r wire.Reply) (writes *pgx.Batch, after func(), err error)
+	// orchestrator when it runs the step workers on its own database. Its
+	// part runs after a savepoint: on an error the worker rolls it back and
+	// commits the step with a reply instead, without running the handler
+	// again. See Apply and Applied.
+	ApplyFunc func(ctx context.Context, a Apply) (Applied, error)
+}
+
+// Apply is what Config.ApplyFunc gets: a step's success, inside the step's
+// open transaction, after a savepoint.
+type Apply struct {
+	// Conn holds the step's transaction.
+	Conn *pgx.Conn
+	// Pending holds the step's writes not yet sent. ApplyFunc sends them
+	// with its own reads, in one round trip, or returns them with its
+	// writes.
+	Pending *pgx.Batch
+	// Command is the step's command, and Reply its success.
+	Command wire.Command
+	Reply   wire.Reply
+	// Guess allows ApplyFunc to queue its writes without reading anything,
+	// from what the command says of the saga, each write fenced so that a
+	// saga or step that moved meanwhile fails the batch. The worker sends
+	// them with COMMIT: one round trip for the whole success. If they fail,
+	// it rolls back to the savepoint and calls ApplyFunc again without
+	// Guess.
+	Guess bool
+}
+
+// Applied is what Config.ApplyFunc returns.
+type Applied struct {
+	// Writes go with COMMIT. Nil when the success is not to be applied
+	// (the attempt is stale, say; a reply would be dropped too).
+	Writes *pgx.Batch
+	// After, if not nil, runs once the transaction committed.
+	After func()
+	// Guessed reports writes queued without a read (Apply.Guess).
+	Guessed bool
 }
 
 // errApplyInStep marks a failed ApplyFunc whose step could not be saved
@@ -363,7 +392,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		record := &pgx.Batch{}
 		record.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
 		if w.cfg.ApplyFunc != nil {
-			err = w.applyAndCommit(attemptCtx, conn, reply, record, done)
+			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, record, done)
 		} else {
 			err = w.replyAndCommit(attemptCtx, conn, reply, record, sent)
 		}
@@ -427,7 +456,9 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handler saga.HandlerFunc) (result json.RawMessage, err error) {
 	sc := &saga.StepContext{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
-		Key: cmd.Key, Attempt: cmd.Attempt, Input: cmd.Input, Results: cmd.Results, Tx: tx,
+		// Copies of the input and results: the command's own may become the
+		// next command's (Apply.Guess), whatever the handler does to its.
+		Key: cmd.Key, Attempt: cmd.Attempt, Input: bytes.Clone(cmd.Input), Results: maps.Clone(cmd.Results), Tx: tx,
 	}
 	if cmd.Phase == saga.PhaseCompensate {
 		forwardKey := saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward)
@@ -514,27 +545,36 @@ func storedReply(ctx context.Context, q interface {
 }
 
 // applyAndCommit hands the step's pending writes (b) to ApplyFunc, which
-// applies the success to the saga, and commits: two round trips, and no
-// reply. The saga's part runs after a savepoint: if it fails (the saga
+// applies the success to the saga, and commits: one round trip when
+// ApplyFunc can guess from the command, two when it must read first, and
+// no reply. The saga's part runs after a savepoint: if it fails (the saga
 // cannot take the success, say), it alone is rolled back and the step's
 // own writes commit with a reply instead, for the orchestrator, without
 // running the handler again.
-func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, done *attempt) error {
+func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, b *pgx.Batch, done *attempt) error {
 	b.Queue(savepointApply)
-	writes, after, err := w.cfg.ApplyFunc(ctx, conn.Conn(), b, reply)
+	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
+	res, err := w.cfg.ApplyFunc(ctx, a)
 	if err == nil {
-		if writes == nil {
-			writes = &pgx.Batch{}
+		err = commitApplied(ctx, conn, res)
+	}
+	if err != nil && res.Guessed {
+		// The saga or the step moved since the command was written: read
+		// and judge. ROLLBACK TO keeps the savepoint for the fallback below.
+		// It goes alone: pgx would prepare a batch's new statements first,
+		// which an aborted transaction refuses.
+		w.cfg.Logger.Debug("step worker: the success could not be applied as the command foresaw; reading the saga",
+			"saga_id", reply.SagaID, "step", reply.Step, "phase", reply.Phase, "attempt", reply.Attempt, "error", err)
+		if _, err = conn.Exec(ctx, rollbackApply); err == nil {
+			a.Pending, a.Guess = &pgx.Batch{}, false
+			if res, err = w.cfg.ApplyFunc(ctx, a); err == nil {
+				err = commitApplied(ctx, conn, res)
+			}
 		}
-		queueCommit(writes)
-		err = conn.SendBatch(ctx, writes).Close()
-		if err == nil && conn.Conn().PgConn().TxStatus() != 'I' {
-			err = errors.New("the transaction is still open after COMMIT")
-		}
-		if err == nil {
-			done.after = after
-			return nil
-		}
+	}
+	if err == nil {
+		done.after = res.After
+		return nil
 	}
 	w.cfg.Logger.Warn("step worker: the success could not be applied in the step's transaction; answering with a reply",
 		"saga_id", reply.SagaID, "step", reply.Step, "phase", reply.Phase, "attempt", reply.Attempt, "error", err)
@@ -542,6 +582,22 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply w
 		return fmt.Errorf("%w: %w (and the step's own writes could not be saved: %w)", errApplyInStep, err, rerr)
 	}
 	return w.replyAndCommit(ctx, conn, reply, nil, &done.sent)
+}
+
+// commitApplied sends ApplyFunc's writes with COMMIT.
+func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied) error {
+	writes := res.Writes
+	if writes == nil {
+		writes = &pgx.Batch{}
+	}
+	queueCommit(writes)
+	if err := conn.SendBatch(ctx, writes).Close(); err != nil {
+		return err
+	}
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		return errors.New("the transaction is still open after COMMIT")
+	}
+	return nil
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox

@@ -38,6 +38,7 @@ type Metrics struct {
 	RelayBatchSeconds prometheus.Histogram
 	Deliveries        *prometheus.CounterVec
 	UniqueConflicts   *prometheus.CounterVec
+	InStepReads       *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -104,6 +105,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "unique_conflicts_total",
 		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
 	}, []string{"table"})
+	m.InStepReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "in_step_reads_total",
+		Help: "Successes applied in their step's transaction only after reading the saga, by definition and step: the saga had moved since the command was written (or the command came from an older engine). The others are applied from what the command says, in one round trip; a high rate means something moves sagas under running steps.",
+	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
 	}
@@ -111,7 +116,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts,
+		m.Deliveries, m.UniqueConflicts, m.InStepReads,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

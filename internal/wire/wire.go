@@ -24,6 +24,14 @@ type Command struct {
 	// ForwardKey is set on compensate commands: the key of the forward
 	// phase being undone, under which the worker records a tombstone.
 	ForwardKey uuid.UUID `json:"forward_key,omitzero"`
+	// State and Version are the saga's when the command was written; Input
+	// and Results are the saga's at that version. A success applied in the
+	// step's own transaction moves the saga on from them without reading
+	// it first, fenced by the version (a saga that moved meanwhile makes it
+	// read and judge instead). Commands written before they existed carry
+	// neither, and are judged after a read.
+	State   saga.State `json:"state,omitempty"`
+	Version int64      `json:"version,omitempty"`
 }
 
 // Outcome is what a step worker reports.
