@@ -37,6 +37,16 @@ type Step struct {
 	// CompensateRetry governs Compensate. Zero fields take the defaults.
 	// When its attempts run out the saga ends in StateFailed.
 	CompensateRetry RetryPolicy
+	// TxOnly declares that Forward's effects are all writes through
+	// StepContext.Tx: it calls no other system. The step worker then sends
+	// the step's inbox claim with Forward's first statement, in one round
+	// trip instead of two. The claim still comes first in the transaction,
+	// so a concurrent duplicate waits for it as ever; but a delivery the
+	// inbox already answered learns so at that first statement (which
+	// fails with ErrDuplicateDelivery, its effect rolled back) rather than
+	// before Forward starts, so code before it may run again. Leave it
+	// false for a step that calls out before its first statement.
+	TxOnly bool
 }
 
 // Definition is a named, ordered list of steps. Build one with New; it is

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemsaga/idemsaga/saga"
 )
 
 // errWorkerOwnsTx is returned when a handler commits or rolls back the
@@ -37,11 +39,69 @@ type stepState struct {
 	closed atomic.Bool
 	// savepoints numbers nested transactions.
 	savepoints atomic.Int64
+	// claim, when set and not sent, is the step's first round trip held
+	// back for the handler's first statement (saga.Step.TxOnly): whatever
+	// the handler does through the Tx sends it first, so the claim always
+	// leads the transaction. A handler's Tx is not for concurrent use (no
+	// pgx.Tx is), so it needs no lock.
+	claim *claim
+	// afterClaim, if set, runs once a held-back claim took the key; an
+	// error it returns fails the claim.
+	afterClaim func() error
 }
 
 var _ pgx.Tx = (*stepTx)(nil)
 
 func newStepTx(conn *pgx.Conn) *stepTx { return &stepTx{conn: conn, step: &stepState{}} }
+
+// holdClaim keeps c back until the handler's first statement, which it
+// then leads in one round trip.
+func (t *stepTx) holdClaim(c *claim, after func() error) {
+	t.step.claim, t.step.afterClaim = c, after
+}
+
+// sendClaim sends a held-back claim, with what more queues after it (the
+// handler's first statement, if it can travel in the claim's pipeline). It
+// reports whether it sent one, and the error of the claim or of that
+// statement; the claim's failure, and a duplicate delivery, end the Tx for
+// the handler (saga.ErrDuplicateDelivery).
+func (t *stepTx) sendClaim(ctx context.Context, more func(*pgx.Batch)) (bool, error) {
+	c := t.step.claim
+	if c == nil || c.sent {
+		return false, nil
+	}
+	err := c.send(ctx, t.conn, more)
+	if c.err == nil && c.claimed == 1 && t.step.afterClaim != nil {
+		c.err = t.step.afterClaim()
+	}
+	switch {
+	case c.err != nil:
+		t.close()
+		return true, c.err
+	case c.claimed == 0:
+		t.close()
+		return true, saga.ErrDuplicateDelivery
+	}
+	return true, err
+}
+
+// pipelined reports whether a statement with these arguments can travel in
+// a batch: pgx runs one without arguments, or with an explicit mode, its
+// own way (the simple protocol allows several statements in one string).
+func pipelined(args []any) bool {
+	if len(args) == 0 {
+		return false
+	}
+	_, mode := args[0].(pgx.QueryExecMode)
+	return !mode
+}
+
+// claimFirst sends a held-back claim alone, before a statement that
+// cannot travel with it.
+func (t *stepTx) claimFirst(ctx context.Context) error {
+	_, err := t.sendClaim(ctx, nil)
+	return err
+}
 
 // close ends the Tx and its savepoints for the handler.
 func (t *stepTx) close() { t.step.closed.Store(true) }
@@ -52,6 +112,9 @@ func (t *stepTx) done() bool { return t.step.closed.Load() || t.ended.Load() }
 func (t *stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.done() {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.claimFirst(ctx); err != nil {
+		return nil, err
 	}
 	name := fmt.Sprintf("idemsaga_sp_%d", t.step.savepoints.Add(1))
 	if _, err := t.conn.Exec(ctx, "savepoint "+name); err != nil {
@@ -80,12 +143,18 @@ func (t *stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 	if t.done() {
 		return 0, pgx.ErrTxClosed
 	}
+	if err := t.claimFirst(ctx); err != nil {
+		return 0, err
+	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
 func (t *stepTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.done() {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	if err := t.claimFirst(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	return t.conn.SendBatch(ctx, b)
 }
@@ -96,6 +165,9 @@ func (t *stepTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 func (t *stepTx) LargeObjects() pgx.LargeObjects {
 	if t.done() {
 		panic("steps: large objects of a step transaction that has ended")
+	}
+	if err := t.claimFirst(context.Background()); err != nil {
+		panic(fmt.Sprintf("steps: large objects in a step transaction: %v", err))
 	}
 	tx, err := t.conn.Begin(context.Background())
 	if err != nil {
@@ -108,12 +180,28 @@ func (t *stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 	if t.done() {
 		return nil, pgx.ErrTxClosed
 	}
+	if err := t.claimFirst(ctx); err != nil {
+		return nil, err
+	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
+// Exec runs the handler's statement; the first of a TxOnly step travels
+// with the step's claim.
 func (t *stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.done() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	if pipelined(args) {
+		var tag pgconn.CommandTag
+		sent, err := t.sendClaim(ctx, func(b *pgx.Batch) {
+			b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
+		})
+		if sent {
+			return tag, err
+		}
+	} else if err := t.claimFirst(ctx); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	return t.conn.Exec(ctx, sql, args...)
 }
@@ -122,6 +210,9 @@ func (t *stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if t.done() {
 		return nil, pgx.ErrTxClosed
 	}
+	if err := t.claimFirst(ctx); err != nil {
+		return nil, err
+	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
@@ -129,10 +220,18 @@ func (t *stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	if t.done() {
 		return errRow{pgx.ErrTxClosed}
 	}
+	if err := t.claimFirst(ctx); err != nil {
+		return errRow{err}
+	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-func (t *stepTx) Conn() *pgx.Conn { return t.conn }
+// Conn returns the connection, after sending a held-back claim: whatever
+// the handler runs on it must be inside the step's transaction.
+func (t *stepTx) Conn() *pgx.Conn {
+	_ = t.claimFirst(context.Background()) // a failure ends the step; statements on the connection fail with it
+	return t.conn
+}
 
 type errRow struct{ err error }
 

@@ -293,7 +293,9 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	}
 	start := time.Now()
 	var done attempt
-	reply, err := w.run(ctx, cmd, handler, policy, &done)
+	// A TxOnly forward step's claim goes with its first statement.
+	held := cmd.Phase == saga.PhaseForward && step.TxOnly
+	reply, err := w.run(ctx, cmd, handler, policy, held, &done)
 	if err != nil {
 		return reply, err
 	}
@@ -321,7 +323,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 // run runs one attempt to its commit; done receives what is left to do
 // after the commit. With Config.ApplyFunc a success is applied to the saga
 // in the same transaction instead of replied.
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, done *attempt) (wire.Reply, error) {
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held bool, done *attempt) (wire.Reply, error) {
 	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
@@ -345,46 +347,36 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}()
 
-	// First round trip: BEGIN, bound how long this transaction may sit
-	// idle (a stalled or stopped process must not hold the key forever:
-	// the engine settles abandoned steps through the same inbox row),
-	// claim the key, and read what the inbox holds for it.
-	b := &pgx.Batch{}
-	b.Queue("begin")
-	b.Queue(idleTimeout, idleTimeoutFor(policy))
-	claim := b.Queue(claimKey, pguuid.Of(cmd.Key), pguuid.Of(cmd.SagaID), cmd.Step, cmd.Phase, cmd.Attempt)
-	var claimed int64
-	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil })
-	var st stored
-	b.Queue(readStored, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)).QueryRow(func(row pgx.Row) error { return st.scan(row) })
-	if err := conn.SendBatch(attemptCtx, b).Close(); err != nil {
-		return reply, fmt.Errorf("claim step key: %w", err)
-	}
-	if claimed == 0 {
-		// Already processed (or tombstoned): answer with the first outcome.
-		reply, err := st.reply(reply)
-		if err != nil {
+	// First round trip: the claim (BEGIN, the idle bound, the inbox claim
+	// and read). A TxOnly step's travels with its handler's first
+	// statement instead.
+	cl := newClaim(cmd, policy)
+	if held {
+		tx.holdClaim(cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
+	} else {
+		if err := cl.send(attemptCtx, conn.Conn(), nil); err != nil {
 			return reply, err
 		}
-		if st.attempt == cmd.Attempt && st.outcome != "tombstone" {
-			// The same attempt, delivered again: its reply committed with
-			// the inbox row, so it is in the outbox already (and a lost
-			// one is re-driven by the lease, under a new attempt). Write
-			// nothing.
-			tx.close()
-			if _, err := conn.Exec(attemptCtx, "rollback"); err != nil {
-				return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
-			}
-			done.stored = true
-			return reply, nil
+		if cl.claimed == 0 {
+			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, false, done)
 		}
-		return reply, w.replyAndCommit(attemptCtx, conn, reply, nil, sent)
-	}
-
-	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
-		return reply, err
+		if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
+			return reply, err
+		}
 	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
+	if held {
+		// A handler that made no statement leaves the claim to go now.
+		_, _ = tx.sendClaim(attemptCtx, nil)
+		switch {
+		case cl.err != nil:
+			return reply, cl.err
+		case cl.claimed == 0:
+			// Whatever the handler did or returned, the inbox answered
+			// first; its statement is rolled back.
+			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, true, done)
+		}
+	}
 	if herr == nil {
 		// Last round trip: the result into the inbox row, the reply into
 		// the outbox, COMMIT.
@@ -448,6 +440,36 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	done.stored = recorded
 	return reply, nil
+}
+
+// answerStored answers a delivery whose key the inbox held already (or
+// tombstoned) with the first outcome. dirty says the transaction holds a
+// handler's statement (a TxOnly step's claim went with it): it is rolled
+// back before anything is written.
+func (w *Worker) answerStored(ctx context.Context, conn *pgxpool.Conn, tx *stepTx, cmd wire.Command, st stored, reply wire.Reply, dirty bool, done *attempt) (wire.Reply, error) {
+	reply, err := st.reply(reply)
+	if err != nil {
+		return reply, err
+	}
+	// The same attempt, delivered again: its reply committed with the
+	// inbox row, so it is in the outbox already (and a lost one is
+	// re-driven by the lease, under a new attempt). Write nothing.
+	same := st.attempt == cmd.Attempt && st.outcome != "tombstone"
+	var b *pgx.Batch
+	if same || dirty {
+		tx.close()
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
+		}
+		if same {
+			done.stored = true
+			return reply, nil
+		}
+		b = &pgx.Batch{}
+		b.Queue("begin")
+	}
+	// Another attempt's outcome: answer this one with a reply.
+	return reply, w.replyAndCommit(ctx, conn, reply, b, &done.sent)
 }
 
 // invoke runs the handler, turning a panic into a retryable error. For a

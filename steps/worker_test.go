@@ -61,13 +61,27 @@ func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
 
 // TestSameCommandConcurrently runs one command from 32 goroutines at once
 // (as many workers receiving redeliveries would): one effect, one outcome.
+// It runs with the claim sent before the handler, and with the claim
+// travelling with the handler's first statement (TxOnly).
 func TestSameCommandConcurrently(t *testing.T) {
 	t.Parallel()
+	for name, def := range map[string]*saga.Definition{
+		"claim first":   withoutTxOnly(t, transfer.Definition),
+		"claim with tx": transfer.Definition,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sameCommandConcurrently(t, def)
+		})
+	}
+}
+
+func sameCommandConcurrently(t *testing.T, def *saga.Definition) {
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	_, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
-	w := newWorker(t, pool, transfer.Definition)
+	w := newWorker(t, pool, def)
 	id := uuid.New()
 
 	const n = 32

@@ -79,12 +79,17 @@ func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
 			Compensate:      saga.Handle(refund),
 			Retry:           policy,
 			CompensateRetry: policy,
+			// Every effect of both steps is a write in the step's
+			// transaction: their inbox claims travel with their first
+			// statements.
+			TxOnly: true,
 		},
 		saga.Step{
 			Name:    StepCredit,
 			Reaches: StateCredited,
 			Forward: saga.Handle(credit),
 			Retry:   policy,
+			TxOnly:  true,
 		},
 	)
 }
