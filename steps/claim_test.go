@@ -153,3 +153,44 @@ func withoutTxOnly(t *testing.T, def *saga.Definition) *saga.Definition {
 	require.NoError(t, err)
 	return d
 }
+
+// TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared: a duplicate's claim
+// fails by design before the handler's first statement runs, and that
+// statement stays prepared on the connection (pgx would otherwise drop it
+// with the failed batch and prepare it again, two round trips more per
+// duplicate).
+func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := testenv.DB(t)
+	_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
+	require.NoError(t, err)
+	cfg := shared.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	const insert = `insert into effects (saga_id, step) values ($1, $2)`
+	def := saga.MustNew("txonly", saga.Step{
+		Name: "write", Reaches: "written", TxOnly: true,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			_, err := sc.Tx.Exec(ctx, insert, sc.SagaID, sc.Step)
+			return nil, err
+		},
+	})
+	cmd := command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)
+	prepared := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_prepared_statements where statement = $1`, insert).Scan(&n))
+		return n
+	}
+	_, err = newWorker(t, pool, def).Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.Equal(t, 1, prepared())
+	reply, err := newWorker(t, pool, def).Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.True(t, reply.Duplicate)
+	require.Equal(t, 1, prepared(), "the handler's statement is still prepared")
+	require.Equal(t, 1, countEffects(t, pool))
+}

@@ -60,29 +60,29 @@ func (t *stepTx) holdClaim(c *claim, after func() error) {
 	t.step.claim, t.step.afterClaim = c, after
 }
 
-// sendClaim sends a held-back claim, with what more queues after it (the
+// sendClaim sends a held-back claim, with sql after it if not empty (the
 // handler's first statement, if it can travel in the claim's pipeline). It
-// reports whether it sent one, and the error of the claim or of that
-// statement; the claim's failure, and a duplicate delivery, end the Tx for
-// the handler (saga.ErrDuplicateDelivery).
-func (t *stepTx) sendClaim(ctx context.Context, more func(*pgx.Batch)) (bool, error) {
+// reports whether it sent one, sql's result, and the error of the claim or
+// of sql; the claim's failure, and a duplicate delivery, end the Tx for the
+// handler (saga.ErrDuplicateDelivery).
+func (t *stepTx) sendClaim(ctx context.Context, sql string, args []any) (bool, pgconn.CommandTag, error) {
 	c := t.step.claim
 	if c == nil || c.sent {
-		return false, nil
+		return false, pgconn.CommandTag{}, nil
 	}
-	err := c.send(ctx, t.conn, more)
+	tag, err := c.send(ctx, t.conn, sql, args)
 	if c.err == nil && c.claimed == 1 && t.step.afterClaim != nil {
 		c.err = t.step.afterClaim()
 	}
 	switch {
 	case c.err != nil:
 		t.close()
-		return true, c.err
+		return true, tag, c.err
 	case c.claimed == 0:
 		t.close()
-		return true, saga.ErrDuplicateDelivery
+		return true, tag, saga.ErrDuplicateDelivery
 	}
-	return true, err
+	return true, tag, err
 }
 
 // pipelined reports whether a statement with these arguments can travel in
@@ -99,7 +99,7 @@ func pipelined(args []any) bool {
 // claimFirst sends a held-back claim alone, before a statement that
 // cannot travel with it.
 func (t *stepTx) claimFirst(ctx context.Context) error {
-	_, err := t.sendClaim(ctx, nil)
+	_, _, err := t.sendClaim(ctx, "", nil)
 	return err
 }
 
@@ -193,11 +193,7 @@ func (t *stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	if pipelined(args) {
-		var tag pgconn.CommandTag
-		sent, err := t.sendClaim(ctx, func(b *pgx.Batch) {
-			b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
-		})
-		if sent {
+		if sent, tag, err := t.sendClaim(ctx, sql, args); sent {
 			return tag, err
 		}
 	} else if err := t.claimFirst(ctx); err != nil {

@@ -354,11 +354,11 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	if held {
 		tx.holdClaim(cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
 	} else {
-		if err := cl.send(attemptCtx, conn.Conn(), nil); err != nil {
+		if _, err := cl.send(attemptCtx, conn.Conn(), "", nil); err != nil {
 			return reply, err
 		}
 		if cl.claimed == 0 {
-			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, false, done)
+			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, done)
 		}
 		if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
 			return reply, err
@@ -367,14 +367,14 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
 	if held {
 		// A handler that made no statement leaves the claim to go now.
-		_, _ = tx.sendClaim(attemptCtx, nil)
+		_, _, _ = tx.sendClaim(attemptCtx, "", nil)
 		switch {
 		case cl.err != nil:
 			return reply, cl.err
 		case cl.claimed == 0:
 			// Whatever the handler did or returned, the inbox answered
-			// first; its statement is rolled back.
-			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, true, done)
+			// first; its statement was rolled back with the claim.
+			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, done)
 		}
 	}
 	if herr == nil {
@@ -443,32 +443,30 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 }
 
 // answerStored answers a delivery whose key the inbox held already (or
-// tombstoned) with the first outcome. dirty says the transaction holds a
-// handler's statement (a TxOnly step's claim went with it): it is rolled
-// back before anything is written.
-func (w *Worker) answerStored(ctx context.Context, conn *pgxpool.Conn, tx *stepTx, cmd wire.Command, st stored, reply wire.Reply, dirty bool, done *attempt) (wire.Reply, error) {
+// tombstoned) with the first outcome. The claim that found it left no
+// transaction open (and a handler's statement that travelled with it was
+// rolled back with it).
+func (w *Worker) answerStored(ctx context.Context, conn *pgxpool.Conn, tx *stepTx, cmd wire.Command, st stored, reply wire.Reply, done *attempt) (wire.Reply, error) {
+	tx.close()
 	reply, err := st.reply(reply)
 	if err != nil {
 		return reply, err
 	}
-	// The same attempt, delivered again: its reply committed with the
-	// inbox row, so it is in the outbox already (and a lost one is
-	// re-driven by the lease, under a new attempt). Write nothing.
-	same := st.attempt == cmd.Attempt && st.outcome != "tombstone"
-	var b *pgx.Batch
-	if same || dirty {
-		tx.close()
+	if conn.Conn().PgConn().TxStatus() != 'I' {
 		if _, err := conn.Exec(ctx, "rollback"); err != nil {
 			return reply, fmt.Errorf("end the transaction of a duplicate delivery: %w", err)
 		}
-		if same {
-			done.stored = true
-			return reply, nil
-		}
-		b = &pgx.Batch{}
-		b.Queue("begin")
+	}
+	if st.attempt == cmd.Attempt && st.outcome != "tombstone" {
+		// The same attempt, delivered again: its reply committed with the
+		// inbox row, so it is in the outbox already (and a lost one is
+		// re-driven by the lease, under a new attempt). Write nothing.
+		done.stored = true
+		return reply, nil
 	}
 	// Another attempt's outcome: answer this one with a reply.
+	b := &pgx.Batch{}
+	b.Queue("begin")
 	return reply, w.replyAndCommit(ctx, conn, reply, b, &done.sent)
 }
 
