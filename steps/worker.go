@@ -10,8 +10,6 @@ import (
 	"maps"
 	"time"
 
-	"github.com/google/uuid"
-	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -131,47 +129,13 @@ type attempt struct {
 	stored bool
 }
 
-// remembered reports an attempt this worker answered.
-func (w *Worker) remembered(cmd wire.Command) (answer, bool) {
-	if w.recent == nil {
-		return answer{}, false
-	}
-	return w.recent.Get(attemptKey{cmd.Key, cmd.Attempt})
-}
-
-// remember keeps an answered attempt whose outcome the inbox holds.
-func (w *Worker) remember(cmd wire.Command, reply wire.Reply, stored bool) {
-	if w.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
-		return
-	}
-	// A copy: the reply's result goes back to the caller, who may keep it.
-	w.recent.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: bytes.Clone(reply.Result), errText: reply.Error})
-}
-
 // Worker consumes and runs step commands.
 type Worker struct {
 	cfg    Config
 	defs   map[string]*saga.Definition
-	recent *lru.Cache[attemptKey, answer] // nil when Config.Recent is -1
+	recent *recent // nil when Config.Recent is -1
 	runner lifecycle.Runner
 }
-
-// attemptKey names one attempt of a step.
-type attemptKey struct {
-	key     uuid.UUID
-	attempt int
-}
-
-// answer is what the inbox holds for an attempt the worker answered.
-type answer struct {
-	outcome wire.Outcome
-	result  json.RawMessage
-	errText string
-}
-
-// maxRemembered bounds the result and error an answer keeps; a larger
-// answer is not remembered, and its duplicates go to the inbox.
-const maxRemembered = 1024
 
 // New returns a worker; Start runs it.
 func New(cfg Config) (*Worker, error) {
@@ -207,7 +171,7 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition)}
 	if cfg.Recent > 0 {
 		var err error
-		if w.recent, err = lru.New[attemptKey, answer](cfg.Recent); err != nil {
+		if w.recent, err = newRecent(cfg.Recent); err != nil {
 			return nil, fmt.Errorf("steps: %w", err)
 		}
 	}
@@ -279,7 +243,11 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 		handler, policy = step.Compensate, step.CompensateRetry
 	}
 
-	if a, ok := w.remembered(cmd); ok {
+	a, ok, release, err := w.await(ctx, cmd)
+	if err != nil {
+		return wire.Reply{}, err
+	}
+	if ok {
 		// Another delivery of an attempt this worker answered: the inbox
 		// holds its outcome and its reply or effect committed with it;
 		// as in the inbox's own duplicate path, nothing is written.
@@ -291,6 +259,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 			Key: cmd.Key, Attempt: cmd.Attempt, Outcome: a.outcome, Result: bytes.Clone(a.result), Error: a.errText, Duplicate: true,
 		}, nil
 	}
+	defer release()
 	start := time.Now()
 	var done attempt
 	// A TxOnly forward step's claim goes with its first statement.

@@ -1,0 +1,116 @@
+package steps_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+// TestDeliveriesOfARunningAttemptWaitInMemory: while one delivery of an
+// attempt runs its handler, more deliveries of it to the same worker wait
+// for that run in memory, then answer with its outcome, without the
+// database. When the run ends without an outcome the inbox holds (a
+// retryable failure), the next waiter runs the attempt itself.
+func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		name := "the run succeeds"
+		if fail {
+			name = "the run fails, retryably"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testenv.DB(t)
+			entered, release := make(chan struct{}), make(chan struct{})
+			var runs atomic.Int32
+			def := saga.MustNew("slow", saga.Step{
+				Name: "s", Reaches: "done",
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if runs.Add(1) == 1 {
+						close(entered)
+						<-release
+						if fail {
+							return nil, errors.New("not yet")
+						}
+					}
+					return json.RawMessage(`"ok"`), nil
+				},
+			})
+			reg := prometheus.NewRegistry()
+			m, err := metrics.New(reg)
+			require.NoError(t, err)
+			w, err := steps.New(steps.Config{
+				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			require.NoError(t, err)
+			cmd := command(uuid.New(), "slow", "s", saga.PhaseForward, 1, nil)
+
+			const n = 6
+			replies := make([]wire.Reply, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			wg.Go(func() { replies[0], errs[0] = w.Handle(ctx, cmd) })
+			<-entered
+			for i := 1; i < n; i++ {
+				wg.Go(func() { replies[i], errs[i] = w.Handle(ctx, cmd) })
+			}
+			// Waiting in memory cannot be observed from here: give the
+			// deliveries time to reach the worker while the run holds the
+			// key. One that went to the database instead would wait on the
+			// key there and count as an inbox duplicate, failing the test.
+			time.Sleep(100 * time.Millisecond)
+			close(release)
+			wg.Wait()
+
+			fresh := 0
+			for i := range n {
+				require.NoError(t, errs[i])
+				if !replies[i].Duplicate {
+					fresh++
+				}
+			}
+			recent := counter(t, m.Duplicates.WithLabelValues(metrics.LayerRecent))
+			inbox := counter(t, m.Duplicates.WithLabelValues(metrics.LayerInbox))
+			if fail {
+				require.Equal(t, wire.OutcomeRetry, replies[0].Outcome)
+				require.Equal(t, int32(2), runs.Load(), "one waiter ran the attempt again")
+				require.Equal(t, 2, fresh, "the failed run, and the waiter that ran the attempt again")
+				require.Equal(t, float64(n-2), recent+inbox)
+			} else {
+				require.Equal(t, 1, fresh, "one delivery ran the handler")
+				require.Equal(t, int32(1), runs.Load())
+				for i := range n {
+					require.Equal(t, wire.OutcomeSucceeded, replies[i].Outcome)
+				}
+				require.Equal(t, float64(n-1), recent+inbox, "every other delivery is a duplicate")
+				require.Equal(t, float64(n-1), recent, "answered from memory, after waiting for the run")
+			}
+		})
+	}
+}
+
+func counter(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
+}
