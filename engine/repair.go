@@ -61,7 +61,10 @@ where saga_id = $1 and phase = 'compensate' and status = 'failed' order by updat
 		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
 	t := newTxn(tx)
-	if err := c.command(t, sg, def, idx, saga.PhaseCompensate, next); err != nil {
+	// The command carries the saga as this transaction leaves it.
+	resumed := *sg
+	resumed.State, resumed.Version = saga.StateCompensating, sg.Version+1
+	if err := c.command(t, &resumed, def, idx, saga.PhaseCompensate, next); err != nil {
 		return err
 	}
 	if err := t.flush(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/internal/pgbatch"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
@@ -91,7 +92,7 @@ func (t *txn) flush(ctx context.Context) error {
 	}
 	b := t.batch
 	t.batch = nil
-	return checkError(t.db.SendBatch(ctx, b).Close())
+	return checkError(pgbatch.Run(ctx, t.db, b))
 }
 
 // read flushes the queued writes, so that a read sees them, and returns

@@ -28,11 +28,12 @@ var ErrInvalidDefinition = errors.New("idemsaga: invalid saga definition")
 var ErrConflict = errors.New("idemsaga: concurrent transition; re-read and retry")
 
 // ErrDuplicateDelivery is what the first statement of a TxOnly step's
-// Forward returns when the inbox already holds the step's outcome: the
-// command was delivered again. The statement's effect is rolled back; the
+// Forward returns when the inbox already holds the step's outcome (a
+// success, a permanent failure, or a tombstone): the command was delivered
+// again. The statement's effect is rolled back; the
 // handler should return (any error will do), and the worker answers with
 // the stored outcome.
-var ErrDuplicateDelivery = errors.New("idemsaga: this step already took effect under its key (a duplicate delivery); return, and the stored outcome is the answer")
+var ErrDuplicateDelivery = errors.New("idemsaga: the inbox already holds this step's outcome (a duplicate delivery); return, and the stored outcome is the answer")
 
 // permanentError marks an error that must not be retried.
 type permanentError struct{ err error }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemsaga/idemsaga/internal/pgbatch"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -28,20 +29,22 @@ import (
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
+	// simple is set when the pool runs pgx's simple protocol, which knows
+	// no prepared statements: the claim then goes as SQL text, one
+	// multi-statement query, which is one implicit transaction too.
+	simple bool
 	// claimed is 1 when this transaction took the key, 0 when the inbox
 	// held it already (then st is what it holds).
 	claimed int64
 	st      stored
-	// read is set once the inbox's answer arrived.
-	read bool
-	sent bool
+	sent    bool
 	// err is the claim's own failure, or one injected after it: nothing
 	// will commit, and the command is to be delivered again.
 	err error
 }
 
-func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
-	return &claim{cmd: cmd, policy: policy}
+func newClaim(cmd wire.Command, policy saga.RetryPolicy, simple bool) *claim {
+	return &claim{cmd: cmd, policy: policy, simple: simple}
 }
 
 // send sends the claim, and sql after it if not empty (a handler's first
@@ -51,67 +54,53 @@ func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
 func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any) (pgconn.CommandTag, error) {
 	c.sent = true
 	var tag pgconn.CommandTag
-	if err := prepare(ctx, conn, claimStatements); err != nil {
+	name := func(s statement) string { return s.name }
+	if c.simple {
+		name = func(s statement) string { return s.sql }
+	} else if err := prepare(ctx, conn, claimStatements); err != nil {
 		c.err = fmt.Errorf("claim step key: %w", err)
 		return tag, c.err
 	}
 	b := &pgx.Batch{}
-	b.Queue(claimIdle.name, idleTimeoutFor(c.policy))
-	b.Queue(claimInsert.name, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt)
-	b.Queue(claimRead.name, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key))
-	b.Queue(claimCheck.name)
-	b.Queue(claimBegin.name)
+	b.Queue(name(claimIdle), idleTimeoutFor(c.policy))
+	b.Queue(name(claimInsert), pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&c.claimed) })
+	b.Queue(name(claimRead), pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key)).
+		QueryRow(func(row pgx.Row) error { return c.st.scan(row) })
+	b.Queue(name(claimCheck))
+	begun := false
+	b.Queue(name(claimBegin)).Exec(func(pgconn.CommandTag) error { begun = true; return nil })
 	if sql != "" {
-		b.Queue(sql, args...)
+		b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 	}
-	br := conn.SendBatch(ctx, b)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&c.claimed)
-	}
-	if err == nil {
-		if err = c.st.scan(br.QueryRow()); err == nil {
-			c.read = true
-		}
-	}
-	var check error
-	if err == nil {
-		_, check = br.Exec()
-	}
-	var pgErr *pgconn.PgError
+	err := pgbatch.Run(ctx, conn, b)
+
+	var pre pgx.ErrPreprocessingBatch
 	switch {
-	case err != nil:
-		_ = br.Close()
-		c.err = fmt.Errorf("claim step key: %w", err)
-		return tag, c.err
-	case c.claimed == 0 && errors.As(check, &pgErr) && pgErr.Code == claimedElsewhere:
-		// A duplicate: nothing after the check ran. pgx drops from its
-		// cache every statement of a batch that failed, to prepare them
-		// again on their next use; the handler's statement did not even
-		// run, so it stays (QueuedQueries is what pgx goes through).
-		b.QueuedQueries = nil
-		_ = br.Close()
+	case sql != "" && errors.As(err, &pre) && pre.SQL() == sql:
+		// pgx prepares and encodes a batch before it sends any of it: the
+		// handler's statement failed there, and nothing went out. The
+		// claim goes alone, then the statement, whose error is the
+		// handler's as ever.
+		if _, err := c.send(ctx, conn, "", nil); err != nil || c.claimed == 0 {
+			return tag, err
+		}
+		return conn.Exec(ctx, sql, args...)
+	case c.claimed == 0 && !begun && pgbatch.Raised(err):
+		// A duplicate, raised by the check: nothing after it ran, and
+		// PostgreSQL rolled the implicit transaction back.
 		return tag, nil
-	case check != nil:
-		_ = br.Close()
-		c.err = fmt.Errorf("claim step key: %w", check)
+	case !begun:
+		if err == nil {
+			err = errors.New("the claim did not complete")
+		}
+		c.err = fmt.Errorf("claim step key: %w", err)
 		return tag, c.err
 	case c.claimed == 0:
-		_ = br.Close()
-		c.err = errors.New("claim step key: the key was held, yet the claim did not stop")
+		c.err = errors.New("claim step key: the key was held, yet the claim went on")
 		return tag, c.err
 	}
-	if _, err := br.Exec(); err != nil { // BEGIN
-		_ = br.Close()
-		c.err = fmt.Errorf("claim step key: %w", err)
-		return tag, c.err
-	}
-	if sql != "" {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	// The claim holds; err, if any, is the handler's statement's.
 	return tag, err
 }
 

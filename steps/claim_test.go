@@ -8,10 +8,12 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -193,4 +195,139 @@ func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 	require.True(t, reply.Duplicate)
 	require.Equal(t, 1, prepared(), "the handler's statement is still prepared")
 	require.Equal(t, 1, countEffects(t, pool))
+}
+
+// roundTrips counts what a connection sends to PostgreSQL: batches, and
+// statements sent alone.
+type roundTrips struct{ batches, queries atomic.Int32 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.queries.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.batches.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// poolWith returns a pool of one connection to shared's database, set by
+// change.
+func poolWith(t *testing.T, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg := shared.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	change(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestTxOnlySavesARoundTrip counts what a step sends once its connection
+// is warm: a TxOnly step whose handler makes one statement sends two
+// batches (the claim with the statement, then the outcome with COMMIT);
+// the same step without TxOnly sends the statement on its own in between.
+func TestTxOnlySavesARoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, txOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := testenv.DB(t)
+			_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
+			require.NoError(t, err)
+			trips := &roundTrips{}
+			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			def := saga.MustNew("txonly", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: txOnly,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
+					return nil, err
+				},
+			})
+			w := newWorker(t, pool, def)
+			_, err = w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)) // warms the connection
+			require.NoError(t, err)
+			trips.batches.Store(0)
+			trips.queries.Store(0)
+			_, err = w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			want := []int32{2, 1}
+			if txOnly {
+				want = []int32{2, 0}
+			}
+			require.Equal(t, want, []int32{trips.batches.Load(), trips.queries.Load()}, "batches, statements alone")
+			require.Equal(t, 2, countEffects(t, pool))
+		})
+	}
+}
+
+// TestTxOnlyEdgeCases: a handler that takes the connection first, one
+// whose first statement fails before it is sent (pgx prepares a batch
+// first), and a pool on pgx's simple protocol. Each runs once with effect,
+// is answered from the inbox when delivered again, and a statement error
+// stays the handler's.
+func TestTxOnlyEdgeCases(t *testing.T) {
+	t.Parallel()
+	insert := `insert into effects (saga_id, step) values ($1, $2)`
+	for _, tc := range []struct {
+		name    string
+		simple  bool
+		forward saga.HandlerFunc
+		// effects is what one run leaves; outcome is the first reply's.
+		effects int
+		outcome wire.Outcome
+	}{
+		{name: "connection first", effects: 1, outcome: wire.OutcomeSucceeded,
+			forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				_, err := sc.Tx.Conn().Exec(ctx, insert, sc.SagaID, sc.Step)
+				return nil, err
+			}},
+		{name: "first statement fails to prepare", effects: 0, outcome: wire.OutcomeFailed,
+			forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, no_such_column) values ($1, $2)`, sc.SagaID, sc.Step)
+				return nil, saga.Permanent(err)
+			}},
+		{name: "simple protocol", simple: true, effects: 1, outcome: wire.OutcomeSucceeded,
+			forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				_, err := sc.Tx.Exec(ctx, insert, sc.SagaID, sc.Step)
+				return nil, err
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := testenv.DB(t)
+			_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
+			require.NoError(t, err)
+			pool := poolWith(t, shared, func(cfg *pgxpool.Config) {
+				if tc.simple {
+					cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+				}
+			})
+			def := saga.MustNew("txonly", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: tc.forward})
+			cmd := command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)
+
+			first, err := newWorker(t, pool, def).Handle(ctx, cmd)
+			require.NoError(t, err)
+			require.False(t, first.Duplicate)
+			require.Equal(t, tc.outcome, first.Outcome)
+			if tc.outcome == wire.OutcomeFailed {
+				require.Contains(t, first.Error, "no_such_column", "the statement's error is the handler's")
+			}
+			require.Equal(t, tc.effects, countEffects(t, pool))
+
+			again, err := newWorker(t, pool, def).Handle(ctx, cmd)
+			require.NoError(t, err)
+			require.True(t, again.Duplicate)
+			require.Equal(t, tc.outcome, again.Outcome)
+			require.Equal(t, tc.effects, countEffects(t, pool), "the duplicate took no effect")
+			var idle string
+			require.NoError(t, pool.QueryRow(ctx, `select count(*)::text from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
+			require.Equal(t, "0", idle, "no transaction left open")
+		})
+	}
 }

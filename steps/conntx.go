@@ -223,9 +223,17 @@ func (t *stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 // Conn returns the connection, after sending a held-back claim: whatever
-// the handler runs on it must be inside the step's transaction.
+// the handler runs on it must be inside the step's transaction. It panics
+// (an error of the handler's, to the worker) once the transaction ended or
+// when the claim failed or found a duplicate: the connection would then
+// be outside any transaction, and its writes would commit on their own.
 func (t *stepTx) Conn() *pgx.Conn {
-	_ = t.claimFirst(context.Background()) // a failure ends the step; statements on the connection fail with it
+	if t.done() {
+		panic("steps: the connection of a step transaction that has ended")
+	}
+	if err := t.claimFirst(context.Background()); err != nil {
+		panic(fmt.Sprintf("steps: the connection of a step transaction: %v", err))
+	}
 	return t.conn
 }
 

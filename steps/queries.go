@@ -1,8 +1,5 @@
 package steps
 
-// claimedElsewhere is the SQLSTATE of claimedOrRaise.
-const claimedElsewhere = "IDM02"
-
 const (
 	idleTimeout = `select set_config('idle_in_transaction_session_timeout', $1, true)`
 
@@ -20,7 +17,7 @@ const (
 select set_config('idemsaga.claimed', count(*)::text, true)::int from c`
 
 	// claimedOrRaise ends a claim that found the key taken: it raises
-	// claimedElsewhere (idemsaga.expect, migration 004) before the BEGIN
+	// (idemsaga.expect, migration 004: IDM02) before the BEGIN
 	// that would make the pipeline's implicit transaction the step's.
 	claimedOrRaise = `select idemsaga.expect(current_setting('idemsaga.claimed') = '1', 'step key', 'claimed', 'claimed')`
 

@@ -69,6 +69,11 @@ func (w *Worker) await(ctx context.Context, cmd wire.Command) (a answer, ok bool
 		r.mu.Lock()
 		wait, running := r.running[k]
 		if !running {
+			// A run may have ended between the look-up and the lock.
+			if a, ok := r.answered.Get(k); ok {
+				r.mu.Unlock()
+				return a, true, nil, nil
+			}
 			done := make(chan struct{})
 			r.running[k] = done
 			r.mu.Unlock()

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,6 +18,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgbatch"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -134,6 +134,8 @@ type Worker struct {
 	cfg    Config
 	defs   map[string]*saga.Definition
 	recent *recent // nil when Config.Recent is -1
+	// simple is set when the pool runs pgx's simple protocol.
+	simple bool
 	runner lifecycle.Runner
 }
 
@@ -168,7 +170,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics, _ = metrics.New(nil)
 	}
-	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition)}
+	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition),
+		simple: cfg.Pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol}
 	if cfg.Recent > 0 {
 		var err error
 		if w.recent, err = newRecent(cfg.Recent); err != nil {
@@ -319,7 +322,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// First round trip: the claim (BEGIN, the idle bound, the inbox claim
 	// and read). A TxOnly step's travels with its handler's first
 	// statement instead.
-	cl := newClaim(cmd, policy)
+	cl := newClaim(cmd, policy, w.simple)
 	if held {
 		tx.holdClaim(cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
 	} else {
@@ -334,9 +337,14 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
-	if held {
-		// A handler that made no statement leaves the claim to go now.
+	if held && !cl.sent && herr == nil {
+		// The handler made no statement: the claim goes now, before its
+		// success is recorded. (After a failure, nothing was done here,
+		// and the failure is recorded as any other: its record adjudicates
+		// through the inbox by itself.)
 		_, _, _ = tx.sendClaim(attemptCtx, "", nil)
+	}
+	if held && cl.sent {
 		switch {
 		case cl.err != nil:
 			return reply, cl.err
@@ -411,6 +419,18 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	return reply, nil
 }
 
+// cloneResults copies results, values included.
+func cloneResults(results map[string]json.RawMessage) map[string]json.RawMessage {
+	if results == nil {
+		return nil
+	}
+	out := make(map[string]json.RawMessage, len(results))
+	for k, v := range results {
+		out[k] = bytes.Clone(v)
+	}
+	return out
+}
+
 // answerStored answers a delivery whose key the inbox held already (or
 // tombstoned) with the first outcome. The claim that found it left no
 // transaction open (and a handler's statement that travelled with it was
@@ -447,7 +467,7 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
 		// Copies of the input and results: the command's own may become the
 		// next command's (Apply.Guess), whatever the handler does to its.
-		Key: cmd.Key, Attempt: cmd.Attempt, Input: bytes.Clone(cmd.Input), Results: maps.Clone(cmd.Results), Tx: tx,
+		Key: cmd.Key, Attempt: cmd.Attempt, Input: bytes.Clone(cmd.Input), Results: cloneResults(cmd.Results), Tx: tx,
 	}
 	if cmd.Phase == saga.PhaseCompensate {
 		forwardKey := saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward)
@@ -580,7 +600,7 @@ func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied) error {
 		writes = &pgx.Batch{}
 	}
 	queueCommit(writes)
-	if err := conn.SendBatch(ctx, writes).Close(); err != nil {
+	if err := pgbatch.Run(ctx, conn, writes); err != nil {
 		return err
 	}
 	if conn.Conn().PgConn().TxStatus() != 'I' {

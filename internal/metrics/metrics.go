@@ -107,7 +107,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"table"})
 	m.InStepReads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "in_step_reads_total",
-		Help: "Successes applied in their step's transaction only after reading the saga, by definition and step: the saga had moved since the command was written (or the command came from an older engine). The others are applied from what the command says, in one round trip; a high rate means something moves sagas under running steps.",
+		Help: "Successes applied in their step's transaction only after reading the saga, by definition and step: the saga or the step had moved since the command was written (a lease taken over, an operator's action), or the command came from an older engine. The others are applied from what the command says, in one round trip; a high rate means something moves sagas or steps under running steps.",
 	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
