@@ -163,7 +163,7 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 	id := sg.ID
 	tx.queue(transitionSaga, func(row pgx.Row) error {
 		var ok int
-		if err := row.Scan(&ok); err != nil {
+		if err := row.Scan(&ok, &sg.CreatedAt); err != nil {
 			return fmt.Errorf("transition saga %s to %q: %w", id, to, err)
 		}
 		return nil
@@ -294,15 +294,20 @@ func (c *core) redispatch(ctx context.Context, tx *txn, sg *saga.Instance, def *
 // succeed records a step's success and moves the saga on: to the next
 // forward step or the final state, or to the next compensation.
 func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
-	c.finishStep(tx, stepID{sg.ID, def.Step(idx).Name, phase}, attempt, saga.StepSucceeded, result, "")
+	id := stepID{sg.ID, def.Step(idx).Name, phase}
 	if phase == saga.PhaseCompensate {
+		c.finishStep(tx, id, attempt, saga.StepSucceeded, result, "")
 		return c.compensateNext(tx, sg, def, idx, fx)
 	}
 	step := def.Step(idx)
 	last := idx == def.Len()-1
+	// The saga, then the step: the order every writer locks them in. A
+	// success applied without reading the saga first (guessInStep) takes
+	// the saga's lock here.
 	if err := c.transition(tx, sg, step.Reaches, last, nil, &step.Name, result, fx); err != nil {
 		return err
 	}
+	c.finishStep(tx, id, attempt, saga.StepSucceeded, result, "")
 	if last {
 		return nil
 	}

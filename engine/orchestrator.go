@@ -282,8 +282,9 @@ func (c *core) applyInStep(ctx context.Context, a steps.Apply) (steps.Applied, e
 // state and version its command was written at: the command carries the
 // saga's input and results of that version, which is all the next command
 // needs. The saga is locked first (saga, then step, as every writer), by
-// a statement that raises if it moved. It reports false, with a.Pending as
-// it was, when the writes cannot be built.
+// its transition or, for a compensation, a statement of its own, each
+// raising if it moved. It reports false, with a.Pending as it was, when
+// the writes cannot be built.
 func (c *core) guessInStep(a steps.Apply, def *saga.Definition, idx int) (steps.Applied, bool) {
 	cmd, r := a.Command, a.Reply
 	sg := &saga.Instance{
@@ -293,13 +294,18 @@ func (c *core) guessInStep(a steps.Apply, def *saga.Definition, idx int) (steps.
 	queued := len(a.Pending.QueuedQueries)
 	fx := &effects{}
 	t := inTxn(a.Conn, a.Pending)
-	t.queue(lockSagaAt, func(row pgx.Row) error {
-		var ok int
-		if err := row.Scan(&ok, &sg.CreatedAt); err != nil {
-			return fmt.Errorf("lock saga %s at version %d: %w", sg.ID, sg.Version, err)
-		}
-		return nil
-	}, pguuid.Of(sg.ID), string(sg.State), sg.Version)
+	if r.Phase == saga.PhaseCompensate {
+		// A compensation may move the saga on without a transition (to
+		// the next compensation): lock it first. A forward success's
+		// transition, queued first, is its lock.
+		t.queue(lockSagaAt, func(row pgx.Row) error {
+			var ok int
+			if err := row.Scan(&ok, &sg.CreatedAt); err != nil {
+				return fmt.Errorf("lock saga %s at version %d: %w", sg.ID, sg.Version, err)
+			}
+			return nil
+		}, pguuid.Of(sg.ID), string(sg.State), sg.Version)
+	}
 	if err := c.succeed(t, sg, def, idx, r.Phase, r.Attempt, r.Result, fx); err != nil {
 		c.log.Debug("orchestrator: cannot apply a success as its command foresaw; reading the saga", "saga_id", sg.ID, "step", r.Step, "error", err)
 		a.Pending.QueuedQueries = a.Pending.QueuedQueries[:queued]

@@ -19,7 +19,8 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
 	selectStep = `select step_index, phase, status, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 
 	// transitionSaga is the one way a saga's state changes: conditional on
-	// the state and version the caller read. A miss raises (migration 004),
+	// the state and version the caller read. It returns when the saga
+	// started. A miss raises (migration 004),
 	// classified from the saga's state as the statement found it: already
 	// there (IDM02), moved elsewhere (IDM01), gone (IDM03).
 	transitionSaga = `with u as (
@@ -31,9 +32,10 @@ from idemsaga.steps where saga_id = $1 order by created_at, step_index, phase`
     error = coalesce($5::text, error),
     results = case when $6::text is null then results else results || jsonb_build_object($6::text, coalesce($7::jsonb, 'null'::jsonb)) end
   where id = $1 and state = $2 and version = $8
-  returning version
+  returning version, created_at
 )
-select idemsaga.expect((select version from u) is not null, 'saga ' || $1::text, s.state, $3::text)
+select idemsaga.expect((select version from u) is not null, 'saga ' || $1::text, s.state, $3::text),
+  (select created_at from u)
 from (select 1) one left join idemsaga.sagas s on s.id = $1`
 
 	// lockSagaAt locks a saga that must still be at the state and version
