@@ -61,9 +61,7 @@ func TestTxOnlyClaimTravelsWithTheFirstStatement(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool := testenv.DB(t)
-			_, err := pool.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
-			require.NoError(t, err)
+			pool := effectsDB(t)
 			var runs atomic.Int32
 			var firstErrs []error
 			def := saga.MustNew("txonly", saga.Step{
@@ -113,9 +111,7 @@ func TestTxOnlyClaimTravelsWithTheFirstStatement(t *testing.T) {
 func TestTxOnlyAnotherAttemptIsAnsweredWithAReply(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, err := pool.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
-	require.NoError(t, err)
+	pool := effectsDB(t)
 	def := saga.MustNew("txonly", saga.Step{
 		Name: "write", Reaches: "written", TxOnly: true,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
@@ -124,7 +120,7 @@ func TestTxOnlyAnotherAttemptIsAnsweredWithAReply(t *testing.T) {
 		},
 	})
 	id := uuid.New()
-	_, err = newWorker(t, pool, def).Handle(ctx, command(id, "txonly", "write", saga.PhaseForward, 1, 1))
+	_, err := newWorker(t, pool, def).Handle(ctx, command(id, "txonly", "write", saga.PhaseForward, 1, 1))
 	require.NoError(t, err)
 	reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "txonly", "write", saga.PhaseForward, 2, 1))
 	require.NoError(t, err)
@@ -164,14 +160,7 @@ func withoutTxOnly(t *testing.T, def *saga.Definition) *saga.Definition {
 func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	shared := testenv.DB(t)
-	_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
-	require.NoError(t, err)
-	cfg := shared.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
 
 	const insert = `insert into effects (saga_id, step) values ($1, $2)`
 	def := saga.MustNew("txonly", saga.Step{
@@ -187,7 +176,7 @@ func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_prepared_statements where statement = $1`, insert).Scan(&n))
 		return n
 	}
-	_, err = newWorker(t, pool, def).Handle(ctx, cmd)
+	_, err := newWorker(t, pool, def).Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.Equal(t, 1, prepared())
 	reply, err := newWorker(t, pool, def).Handle(ctx, cmd)
@@ -236,9 +225,7 @@ func TestTxOnlySavesARoundTrip(t *testing.T) {
 		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			shared := testenv.DB(t)
-			_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
-			require.NoError(t, err)
+			shared := effectsDB(t)
 			trips := &roundTrips{}
 			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 			def := saga.MustNew("txonly", saga.Step{
@@ -249,7 +236,7 @@ func TestTxOnlySavesARoundTrip(t *testing.T) {
 				},
 			})
 			w := newWorker(t, pool, def)
-			_, err = w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)) // warms the connection
+			_, err := w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)) // warms the connection
 			require.NoError(t, err)
 			trips.batches.Store(0)
 			trips.queries.Store(0)
@@ -300,9 +287,7 @@ func TestTxOnlyEdgeCases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			shared := testenv.DB(t)
-			_, err := shared.Exec(ctx, `create table effects (saga_id uuid not null, step text not null)`)
-			require.NoError(t, err)
+			shared := effectsDB(t)
 			pool := poolWith(t, shared, func(cfg *pgxpool.Config) {
 				if tc.simple {
 					cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
@@ -330,4 +315,13 @@ func TestTxOnlyEdgeCases(t *testing.T) {
 			require.Equal(t, "0", idle, "no transaction left open")
 		})
 	}
+}
+
+// effectsDB returns a test database with a table for handlers' effects.
+func effectsDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testenv.DB(t)
+	_, err := pool.Exec(context.Background(), `create table effects (saga_id uuid not null, step text not null)`)
+	require.NoError(t, err)
+	return pool
 }
