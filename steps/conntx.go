@@ -48,6 +48,9 @@ type stepState struct {
 	// afterClaim, if set, runs once a held-back claim took the key; an
 	// error it returns fails the claim.
 	afterClaim func() error
+	// claimCtx bounds a held-back claim sent by the methods that take no
+	// context (Conn, LargeObjects): the attempt's. Kept for those alone.
+	claimCtx context.Context
 }
 
 var _ pgx.Tx = (*stepTx)(nil)
@@ -56,8 +59,16 @@ func newStepTx(conn *pgx.Conn) *stepTx { return &stepTx{conn: conn, step: &stepS
 
 // holdClaim keeps c back until the handler's first statement, which it
 // then leads in one round trip.
-func (t *stepTx) holdClaim(c *claim, after func() error) {
-	t.step.claim, t.step.afterClaim = c, after
+func (t *stepTx) holdClaim(ctx context.Context, c *claim, after func() error) {
+	t.step.claim, t.step.afterClaim, t.step.claimCtx = c, after, ctx
+}
+
+// heldClaimCtx is the context of a claim sent by a method that takes none.
+func (t *stepTx) heldClaimCtx() context.Context {
+	if t.step.claimCtx != nil {
+		return t.step.claimCtx
+	}
+	return context.Background()
 }
 
 // sendClaim sends a held-back claim, with sql after it if not empty (the
@@ -166,7 +177,7 @@ func (t *stepTx) LargeObjects() pgx.LargeObjects {
 	if t.done() {
 		panic("steps: large objects of a step transaction that has ended")
 	}
-	if err := t.claimFirst(context.Background()); err != nil {
+	if err := t.claimFirst(t.heldClaimCtx()); err != nil {
 		panic(fmt.Sprintf("steps: large objects in a step transaction: %v", err))
 	}
 	tx, err := t.conn.Begin(context.Background())
@@ -231,7 +242,7 @@ func (t *stepTx) Conn() *pgx.Conn {
 	if t.done() {
 		panic("steps: the connection of a step transaction that has ended")
 	}
-	if err := t.claimFirst(context.Background()); err != nil {
+	if err := t.claimFirst(t.heldClaimCtx()); err != nil {
 		panic(fmt.Sprintf("steps: the connection of a step transaction: %v", err))
 	}
 	return t.conn

@@ -324,7 +324,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// statement instead.
 	cl := newClaim(cmd, policy, w.simple)
 	if held {
-		tx.holdClaim(cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
+		tx.holdClaim(attemptCtx, cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
 	} else {
 		if _, err := cl.send(attemptCtx, conn.Conn(), "", nil); err != nil {
 			return reply, err
