@@ -46,8 +46,12 @@ func TestReconcileCleanRunAndPlantedFaults(t *testing.T) {
 	plant(`update idemsaga.sagas set finished_at = null where id = (select id from idemsaga.sagas where state = 'compensated' limit 1)`)
 	// A row the broker never took.
 	plant(`insert into idemsaga.outbox (subject, msg_id, payload, created_at, attempts, last_error) values ('x', 'x', '\x00', now() - interval '1 minute', 3, 'maximum payload exceeded')`)
-	// A saga that needs a person.
-	plant(`update idemsaga.sagas set state = 'failed', error = 'refund rejected' where id = (select id from idemsaga.sagas where state = 'credited' and finished_at is not null order by id desc limit 1)`)
+	// A saga that needs a person: another credited saga than the first
+	// plant's, whose difference would otherwise go with its state.
+	plant(`update idemsaga.sagas set state = 'failed', error = 'refund rejected' where id = (select s.id from idemsaga.sagas s
+where s.state = 'credited' and s.finished_at is not null
+  and not exists (select 1 from idemsaga.steps st where st.saga_id = s.id and st.status = 'failed')
+order by s.id desc limit 1)`)
 
 	diffs, err = engine.Reconcile(ctx, pool, defs, time.Second)
 	require.NoError(t, err)
