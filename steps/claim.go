@@ -29,10 +29,6 @@ import (
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
-	// simple is set when the pool runs pgx's simple protocol, which knows
-	// no prepared statements: the claim then goes as SQL text, one
-	// multi-statement query, which is one implicit transaction too.
-	simple bool
 	// claimed is 1 when this transaction took the key, 0 when the inbox
 	// held it already (then st is what it holds).
 	claimed int64
@@ -43,8 +39,8 @@ type claim struct {
 	err error
 }
 
-func newClaim(cmd wire.Command, policy saga.RetryPolicy, simple bool) *claim {
-	return &claim{cmd: cmd, policy: policy, simple: simple}
+func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
+	return &claim{cmd: cmd, policy: policy}
 }
 
 // send sends the claim, and sql after it if not empty (a handler's first
@@ -54,25 +50,20 @@ func newClaim(cmd wire.Command, policy saga.RetryPolicy, simple bool) *claim {
 func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any) (pgconn.CommandTag, error) {
 	c.sent = true
 	var tag pgconn.CommandTag
-	name := func(s statement) string { return s.name }
-	if c.simple {
-		name = func(s statement) string { return s.sql }
-	} else if err := prepare(ctx, conn, claimStatements); err != nil {
-		c.err = fmt.Errorf("claim step key: %w", err)
-		return tag, c.err
-	}
 	b := &pgx.Batch{}
-	b.Queue(name(claimIdle), idleTimeoutFor(c.policy))
-	b.Queue(name(claimInsert), pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt).
+	b.Queue(idleTimeout, idleTimeoutFor(c.policy))
+	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&c.claimed) })
-	b.Queue(name(claimRead), pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key)).
+	b.Queue(readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key)).
 		QueryRow(func(row pgx.Row) error { return c.st.scan(row) })
-	b.Queue(name(claimCheck))
+	b.Queue(claimedOrRaise)
 	begun := false
-	b.Queue(name(claimBegin)).Exec(func(pgconn.CommandTag) error { begun = true; return nil })
+	b.Queue("begin").Exec(func(pgconn.CommandTag) error { begun = true; return nil })
 	if sql != "" {
 		b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 	}
+	// A duplicate's raise leaves the batch's statements prepared, the
+	// handler's included (pgbatch).
 	err := pgbatch.Run(ctx, conn, b)
 
 	var pre pgx.ErrPreprocessingBatch
@@ -102,32 +93,4 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	}
 	// The claim holds; err, if any, is the handler's statement's.
 	return tag, err
-}
-
-// statement is one the worker prepares by name on each connection it
-// uses. pgx drops every statement of a batch that fails from its cache,
-// and prepares them again on their next use (two round trips more); a
-// duplicate's claim fails by design, so its statements are prepared by
-// name, which pgx leaves alone.
-type statement struct{ name, sql string }
-
-// The claim's statements, in their order in its pipeline.
-var (
-	claimIdle       = statement{"idemsaga_claim_idle", idleTimeout}
-	claimInsert     = statement{"idemsaga_claim_insert", claimKey}
-	claimRead       = statement{"idemsaga_claim_read", readStored}
-	claimCheck      = statement{"idemsaga_claim_check", claimedOrRaise}
-	claimBegin      = statement{"idemsaga_claim_begin", "begin"}
-	claimStatements = []statement{claimIdle, claimInsert, claimRead, claimCheck, claimBegin}
-)
-
-// prepare prepares on conn the statements it does not hold yet: one round
-// trip each, once per connection.
-func prepare(ctx context.Context, conn *pgx.Conn, stmts []statement) error {
-	for _, s := range stmts {
-		if _, err := conn.Prepare(ctx, s.name, s.sql); err != nil {
-			return fmt.Errorf("prepare %s: %w", s.name, err)
-		}
-	}
-	return nil
 }

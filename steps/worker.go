@@ -134,8 +134,6 @@ type Worker struct {
 	cfg    Config
 	defs   map[string]*saga.Definition
 	recent *recent // nil when Config.Recent is -1
-	// simple is set when the pool runs pgx's simple protocol.
-	simple bool
 	runner lifecycle.Runner
 }
 
@@ -170,8 +168,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics, _ = metrics.New(nil)
 	}
-	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition),
-		simple: cfg.Pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol}
+	w := &Worker{cfg: cfg, defs: make(map[string]*saga.Definition)}
 	if cfg.Recent > 0 {
 		var err error
 		if w.recent, err = newRecent(cfg.Recent); err != nil {
@@ -322,7 +319,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// First round trip: the claim (BEGIN, the idle bound, the inbox claim
 	// and read). A TxOnly step's travels with its handler's first
 	// statement instead.
-	cl := newClaim(cmd, policy, w.simple)
+	cl := newClaim(cmd, policy)
 	if held {
 		tx.holdClaim(attemptCtx, cl, func() error { return failpoint.Inject(failpoint.StepAfterInbox) })
 	} else {
