@@ -114,3 +114,33 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
 }
+
+// TestWaitForARunningAttemptIsBounded: a delivery waiting for a run of its
+// attempt that hangs gives up after the attempt's timeout, with an error
+// (the command is delivered again later), instead of holding a slot of
+// the worker for as long as the run hangs.
+func TestWaitForARunningAttemptIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	def := saga.MustNew("hung", saga.Step{
+		Name: "s", Reaches: "done", Retry: saga.RetryPolicy{Timeout: 200 * time.Millisecond},
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+			once.Do(func() { close(entered) })
+			<-release // ignores its context, as a stuck call would
+			return nil, nil
+		},
+	})
+	w := newWorker(t, pool, def)
+	cmd := command(uuid.New(), "hung", "s", saga.PhaseForward, 1, nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	wg.Go(func() { _, _ = w.Handle(ctx, cmd) })
+	<-entered
+	_, err := w.Handle(ctx, cmd)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "still running in this worker")
+}

@@ -243,9 +243,13 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 		handler, policy = step.Compensate, step.CompensateRetry
 	}
 
-	a, ok, release, err := w.await(ctx, cmd)
+	// The wait is bounded as the attempt is: a run that hangs must not
+	// gather its copies here, each holding a slot of the worker.
+	waitCtx, cancelWait := context.WithTimeout(ctx, policy.Timeout)
+	a, ok, release, err := w.await(waitCtx, cmd)
+	cancelWait()
 	if err != nil {
-		return wire.Reply{}, err
+		return wire.Reply{}, fmt.Errorf("another delivery of this attempt is still running in this worker: %w", err)
 	}
 	if ok {
 		// Another delivery of an attempt this worker answered: the inbox
