@@ -14,18 +14,21 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// claim is a step's first round trip: a bound on how long the transaction
-// may sit idle (a stalled or stopped process must not hold the key
-// forever: the engine settles abandoned steps through the same inbox row),
-// the claim of the step key, the read of what the inbox holds for it, and
-// BEGIN. For a TxOnly step it waits for the handler's first statement and
-// travels with it (stepTx).
+// claim is a step's first round trip: the read of what the inbox holds for
+// the step key, the claim of the key with a bound on how long the
+// transaction may sit idle (a stalled or stopped process must not hold the
+// key forever: the engine settles abandoned steps through the same inbox
+// row), and BEGIN. For a TxOnly step it waits for the handler's first
+// statement and travels with it (stepTx).
 //
 // Its statements run in the pipeline's implicit transaction until BEGIN,
 // which makes that the step's transaction, the claim included. A key the
-// inbox holds already raises before BEGIN (claimedOrRaise): PostgreSQL
-// then rolls the implicit transaction back by itself, so a duplicate costs
-// one round trip and leaves nothing to end.
+// inbox holds already raises before BEGIN (claimKey): PostgreSQL then
+// rolls the implicit transaction back by itself, so a duplicate costs one
+// round trip and leaves nothing to end. The read goes first, so that the
+// raise does not lose it; only a duplicate whose first delivery committed
+// while this claim waited for it needs a second round trip, to read what
+// that one committed.
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
@@ -51,12 +54,15 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	c.sent = true
 	var tag pgconn.CommandTag
 	b := &pgx.Batch{}
-	b.Queue(idleTimeout, idleTimeoutFor(c.policy))
-	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&c.claimed) })
+	c.st = stored{}
 	b.Queue(readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key)).
-		QueryRow(func(row pgx.Row) error { return c.st.scan(row) })
-	b.Queue(claimedOrRaise)
+		QueryRow(func(row pgx.Row) error {
+			if err := c.st.scan(row); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
 	begun := false
 	b.Queue("begin").Exec(func(pgconn.CommandTag) error { begun = true; return nil })
 	if sql != "" {
@@ -77,9 +83,17 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 			return tag, err
 		}
 		return conn.Exec(ctx, sql, args...)
-	case c.claimed == 0 && !begun && pgbatch.Raised(err):
-		// A duplicate, raised by the check: nothing after it ran, and
+	case !begun && pgbatch.Raised(err):
+		// A duplicate, raised by the claim: nothing after it ran, and
 		// PostgreSQL rolled the implicit transaction back.
+		c.claimed = 0
+		if c.st.outcome == "" {
+			// The first delivery committed while the claim waited for it.
+			if err := c.st.scan(conn.QueryRow(ctx, readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key))); err != nil {
+				c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
+				return tag, c.err
+			}
+		}
 		return tag, nil
 	case !begun:
 		if err == nil {
@@ -87,10 +101,8 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 		}
 		c.err = fmt.Errorf("claim step key: %w", err)
 		return tag, c.err
-	case c.claimed == 0:
-		c.err = errors.New("claim step key: the key was held, yet the claim went on")
-		return tag, c.err
 	}
+	c.claimed = 1
 	// The claim holds; err, if any, is the handler's statement's.
 	return tag, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -324,4 +325,64 @@ func effectsDB(t *testing.T) *pgxpool.Pool {
 	_, err := pool.Exec(context.Background(), `create table effects (saga_id uuid not null, step text not null)`)
 	require.NoError(t, err)
 	return pool
+}
+
+// TestDuplicateThatWaitedOnTheClaim: a second delivery that reaches the
+// inbox while the first still holds the key waits on it, and when the
+// first commits, answers with what it committed: the read in the claim's
+// pipeline went before the wait and saw nothing, so the claim reads again.
+func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
+	t.Parallel()
+	for _, txOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := effectsDB(t)
+			holding, release := make(chan struct{}), make(chan struct{})
+			var runs atomic.Int32
+			def := saga.MustNew("waited", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: txOnly,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+						return nil, err
+					}
+					if runs.Add(1) == 1 {
+						close(holding)
+						<-release
+					}
+					return json.RawMessage(`{"n":7}`), nil
+				},
+			})
+			cmd := command(uuid.New(), "waited", "write", saga.PhaseForward, 1, 1)
+
+			first := make(chan error, 1)
+			go func() {
+				_, err := newWorker(t, pool, def).Handle(ctx, cmd)
+				first <- err
+			}()
+			<-holding
+			second := make(chan wire.Reply, 1)
+			go func() {
+				reply, err := newWorker(t, pool, def).Handle(ctx, cmd)
+				if err != nil {
+					reply.Error = "handle: " + err.Error()
+				}
+				second <- reply
+			}()
+			require.Eventually(t, func() bool {
+				var waiting int
+				require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity
+  where datname = current_database() and wait_event_type = 'Lock'`).Scan(&waiting))
+				return waiting == 1
+			}, 10*time.Second, 10*time.Millisecond, "the second delivery waits on the key")
+			close(release)
+			require.NoError(t, <-first)
+			reply := <-second
+			require.Empty(t, reply.Error)
+			require.True(t, reply.Duplicate, "the inbox answers")
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.JSONEq(t, `{"n":7}`, string(reply.Result))
+			require.Equal(t, 1, countEffects(t, pool))
+		})
+	}
 }
