@@ -168,6 +168,13 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 		}
 		return nil
 	}, pguuid.Of(sg.ID), sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
+	moved(sg, to, fin, resultStep, result, fx)
+	return nil
+}
+
+// moved updates sg in place for a transition queued, so that later writes
+// of the same transaction see the new state.
+func moved(sg *saga.Instance, to saga.State, fin bool, resultStep *string, result json.RawMessage, fx *effects) {
 	sg.State, sg.Version = to, sg.Version+1
 	if resultStep != nil {
 		if sg.Results == nil {
@@ -185,7 +192,6 @@ func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, e
 		}
 		fx.finished = append(fx.finished, finished{id: sg.ID, state: to, definition: sg.Definition, outcome: outcome, created: &sg.CreatedAt})
 	}
-	return nil
 }
 
 // classifyMiss explains a conditional update that touched no row.
@@ -312,6 +318,46 @@ func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int
 		return nil
 	}
 	return c.dispatch(tx, sg, def, idx+1, saga.PhaseForward)
+}
+
+// succeedGuessed queues a forward step's success as one statement
+// (succeedForward), for a saga assumed to be where sg says: its state and
+// version fence the transition, and the attempt fences the step. A saga or
+// step that moved meanwhile fails the statement.
+func (c *core) succeedGuessed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, attempt int, result json.RawMessage, fx *effects) error {
+	step := def.Step(idx)
+	last := idx == def.Len()-1
+	if !def.CanTransition(sg.State, step.Reaches) {
+		return fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, step.Reaches)
+	}
+	args := []any{pguuid.Of(sg.ID), string(sg.State), string(step.Reaches), last, step.Name, nullJSON(result), sg.Version, attempt}
+	moved(sg, step.Reaches, last, &step.Name, result, fx)
+	var subject, msgID string
+	var payload []byte
+	if last {
+		args = append(args, nil, nil, nil, nil, nil, nil, nil, nil)
+	} else {
+		next := def.Step(idx + 1)
+		var err error
+		if subject, msgID, payload, err = c.commandMessage(sg, def, idx+1, saga.PhaseForward, 1); err != nil {
+			return err
+		}
+		args = append(args, next.Name, idx+1, pguuid.Of(saga.StepKey(sg.ID, next.Name, saga.PhaseForward)),
+			c.leaseMillis(policyOf(def, idx+1, saga.PhaseForward)), subject, msgID, payload, c.handOffArg())
+	}
+	id := sg.ID
+	tx.queue(succeedForward, func(row pgx.Row) error {
+		var ok int
+		var out *int64
+		if err := row.Scan(&ok, &sg.CreatedAt, &out); err != nil {
+			return fmt.Errorf("apply the success of step %q to saga %s: %w", step.Name, id, err)
+		}
+		if out != nil {
+			tx.sent = append(tx.sent, outbox.Committed{ID: *out, Subject: subject, MsgID: msgID, Payload: payload})
+		}
+		return nil
+	}, args...)
+	return nil
 }
 
 // abandon gives a step up (a permanent failure, retries exhausted, or the

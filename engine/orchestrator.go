@@ -281,9 +281,10 @@ func (c *core) applyInStep(ctx context.Context, a steps.Apply) (steps.Applied, e
 // guessInStep queues a success's writes as if the saga were still at the
 // state and version its command was written at: the command carries the
 // saga's input and results of that version, which is all the next command
-// needs. The saga is locked first (saga, then step, as every writer), by
-// its transition or, for a compensation, a statement of its own, each
-// raising if it moved. It reports false, with a.Pending as it was, when
+// needs. The saga is locked first (saga, then step, as every writer): a
+// forward success is one statement (succeedForward) whose transition
+// comes first, a compensation takes the lock with a statement of its own;
+// each raises if the saga or the step moved. It reports false, with a.Pending as it was, when
 // the writes cannot be built.
 func (c *core) guessInStep(a steps.Apply, def *saga.Definition, idx int) (steps.Applied, bool) {
 	cmd, r := a.Command, a.Reply
@@ -306,7 +307,13 @@ func (c *core) guessInStep(a steps.Apply, def *saga.Definition, idx int) (steps.
 			return nil
 		}, pguuid.Of(sg.ID), string(sg.State), sg.Version)
 	}
-	if err := c.succeed(t, sg, def, idx, r.Phase, r.Attempt, r.Result, fx); err != nil {
+	var err error
+	if r.Phase == saga.PhaseForward {
+		err = c.succeedGuessed(t, sg, def, idx, r.Attempt, r.Result, fx)
+	} else {
+		err = c.succeed(t, sg, def, idx, r.Phase, r.Attempt, r.Result, fx)
+	}
+	if err != nil {
 		c.log.Debug("orchestrator: cannot apply a success as its command foresaw; reading the saga", "saga_id", sg.ID, "step", r.Step, "error", err)
 		a.Pending.QueuedQueries = a.Pending.QueuedQueries[:queued]
 		return steps.Applied{}, false

@@ -46,6 +46,47 @@ from (select 1) one left join idemsaga.sagas s on s.id = $1`
 )
 select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3::text), min(created_at) from s`
 
+	// succeedForward applies a forward step's success in one statement, as
+	// the step's command foresaw the saga (guessInStep): the transition,
+	// fenced by the state and version the command was written at ($2, $7),
+	// which locks the saga first; the step's outcome, fenced by its attempt
+	// ($8); and, unless the step was the last ($9 NULL), attempt 1 of the
+	// next step with its command, as dispatchStep. Any miss raises IDM01,
+	// with everything rolled back. It returns when the saga started and the
+	// command's outbox id (NULL when it wrote none).
+	succeedForward = `with u as (
+  update idemsaga.sagas set
+    state = $3,
+    version = version + 1,
+    updated_at = now(),
+    finished_at = case when $4::bool then now() else finished_at end,
+    results = results || jsonb_build_object($5::text, coalesce($6::jsonb, 'null'::jsonb))
+  where id = $1 and state = $2 and version = $7
+  returning created_at
+), f as (
+  update idemsaga.steps set
+    status = 'succeeded', result = $6, last_error = null, lease_until = null, next_attempt_at = null, updated_at = now()
+  where saga_id = $1 and step = $5 and phase = 'forward' and attempt = $8 and status in ('dispatched', 'retrying')
+    and exists (select 1 from u)
+  returning saga_id, step, phase, attempt
+), a as (
+  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
+    outcome = case when x.outcome is null or x.outcome = 'retry' then 'succeeded' else x.outcome end
+  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+), st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  select $1, $9, 'forward', $10, $11, 'dispatched', 1, now() + $12 * interval '1 millisecond', now()
+  from f where $9::text is not null
+  on conflict (saga_id, step, phase) do nothing
+  returning saga_id
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $13, $14, $15, saga_id, clock_timestamp() + $16 * interval '1 millisecond' from st
+  returning id
+)
+select idemsaga.expect((select count(*) from f) = 1, 'saga ' || $1::text || ' at version ' || $7::text || ' with step ' || $5 || ' at attempt ' || $8::text),
+  (select created_at from u), (select id from o)`
+
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
 
 	// dispatchStep creates attempt 1 of a (saga, step, phase) and its
