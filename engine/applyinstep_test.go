@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -411,4 +412,71 @@ from idemsaga.sagas where id = $1`, res.ID).Scan(&state, &version, &input, &resu
 			require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
 		})
 	}
+}
+
+// TestGuessedSuccessKeepsItsResultInTheStepRow: a success applied in its
+// step as its command foresaw writes its result once, into the step's row,
+// and leaves the inbox row's empty. Whoever reads the inbox gets it all the
+// same: a duplicate delivery to another engine (no remembered answer)
+// answers with it, and the step's compensation gets it as its forward
+// result.
+func TestGuessedSuccessKeepsItsResultInTheStepRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	compensated := make(chan json.RawMessage, 1)
+	def := saga.MustNew("kept",
+		saga.Step{Name: "a", Reaches: "a_done",
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				return json.RawMessage(`{"took":42}`), nil
+			},
+			Compensate: func(_ context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				compensated <- sc.Results["a"]
+				return nil, nil
+			}},
+		saga.Step{Name: "b", Reaches: "b_done",
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				return nil, saga.Permanent(errors.New("b refuses"))
+			}},
+	)
+	reg := prometheus.NewRegistry()
+	stream := testenv.Name("KEPT")
+	e := idleEngine(t, pool, nc, stream, reg, def)
+	res, err := e.Client().Start(ctx, def, "kept", map[string]int{})
+	require.NoError(t, err)
+	first := latestCommand(t, pool)
+	_, err = e.HandleCommand(ctx, first)
+	require.NoError(t, err)
+	require.Zero(t, metricSum(t, reg, "idemsaga_in_step_reads_total", nil), "applied as the command foresaw")
+
+	var inboxResult, stepResult []byte
+	require.NoError(t, pool.QueryRow(ctx, `select i.result, st.result from idemsaga.inbox i
+  join idemsaga.steps st on st.saga_id = i.saga_id and st.key = i.step_key
+  where i.saga_id = $1 and st.step = 'a'`, res.ID).Scan(&inboxResult, &stepResult))
+	require.Nil(t, inboxResult, "the result is written once")
+	require.JSONEq(t, `{"took":42}`, string(stepResult))
+
+	again, err := idleEngine(t, pool, nc, stream, prometheus.NewRegistry(), def).HandleCommand(ctx, first)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.JSONEq(t, `{"took":42}`, string(again.Result), "a duplicate answers with the result")
+
+	// Step b fails for good: its reply moves the saga to compensate a.
+	_, err = e.HandleCommand(ctx, latestCommand(t, pool))
+	require.NoError(t, err)
+	var payload []byte
+	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject like '%.reply.%'`).Scan(&payload))
+	r, err := wire.DecodeReply(payload)
+	require.NoError(t, err)
+	_, err = e.ApplyReply(ctx, r)
+	require.NoError(t, err)
+	comp := latestCommand(t, pool)
+	require.Equal(t, saga.PhaseCompensate, comp.Phase)
+	_, err = e.HandleCommand(ctx, comp)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"took":42}`, string(<-compensated), "the compensation gets the forward result")
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `select state from idemsaga.sagas where id = $1`, res.ID).Scan(&state))
+	require.Equal(t, string(saga.StateCompensated), state)
 }

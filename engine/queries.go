@@ -185,6 +185,11 @@ select idemsaga.expect(count(*) > 0, 'step ' || $2 || ' (' || $3 || ') of saga '
 values ($1, $2, $3, $4, 0, 'tombstone')
 on conflict (saga_id, step_key) do nothing`
 
+	// settleRead reads what the inbox holds for a step being settled. Its
+	// result is the inbox row's own: a success whose result went into the
+	// step's row alone (a success applied in its step, as its command
+	// foresaw) also made the step succeeded, and a succeeded step is never
+	// settled.
 	settleRead = `select outcome, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
 
 	// scheduleRetry puts a step in its retry wait and its attempt into

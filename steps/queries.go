@@ -31,11 +31,25 @@ on conflict (saga_id, step_key) do nothing`
 values ($1, $2, $3, 'forward', 0, 'tombstone')
 on conflict (saga_id, step_key) do nothing`
 
-	readOutcome = `select outcome, result, coalesce(error, '') from idemsaga.inbox where saga_id = $1 and step_key = $2`
+	// readOutcome reads a forward step's outcome, for its compensation;
+	// the result as readStored.
+	readOutcome = `select i.outcome, coalesce(i.result, st.result), coalesce(i.error, '')
+from idemsaga.inbox i
+left join idemsaga.steps st on i.outcome = 'succeeded' and i.result is null
+  and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'
+where i.saga_id = $1 and i.step_key = $2`
 
 	// readStored reads what the inbox holds for a key. Before the claim in
 	// its pipeline it finds an outcome committed before the delivery (the
 	// common duplicate); one whose writer the claim waited for is read
 	// again after it.
-	readStored = `select outcome, result, coalesce(error, ''), attempt from idemsaga.inbox where saga_id = $1 and step_key = $2`
+	//
+	// A success applied to its saga in its own transaction, as its command
+	// foresaw, left its result in the step's row alone (applyAndCommit):
+	// the result is read from there when the inbox row has none.
+	readStored = `select i.outcome, coalesce(i.result, st.result), coalesce(i.error, ''), i.attempt
+from idemsaga.inbox i
+left join idemsaga.steps st on i.outcome = 'succeeded' and i.result is null
+  and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'
+where i.saga_id = $1 and i.step_key = $2`
 )

@@ -356,15 +356,14 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}
 	if herr == nil {
-		// Last round trip: the result into the inbox row, the reply into
-		// the outbox, COMMIT.
+		// Last round trip: the result into the inbox row (or, applied to
+		// the saga as the command foresaw, into the step's row alone), the
+		// reply into the outbox, COMMIT.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-		record := &pgx.Batch{}
-		record.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
 		if w.cfg.ApplyFunc != nil {
-			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, record, done)
+			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done)
 		} else {
-			err = w.replyAndCommit(attemptCtx, conn, reply, record, sent)
+			err = w.replyAndCommit(attemptCtx, conn, reply, recordResultOf(cmd, result, nil), sent)
 		}
 		done.stored = err == nil
 		return reply, err
@@ -554,19 +553,24 @@ func storedReply(ctx context.Context, q interface {
 	return st.reply(reply)
 }
 
-// applyAndCommit hands the step's pending writes (b) to ApplyFunc, which
-// applies the success to the saga, and commits: one round trip when
-// ApplyFunc can guess from the command, two when it must read first, and
-// no reply. The saga's part runs after a savepoint: if it fails (the saga
-// cannot take the success, say), it alone is rolled back and the step's
-// own writes commit with a reply instead, for the orchestrator, without
-// running the handler again.
-func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, b *pgx.Batch, done *attempt) error {
+// applyAndCommit hands the step's success to ApplyFunc, which applies it
+// to the saga, and commits: one round trip when ApplyFunc can guess from
+// the command, two when it must read first, and no reply. The saga's part
+// runs after a savepoint: if it fails (the saga cannot take the success,
+// say), it alone is rolled back and the step's own writes commit with a
+// reply instead, for the orchestrator, without running the handler again.
+//
+// A success applied as the command foresaw (Applied.Guessed) leaves its
+// result in the step's row, written in the same transaction, and not in
+// the inbox row too: the inbox's readers take it from there (readStored).
+// Every other way records it in the inbox row.
+func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt) error {
+	b := &pgx.Batch{}
 	b.Queue(savepointApply)
 	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
 	res, err := w.cfg.ApplyFunc(ctx, a)
 	if err == nil {
-		err = commitApplied(ctx, conn, res)
+		err = commitApplied(ctx, conn, res, cmd, reply.Result)
 	}
 	if err != nil && res.Guessed {
 		// The saga or the step moved since the command was written: read
@@ -578,7 +582,7 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 		if _, err = conn.Exec(ctx, rollbackApply); err == nil {
 			a.Pending, a.Guess = &pgx.Batch{}, false
 			if res, err = w.cfg.ApplyFunc(ctx, a); err == nil {
-				err = commitApplied(ctx, conn, res)
+				err = commitApplied(ctx, conn, res, cmd, reply.Result)
 			}
 		}
 	}
@@ -591,14 +595,18 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 	if _, rerr := conn.Exec(ctx, rollbackApply); rerr != nil {
 		return fmt.Errorf("%w: %w (and the step's own writes could not be saved: %w)", errApplyInStep, err, rerr)
 	}
-	return w.replyAndCommit(ctx, conn, reply, nil, &done.sent)
+	return w.replyAndCommit(ctx, conn, reply, recordResultOf(cmd, reply.Result, nil), &done.sent)
 }
 
-// commitApplied sends ApplyFunc's writes with COMMIT.
-func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied) error {
+// commitApplied sends ApplyFunc's writes with COMMIT, and the result into
+// the inbox row unless they applied it as the command foresaw.
+func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied, cmd wire.Command, result json.RawMessage) error {
 	writes := res.Writes
 	if writes == nil {
 		writes = &pgx.Batch{}
+	}
+	if !res.Guessed {
+		recordResultOf(cmd, result, writes)
 	}
 	queueCommit(writes)
 	if err := pgbatch.Run(ctx, conn, writes); err != nil {
@@ -608,6 +616,16 @@ func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied) error {
 		return errors.New("the transaction is still open after COMMIT")
 	}
 	return nil
+}
+
+// recordResultOf queues the result of a success into its inbox row, on b
+// or on a new batch, and returns the batch.
+func recordResultOf(cmd wire.Command, result json.RawMessage, b *pgx.Batch) *pgx.Batch {
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	b.Queue(recordResult, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), nullJSON(result))
+	return b
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox
