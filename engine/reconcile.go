@@ -103,6 +103,12 @@ where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')`, nil
 		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, nil},
+		{"step or attempt without its saga: %s", `select x.saga_id, x.what from (
+  select st.saga_id, 'step ' || st.step || '/' || st.phase as what from idemsaga.steps st
+  union all
+  select a.saga_id, 'attempt ' || a.attempt || ' of ' || a.step || '/' || a.phase from idemsaga.step_attempts a
+) x where not exists (select 1 from idemsaga.sagas s where s.id = x.saga_id)
+limit 100`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')

@@ -53,6 +53,10 @@ where s.state = 'credited' and s.finished_at is not null
   and not exists (select 1 from idemsaga.steps st where st.saga_id = s.id and st.status = 'failed')
 order by s.id desc limit 1)`)
 
+	// A step whose saga is gone (no foreign key guards it, migration 009).
+	plant(`insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt)
+values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_random_uuid(), 'succeeded', 1)`)
+
 	diffs, err = engine.Reconcile(ctx, pool, defs, time.Second)
 	require.NoError(t, err)
 	var text []string
@@ -65,6 +69,7 @@ order by s.id desc limit 1)`)
 	require.Contains(t, all, "running (state compensated) with no step in flight: stuck")
 	require.Contains(t, all, "3 failed publishes, last: maximum payload exceeded")
 	require.Contains(t, all, "failed and needs a person: refund rejected")
+	require.Contains(t, all, "step or attempt without its saga: step ghost/forward")
 	for _, d := range diffs {
 		if !strings.Contains(d.What, "outbox row") {
 			require.NotNil(t, d.SagaID, "every saga difference names its saga: %s", d)

@@ -178,13 +178,14 @@ order by s.finished_at
 limit $2
 for update of s skip locked`
 
-	// The three deletes of one batch of sagas, in one transaction. Inbox
+	// The four deletes of one batch of sagas, in one transaction. Inbox
 	// rows younger than the inbox window stay, without their saga, until
 	// deleteOrphanInbox takes them.
 	deleteSagaInbox = `delete from idemsaga.inbox
 where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
-	deleteSagaSteps = `delete from idemsaga.steps where saga_id = any($1)`
-	deleteSagas     = `delete from idemsaga.sagas where id = any($1)`
+	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
+	deleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
+	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
 
 	// deleteOrphanInbox deletes inbox rows past the window whose saga is
 	// gone. A row whose saga exists, in any state, is never touched.
@@ -376,6 +377,7 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 			res.Steps = tag.RowsAffected()
 			return nil
 		})
+		b.Queue(deleteSagaAttempts, ids)
 		b.Queue(deleteSagas, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Sagas = tag.RowsAffected()
 			return nil

@@ -74,6 +74,11 @@ where s.idem_key like $1 || '%'`, prefix)
 select st.key, st.saga_id, st.step, st.phase, 1, 'succeeded', st.created_at
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
 where s.idem_key like $1 || '%'`, prefix)
+	// A retried first attempt of each credit, in the timeline.
+	execSQL(t, pool, `insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
+select st.saga_id, st.step, st.phase, 1, st.created_at, st.created_at, 'retry'
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
+where s.idem_key like $1 || '%' and st.step = 'credit'`, prefix)
 }
 
 // insertOrphanInbox writes n inbox rows of sagas that do not exist (deleted
@@ -212,6 +217,7 @@ union all select i.* from idemsaga.inbox i where i.created_at > now() - interval
 	require.Equal(t, before, after, "running sagas, sagas inside the window, the failed saga, young orphans and the outbox's unpublished and recent rows are untouched")
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.sagas where idem_key = any($1)`, expired))
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.steps st where not exists (select 1 from idemsaga.sagas s where s.id = st.saga_id)`), "no step outlives its saga")
+	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.step_attempts a where not exists (select 1 from idemsaga.sagas s where s.id = a.saga_id)`), "no attempt outlives its saga")
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox i where i.created_at < now() - interval '7 days'
 and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)`), "no expired inbox row outlives its saga")
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at < now() - interval '1 hour'`))
@@ -365,6 +371,7 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 	require.Equal(t, int64(20), countSQL(t, pool, `select count(*) from idemsaga.sagas`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.steps`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.inbox`))
+	require.Equal(t, int64(20), countSQL(t, pool, `select count(*) from idemsaga.step_attempts`), "attempts go with their saga, and only with it")
 	require.Equal(t, int64(20), countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at is null`))
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at is not null`))
 }
