@@ -2,6 +2,7 @@ package steps
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -14,21 +15,19 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// claim is a step's first round trip: the read of what the inbox holds for
-// the step key, the claim of the key with a bound on how long the
-// transaction may sit idle (a stalled or stopped process must not hold the
-// key forever: the engine settles abandoned steps through the same inbox
-// row), and BEGIN. For a TxOnly step it waits for the handler's first
-// statement and travels with it (stepTx).
+// claim is a step's first round trip: the claim of the step key, with a
+// bound on how long the transaction may sit idle (a stalled or stopped
+// process must not hold the key forever: the engine settles abandoned
+// steps through the same inbox row), and BEGIN. For a TxOnly step it waits
+// for the handler's first statement and travels with it (stepTx).
 //
 // Its statements run in the pipeline's implicit transaction until BEGIN,
 // which makes that the step's transaction, the claim included. A key the
-// inbox holds already raises before BEGIN (claimKey): PostgreSQL then
-// rolls the implicit transaction back by itself, so a duplicate costs one
-// round trip and leaves nothing to end. The read goes first, so that the
-// raise does not lose it; only a duplicate whose first delivery committed
-// while this claim waited for it needs a second round trip, to read what
-// that one committed.
+// inbox holds already raises before BEGIN (claimKey), with what the inbox
+// holds for it: PostgreSQL then rolls the implicit transaction back by
+// itself, so a duplicate costs one round trip and leaves nothing to end.
+// Only a duplicate whose first delivery committed while this claim waited
+// for it needs a second round trip, to read what that one committed.
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
@@ -55,13 +54,6 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	var tag pgconn.CommandTag
 	b := &pgx.Batch{}
 	c.st = stored{}
-	b.Queue(readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key)).
-		QueryRow(func(row pgx.Row) error {
-			if err := c.st.scan(row); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			return nil
-		})
 	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
 	begun := false
 	b.Queue("begin").Exec(func(pgconn.CommandTag) error { begun = true; return nil })
@@ -87,6 +79,10 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 		// A duplicate, raised by the claim: nothing after it ran, and
 		// PostgreSQL rolled the implicit transaction back.
 		c.claimed = 0
+		if err := c.st.fromDetail(err); err != nil {
+			c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
+			return tag, c.err
+		}
 		if c.st.outcome == "" {
 			// The first delivery committed while the claim waited for it.
 			if err := c.st.scan(conn.QueryRow(ctx, readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key))); err != nil {
@@ -105,4 +101,24 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	c.claimed = 1
 	// The claim holds; err, if any, is the handler's statement's.
 	return tag, err
+}
+
+// fromDetail reads the stored outcome a claim's raise carries in its
+// DETAIL (claimKey), if it carries one: a JSON array of storedColumns.
+func (st *stored) fromDetail(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Detail == "" {
+		return nil
+	}
+	var cols []json.RawMessage
+	if err := json.Unmarshal([]byte(pgErr.Detail), &cols); err != nil || len(cols) != 4 {
+		return fmt.Errorf("cannot read the stored outcome %q (%v); deploy the engine's migrations and step workers of one version", pgErr.Detail, err)
+	}
+	if string(cols[1]) != "null" {
+		st.result = []byte(cols[1])
+	}
+	if err := errors.Join(json.Unmarshal(cols[0], &st.outcome), json.Unmarshal(cols[2], &st.errText), json.Unmarshal(cols[3], &st.attempt)); err != nil {
+		return fmt.Errorf("cannot read the stored outcome %q: %w", pgErr.Detail, err)
+	}
+	return nil
 }

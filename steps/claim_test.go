@@ -3,6 +3,7 @@ package steps_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -384,5 +385,69 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 			require.JSONEq(t, `{"n":7}`, string(reply.Result))
 			require.Equal(t, 1, countEffects(t, pool))
 		})
+	}
+}
+
+// TestDuplicateCostsOneRoundTrip: a delivery whose key the inbox holds
+// already is answered from the claim's own round trip, whatever the outcome
+// it finds: the claim raises with the stored outcome. Delivered to a worker
+// that does not remember it, on a warm connection.
+func TestDuplicateCostsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		result json.RawMessage
+		err    error
+		want   wire.Reply
+	}{
+		{name: "a success", result: json.RawMessage(`{"took":[1,"two"]}`),
+			want: wire.Reply{Outcome: wire.OutcomeSucceeded, Result: json.RawMessage(`{"took":[1,"two"]}`)}},
+		{name: "a success without result", want: wire.Reply{Outcome: wire.OutcomeSucceeded}},
+		{name: "a permanent failure", err: saga.Permanent(errors.New(`card "declined"`)),
+			want: wire.Reply{Outcome: wire.OutcomeFailed, Error: `card "declined"`}},
+	} {
+		for _, txOnly := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s TxOnly %v", tc.name, txOnly), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				shared := effectsDB(t)
+				trips := &roundTrips{}
+				pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+				def := saga.MustNew("dup", saga.Step{
+					Name: "write", Reaches: "written", TxOnly: txOnly,
+					Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+						if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+							return nil, err
+						}
+						return tc.result, tc.err
+					},
+				})
+				cmd := command(uuid.New(), "dup", "write", saga.PhaseForward, 1, 1)
+				_, err := newWorker(t, pool, def).Handle(ctx, cmd)
+				require.NoError(t, err)
+				again := newWorker(t, pool, def)
+				_, err = again.Handle(ctx, command(uuid.New(), "dup", "write", saga.PhaseForward, 1, 1)) // warms its statements
+				require.NoError(t, err)
+
+				trips.batches.Store(0)
+				trips.queries.Store(0)
+				reply, err := again.Handle(ctx, cmd)
+				require.NoError(t, err)
+				require.Equal(t, []int32{1, 0}, []int32{trips.batches.Load(), trips.queries.Load()}, "batches, statements alone")
+				require.True(t, reply.Duplicate)
+				require.Equal(t, tc.want.Outcome, reply.Outcome)
+				require.Equal(t, tc.want.Error, reply.Error)
+				if tc.want.Result == nil {
+					require.Empty(t, reply.Result)
+				} else {
+					require.JSONEq(t, string(tc.want.Result), string(reply.Result))
+				}
+				want := 1
+				if tc.err != nil {
+					want = 0
+				}
+				require.Equal(t, 2*want, countEffects(t, pool))
+			})
+		}
 	}
 }
