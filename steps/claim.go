@@ -26,8 +26,8 @@ import (
 // inbox holds already raises before BEGIN (claimKey), with what the inbox
 // holds for it: PostgreSQL then rolls the implicit transaction back by
 // itself, so a duplicate costs one round trip and leaves nothing to end.
-// Only a duplicate whose first delivery committed while this claim waited
-// for it needs a second round trip, to read what that one committed.
+// That includes a duplicate whose first delivery committed while this
+// claim waited for it.
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
@@ -83,13 +83,6 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 			c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
 			return tag, c.err
 		}
-		if c.st.outcome == "" {
-			// The first delivery committed while the claim waited for it.
-			if err := c.st.scan(conn.QueryRow(ctx, readStored, pguuid.Of(c.cmd.SagaID), pguuid.Of(c.cmd.Key))); err != nil {
-				c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
-				return tag, c.err
-			}
-		}
 		return tag, nil
 	case !begun:
 		if err == nil {
@@ -104,11 +97,17 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 }
 
 // fromDetail reads the stored outcome a claim's raise carries in its
-// DETAIL (claimKey), if it carries one: a JSON array of storedColumns.
+// DETAIL (idemsaga.key_taken): a JSON array of the outcome, the result,
+// the error text and the attempt.
 func (st *stored) fromDetail(err error) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Detail == "" {
-		return nil
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	if pgErr.Detail == "" {
+		// The row went between the conflict and its read (the retention
+		// cleaner, say): the next delivery finds out what holds.
+		return errors.New("its outcome could not be read; the command is delivered again")
 	}
 	var cols []json.RawMessage
 	if err := json.Unmarshal([]byte(pgErr.Detail), &cols); err != nil || len(cols) != 4 {

@@ -330,8 +330,9 @@ func effectsDB(t *testing.T) *pgxpool.Pool {
 
 // TestDuplicateThatWaitedOnTheClaim: a second delivery that reaches the
 // inbox while the first still holds the key waits on it, and when the
-// first commits, answers with what it committed: the read in the claim's
-// pipeline went before the wait and saw nothing, so the claim reads again.
+// first commits, answers with what it committed, although its claim's
+// statement began before that commit: the stored outcome is read by
+// idemsaga.key_taken, with a snapshot of its own.
 func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 	t.Parallel()
 	for _, txOnly := range []bool{true, false} {
