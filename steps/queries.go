@@ -6,17 +6,15 @@ const (
 	// committed outcome; if this transaction rolls back, so does the row.
 	// A key the inbox holds already raises (idemsaga.key_taken, migration
 	// 010: IDM02) with the stored outcome in the error's DETAIL, before the
-	// BEGIN that would make the pipeline's implicit transaction the step's.
-	// It also bounds how long the transaction may sit idle ($6): a stalled
-	// or stopped process must not hold the key forever.
-	claimKey = `with c as (
-  insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
-  values ($1, $2, $3, $4, $5, 'succeeded')
-  on conflict (saga_id, step_key) do nothing
-  returning 1
-)
-select case when (select count(*) from c) = 1 then 1 else idemsaga.key_taken($2, $1) end,
-  set_config('idle_in_transaction_session_timeout', $6, true)`
+	// BEGIN that would make the pipeline's implicit transaction the step's:
+	// the conflict's update is only there to call it. The inserted row
+	// returns the bound on how long the transaction may sit idle ($6): a
+	// stalled or stopped process must not hold the key forever. One plain
+	// INSERT, so that PostgreSQL starts as few executor nodes as it can.
+	claimKey = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
+values ($1, $2, $3, $4, $5, 'succeeded')
+on conflict (saga_id, step_key) do update set attempt = idemsaga.key_taken(excluded.saga_id, excluded.step_key)
+returning set_config('idle_in_transaction_session_timeout', $6, true)`
 
 	recordResult = `update idemsaga.inbox set result = $3 where saga_id = $1 and step_key = $2`
 
