@@ -79,7 +79,7 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 		// A duplicate, raised by the claim: nothing after it ran, and
 		// PostgreSQL rolled the implicit transaction back.
 		c.claimed = 0
-		if err := c.st.fromDetail(err); err != nil {
+		if err := c.st.fromRaise(err); err != nil {
 			c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
 			return tag, c.err
 		}
@@ -96,28 +96,27 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	return tag, err
 }
 
-// fromDetail reads the stored outcome a claim's raise carries in its
-// DETAIL (idemsaga.key_taken): a JSON array of the outcome, the result,
-// the error text and the attempt.
-func (st *stored) fromDetail(err error) error {
+// fromRaise reads the stored outcome a claim's raise carries
+// (idemsaga.key_taken, migration 010): a JSON array of the outcome, the
+// result, the error text and the attempt, in the error's COLUMN field,
+// which the server log does not record.
+func (st *stored) fromRaise(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
 	}
-	if pgErr.Detail == "" {
-		// The row went between the conflict and its read (the retention
-		// cleaner, say): the next delivery finds out what holds.
-		return errors.New("its outcome could not be read; the command is delivered again")
+	if pgErr.ColumnName == "" {
+		return errors.New("the raise carries no stored outcome; apply the engine's migrations (worker migrate) before running this step worker")
 	}
 	var cols []json.RawMessage
-	if err := json.Unmarshal([]byte(pgErr.Detail), &cols); err != nil || len(cols) != 4 {
-		return fmt.Errorf("cannot read the stored outcome %q (%v); deploy the engine's migrations and step workers of one version", pgErr.Detail, err)
+	if err := json.Unmarshal([]byte(pgErr.ColumnName), &cols); err != nil || len(cols) != 4 {
+		return fmt.Errorf("cannot read the stored outcome (%v); deploy the engine's migrations and step workers of one version", err)
 	}
 	if string(cols[1]) != "null" {
 		st.result = []byte(cols[1])
 	}
 	if err := errors.Join(json.Unmarshal(cols[0], &st.outcome), json.Unmarshal(cols[2], &st.errText), json.Unmarshal(cols[3], &st.attempt)); err != nil {
-		return fmt.Errorf("cannot read the stored outcome %q: %w", pgErr.Detail, err)
+		return fmt.Errorf("cannot read the stored outcome (%w); deploy the engine's migrations and step workers of one version", err)
 	}
 	return nil
 }

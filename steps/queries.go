@@ -5,7 +5,7 @@ const (
 	// concurrent duplicate blocks on the unique key and then finds the
 	// committed outcome; if this transaction rolls back, so does the row.
 	// A key the inbox holds already raises (idemsaga.key_taken, migration
-	// 010: IDM02) with the stored outcome in the error's DETAIL, before the
+	// 010: IDM02) with the stored outcome, before the
 	// BEGIN that would make the pipeline's implicit transaction the step's:
 	// the conflict's update is only there to call it. The inserted row
 	// returns the bound on how long the transaction may sit idle ($6): a
