@@ -357,7 +357,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
-	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
+	if err := checkMigrated(ctx, e.cfg.Pool, e.cfg.Logger); err != nil {
 		return err
 	}
 	if e.cfg.NATS.Opts.MaxReconnect >= 0 {
@@ -442,7 +442,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+// checkMigrated fails when the database lacks this build's migrations,
+// and warns on log (if not nil) when it has newer ones.
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: database unreachable: %w", err)
@@ -458,6 +460,10 @@ func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if have < want {
 		return fmt.Errorf("idemsaga: database schema is at version %d, the engine needs %d: run `worker migrate` first", have, want)
+	}
+	if have > want && log != nil {
+		log.Warn("the database schema is newer than this build: it may misread what newer builds write (see the migrations' notes); replace this process with the newer build",
+			"schema_version", have, "build_version", want)
 	}
 	return nil
 }

@@ -320,8 +320,8 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}()
 
-	// First round trip: the claim (BEGIN, the idle bound, the inbox claim
-	// and read). A TxOnly step's travels with its handler's first
+	// First round trip: the claim (the inbox claim with the idle bound,
+	// then BEGIN). A TxOnly step's travels with its handler's first
 	// statement instead.
 	cl := newClaim(cmd, policy)
 	if held {
@@ -494,7 +494,13 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		for k, v := range cmd.Results {
 			results[k] = v
 		}
-		results[cmd.Step] = fwd
+		if fwd != nil || results[cmd.Step] == nil {
+			// The inbox's result, unless it has none and the command
+			// carries one (from the saga's results): a success applied in
+			// its step keeps its result in the step's row alone, which an
+			// older readOutcome does not read.
+			results[cmd.Step] = fwd
+		}
 		sc.Results = results
 	}
 	if handler == nil {
