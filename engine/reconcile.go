@@ -46,6 +46,7 @@ func (d Difference) String() string {
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
+//   - no step or attempt row is left without its saga;
 //   - sagas in StateFailed are listed: they need a person.
 //
 // defs gives the final state of each definition; sagas of other

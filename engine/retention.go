@@ -60,8 +60,8 @@ const (
 //   - A saga is deleted only once it is finished (finished_at set) and
 //     older than FinishedSagas, never while it runs, never while one of its
 //     steps is still dispatched or waiting for a retry, and never in
-//     saga.StateFailed unless DeleteFailed is set. Its steps (and every row
-//     that references it with ON DELETE CASCADE) go in the same transaction.
+//     saga.StateFailed unless DeleteFailed is set. Its steps and their
+//     attempts go in the same transaction.
 //   - An inbox row is deleted only in the transaction that deletes its saga
 //     or after its saga is gone, and only once it is older than Inbox. It
 //     is never deleted while its saga exists, finished or not.
@@ -178,11 +178,19 @@ order by s.finished_at
 limit $2
 for update of s skip locked`
 
-	// The four deletes of one batch of sagas, in one transaction. Inbox
+	// The statements that delete one batch of sagas, in one transaction. Inbox
 	// rows younger than the inbox window stay, without their saga, until
 	// deleteOrphanInbox takes them.
 	deleteSagaInbox = `delete from idemsaga.inbox
 where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
+	// keepResults copies into the inbox rows that outlive their saga the
+	// results they leave in the step's row (a success applied in its step),
+	// before the steps go: a late delivery is answered with its result.
+	keepResults = `update idemsaga.inbox i set result = st.result
+from idemsaga.steps st
+where i.saga_id = any($1) and i.outcome = 'succeeded' and i.result is null
+  and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'
+  and st.result is not null`
 	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
 	deleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
 	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
@@ -220,8 +228,8 @@ where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
 type CleanResult struct {
 	// Sagas is the number of finished sagas deleted.
 	Sagas int64
-	// Steps is the number of step rows deleted with those sagas. Other
-	// rows referencing a saga with ON DELETE CASCADE go too, uncounted.
+	// Steps is the number of step rows deleted with those sagas. Their
+	// attempts' rows go too, uncounted.
 	Steps int64
 	// Inbox is the number of inbox rows deleted: with their saga, or after
 	// it was gone.
@@ -373,6 +381,7 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 			res.Inbox = tag.RowsAffected()
 			return nil
 		})
+		b.Queue(keepResults, ids)
 		b.Queue(deleteSagaSteps, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Steps = tag.RowsAffected()
 			return nil

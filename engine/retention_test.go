@@ -297,6 +297,8 @@ func TestRetentionLongerInboxOutlivesItsSaga(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, reply.Duplicate, "the inbox answers with the first outcome")
 	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.NotEmpty(t, sg.Steps[0].Result)
+	require.JSONEq(t, string(sg.Steps[0].Result), string(reply.Result), "and its result, kept by the inbox row when the step's row went")
 	require.Equal(t, balances, rowsJSON(t, pool, `select id, balance from transfer.accounts`))
 
 	// Past the inbox window the rows of the deleted saga go too.
