@@ -46,7 +46,8 @@ func (d Difference) String() string {
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
-//   - no step or attempt row is left without its saga;
+//   - no step or attempt row is left without its saga, and no step or
+//     inbox row holds a phase, status or outcome the engine never writes;
 //   - sagas in StateFailed are listed: they need a person.
 //
 // defs gives the final state of each definition; sagas of other
@@ -104,6 +105,14 @@ where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')`, nil
 		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, nil},
+		{"row with a value the engine never writes: %s", `select x.saga_id, x.what from (
+  select st.saga_id, 'step ' || st.step || ' has phase ' || quote_literal(st.phase) || ' and status ' || quote_literal(st.status) as what
+  from idemsaga.steps st
+  where st.phase not in ('forward', 'compensate') or st.status not in ('dispatched', 'retrying', 'succeeded', 'failed')
+  union all
+  select i.saga_id, 'inbox row of step ' || i.step || ' has outcome ' || quote_literal(i.outcome)
+  from idemsaga.inbox i where i.outcome not in ('succeeded', 'failed', 'tombstone')
+) x limit 100`, nil},
 		{"step or attempt without its saga: %s", `select x.saga_id, x.what from (
   select st.saga_id, 'step ' || st.step || '/' || st.phase as what from idemsaga.steps st
   union all

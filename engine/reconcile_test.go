@@ -57,6 +57,10 @@ order by s.id desc limit 1)`)
 	plant(`insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt)
 values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_random_uuid(), 'succeeded', 1)`)
 
+	// A status no engine writes (no CHECK guards it, migration 011).
+	plant(`update idemsaga.steps set status = 'dispatchd' where ctid = (select st.ctid from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
+where s.state = 'compensated' and st.phase = 'compensate' limit 1)`)
+
 	diffs, err = engine.Reconcile(ctx, pool, defs, time.Second)
 	require.NoError(t, err)
 	var text []string
@@ -70,6 +74,7 @@ values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_rando
 	require.Contains(t, all, "3 failed publishes, last: maximum payload exceeded")
 	require.Contains(t, all, "failed and needs a person: refund rejected")
 	require.Contains(t, all, "step or attempt without its saga: step ghost/forward")
+	require.Contains(t, all, "status 'dispatchd'")
 	for _, d := range diffs {
 		if !strings.Contains(d.What, "outbox row") {
 			require.NotNil(t, d.SagaID, "every saga difference names its saga: %s", d)
