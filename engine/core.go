@@ -321,7 +321,7 @@ func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int
 }
 
 // succeedGuessed queues a forward step's success as one statement
-// (succeedForward), for a saga assumed to be where sg says: its state and
+// (succeedForward, or succeedLast), for a saga assumed to be where sg says: its state and
 // version fence the transition, and the attempt fences the step. A saga or
 // step that moved meanwhile fails the statement.
 func (c *core) succeedGuessed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, attempt int, result json.RawMessage, fx *effects) error {
@@ -334,9 +334,9 @@ func (c *core) succeedGuessed(tx *txn, sg *saga.Instance, def *saga.Definition, 
 	moved(sg, step.Reaches, last, &step.Name, result, fx)
 	var subject, msgID string
 	var payload []byte
-	if last {
-		args = append(args, nil, nil, nil, nil, nil, nil, nil, nil)
-	} else {
+	sql := succeedLast
+	if !last {
+		sql = succeedForward
 		next := def.Step(idx + 1)
 		var err error
 		if subject, msgID, payload, err = c.commandMessage(sg, def, idx+1, saga.PhaseForward, 1); err != nil {
@@ -346,7 +346,7 @@ func (c *core) succeedGuessed(tx *txn, sg *saga.Instance, def *saga.Definition, 
 			c.leaseMillis(policyOf(def, idx+1, saga.PhaseForward)), subject, msgID, payload, c.handOffArg())
 	}
 	id := sg.ID
-	tx.queue(succeedForward, func(row pgx.Row) error {
+	tx.queue(sql, func(row pgx.Row) error {
 		var ok int
 		var out *int64
 		if err := row.Scan(&ok, &sg.CreatedAt, &out); err != nil {

@@ -50,11 +50,26 @@ select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3
 	// the step's command foresaw the saga (guessInStep): the transition,
 	// fenced by the state and version the command was written at ($2, $7),
 	// which locks the saga first; the step's outcome, fenced by its attempt
-	// ($8); and, unless the step was the last ($9 NULL), attempt 1 of the
-	// next step with its command, as dispatchStep. Any miss raises IDM01,
-	// with everything rolled back. It returns when the saga started and the
-	// command's outbox id (NULL when it wrote none).
-	succeedForward = `with u as (
+	// ($8); and attempt 1 of the next step with its command, as
+	// dispatchStep ($9-$16). Any miss raises IDM01, with everything rolled
+	// back. It returns when the saga started and the command's outbox id
+	// (NULL when it wrote none). succeedLast is the same for the last step:
+	// no next step, and no executor nodes started for one.
+	succeedForward = succeedHead + `, st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  select $1, $9, 'forward', $10, $11, 'dispatched', 1, now() + $12 * interval '1 millisecond', now()
+  from f
+  on conflict (saga_id, step, phase) do nothing
+  returning saga_id
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $13, $14, $15, saga_id, clock_timestamp() + $16 * interval '1 millisecond' from st
+  returning id
+)
+` + succeedTail + `, (select id from o)`
+	succeedLast = succeedHead + `
+` + succeedTail + `, null::bigint`
+	succeedHead = `with u as (
   update idemsaga.sagas set
     state = $3,
     version = version + 1,
@@ -73,19 +88,9 @@ select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3
   update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
     outcome = case when x.outcome is null or x.outcome = 'retry' then 'succeeded' else x.outcome end
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
-), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  select $1, $9, 'forward', $10, $11, 'dispatched', 1, now() + $12 * interval '1 millisecond', now()
-  from f where $9::text is not null
-  on conflict (saga_id, step, phase) do nothing
-  returning saga_id
-), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $13, $14, $15, saga_id, clock_timestamp() + $16 * interval '1 millisecond' from st
-  returning id
-)
-select idemsaga.expect((select count(*) from f) = 1, 'saga ' || $1::text || ' at version ' || $7::text || ' with step ' || $5 || ' at attempt ' || $8::text),
-  (select created_at from u), (select id from o)`
+)`
+	succeedTail = `select idemsaga.expect((select count(*) from f) = 1, 'saga ' || $1::text || ' at version ' || $7::text || ' with step ' || $5 || ' at attempt ' || $8::text),
+  (select created_at from u)`
 
 	probeSaga = `select state, version from idemsaga.sagas where id = $1`
 
