@@ -208,9 +208,13 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	log := w.cfg.Logger.With("saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt)
+	// The logger's attributes are built only when there is something to
+	// log: a handler pre-formats them, for every message otherwise.
+	log := func() *slog.Logger {
+		return w.cfg.Logger.With("saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt)
+	}
 	if _, err := w.Handle(ctx, cmd); err != nil {
-		log.Warn("step worker: command not processed; it will be redelivered", "error", err)
+		log().Warn("step worker: command not processed; it will be redelivered", "error", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -219,7 +223,7 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	if err := msg.Ack(); err != nil {
 		// The commit stands; a redelivery is absorbed by the inbox.
-		log.Debug("step worker: ack failed after commit", "error", err)
+		log().Debug("step worker: ack failed after commit", "error", err)
 	}
 }
 
