@@ -568,12 +568,7 @@ func TestDuplicateWaitingOnAGuessedSuccess(t *testing.T) {
 		}
 		answer <- reply
 	}()
-	require.Eventually(t, func() bool {
-		var waiting int
-		require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity
-  where datname = current_database() and wait_event_type = 'Lock'`).Scan(&waiting))
-		return waiting == 1
-	}, 10*time.Second, 10*time.Millisecond, "the second delivery waits on the key")
+	testenv.WaitForLockWaiters(t, pool, 1) // the second delivery waits on the key
 	close(release)
 	require.NoError(t, <-done)
 	reply := <-answer

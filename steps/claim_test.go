@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -371,12 +370,7 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 				}
 				second <- reply
 			}()
-			require.Eventually(t, func() bool {
-				var waiting int
-				require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity
-  where datname = current_database() and wait_event_type = 'Lock'`).Scan(&waiting))
-				return waiting == 1
-			}, 10*time.Second, 10*time.Millisecond, "the second delivery waits on the key")
+			testenv.WaitForLockWaiters(t, pool, 1) // the second delivery waits on the key
 			close(release)
 			require.NoError(t, <-first)
 			reply := <-second

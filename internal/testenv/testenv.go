@@ -249,3 +249,25 @@ func Connect(t testing.TB, url string) *nats.Conn {
 
 // Name returns a unique stream name for a test.
 func Name(prefix string) string { return prefix + "_" + strings.ToUpper(randomSuffix()) }
+
+// WaitForLockWaiters waits until n sessions of pool's database wait on a
+// lock (a second delivery blocked on a key the first still holds, say),
+// and fails the test after 10 seconds.
+func WaitForLockWaiters(t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity
+  where datname = current_database() and wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatalf("count sessions waiting on a lock: %v", err)
+		}
+		if waiting == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions wait on a lock after 10s, want %d", waiting, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
