@@ -28,11 +28,8 @@ on conflict (saga_id, step_key) do nothing`
 values ($1, $2, $3, 'forward', 0, 'tombstone')
 on conflict (saga_id, step_key) do nothing`
 
-	// readOutcome reads a forward step's outcome, for its compensation.
-	readOutcome = `select i.outcome, coalesce(i.result, st.result), coalesce(i.error, '') ` + storedFrom + `
-where i.saga_id = $1 and i.step_key = $2`
-
-	// readStored reads what the inbox holds for a key.
+	// readStored reads what the inbox holds for a key: a duplicate's
+	// answer, or a forward step's outcome for its compensation.
 	readStored = `select i.outcome, coalesce(i.result, st.result), coalesce(i.error, ''), i.attempt ` + storedFrom + `
 where i.saga_id = $1 and i.step_key = $2`
 

@@ -83,9 +83,9 @@ type Config struct {
 type Apply struct {
 	// Conn holds the step's transaction.
 	Conn *pgx.Conn
-	// Pending holds the step's writes not yet sent. ApplyFunc sends them
-	// with its own reads, in one round trip, or returns them with its
-	// writes.
+	// Pending holds the step's statements not yet sent (the savepoint).
+	// ApplyFunc sends them with its own reads, in one round trip, or
+	// returns them with its writes.
 	Pending *pgx.Batch
 	// Command is the step's command, and Reply its success.
 	Command wire.Command
@@ -106,7 +106,9 @@ type Applied struct {
 	Writes *pgx.Batch
 	// After, if not nil, runs once the transaction committed.
 	After func()
-	// Guessed reports writes queued without a read (Apply.Guess).
+	// Guessed reports writes queued without a read (Apply.Guess). Such
+	// writes must record the result in the step's row: the worker then
+	// leaves it out of the inbox row, whose readers take it from there.
 	Guessed bool
 }
 
@@ -482,13 +484,11 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		if tag.RowsAffected() == 1 {
 			return nil, nil // the forward step never ran and now never will
 		}
-		var outcome string
-		var fwd []byte
-		var ferr string
-		if err := tx.QueryRow(ctx, readOutcome, cmd.SagaID, forwardKey).Scan(&outcome, &fwd, &ferr); err != nil {
+		var fwd stored
+		if err := fwd.scan(tx.QueryRow(ctx, readStored, cmd.SagaID, forwardKey)); err != nil {
 			return nil, fmt.Errorf("read forward outcome: %w", err)
 		}
-		if outcome != "succeeded" {
+		if fwd.outcome != "succeeded" {
 			return nil, nil // the forward step took no effect: nothing to undo
 		}
 		if handler == nil {
@@ -498,12 +498,12 @@ func (w *Worker) invoke(ctx context.Context, tx pgx.Tx, cmd wire.Command, handle
 		for k, v := range cmd.Results {
 			results[k] = v
 		}
-		if fwd != nil || results[cmd.Step] == nil {
+		if fwd.result != nil || results[cmd.Step] == nil {
 			// The inbox's result, unless it has none and the command
 			// carries one (from the saga's results): a success applied in
 			// its step keeps its result in the step's row alone, which an
-			// older readOutcome does not read.
-			results[cmd.Step] = fwd
+			// older step worker's read does not see.
+			results[cmd.Step] = fwd.result
 		}
 		sc.Results = results
 	}
