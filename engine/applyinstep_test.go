@@ -582,3 +582,56 @@ func TestDuplicateWaitingOnAGuessedSuccess(t *testing.T) {
 	require.Equal(t, "a_done", state)
 	require.Nil(t, inboxResult, "the success was applied as its command foresaw")
 }
+
+// TestSuccessOfAnAttemptWithARetryScheduled: attempt 1 of a step failed
+// and its retry is scheduled, when another delivery of attempt 1 succeeds.
+// The success cannot be applied as its command foresaw (the step is no
+// longer dispatched); it is applied after reading the saga, and the
+// attempt's row in the timeline, written when the retry was scheduled,
+// takes the success. The transfer then ends with one effect per step.
+func TestSuccessOfAnAttemptWithARetryScheduled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	e := idleEngine(t, pool, nc, testenv.Name("RETRYING"), nil, def)
+	res, err := e.Client().Start(ctx, def, "retrying", transferInput(1, 2, 70))
+	require.NoError(t, err)
+	cmd := latestCommand(t, pool)
+
+	failed := wire.Reply{SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
+		Key: cmd.Key, Attempt: cmd.Attempt, Outcome: wire.OutcomeRetry, Error: "connection reset", RetryAfterMillis: time.Hour.Milliseconds()}
+	v, err := e.ApplyReply(ctx, failed)
+	require.NoError(t, err)
+	require.Equal(t, engine.VerdictApplied, v)
+
+	reply, err := e.HandleCommand(ctx, cmd)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.False(t, reply.Duplicate)
+
+	var state, status, outcome string
+	var version, attempt, commands, replies int
+	var finished bool
+	require.NoError(t, pool.QueryRow(ctx, `select s.state, s.version, st.status, st.attempt,
+  (select outcome from idemsaga.step_attempts a where a.saga_id = s.id and a.step = st.step and a.attempt = 1),
+  (select finished_at is not null from idemsaga.step_attempts a where a.saga_id = s.id and a.step = st.step and a.attempt = 1),
+  (select count(*) from idemsaga.outbox where subject like '%.cmd.%'),
+  (select count(*) from idemsaga.outbox where subject like '%.reply.%')
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id and st.step = $2
+where s.id = $1`, res.ID, cmd.Step).Scan(&state, &version, &status, &attempt, &outcome, &finished, &commands, &replies))
+	require.Equal(t, []any{"deducted", 2, "succeeded", 1, "succeeded", true, 2, 0},
+		[]any{state, version, status, attempt, outcome, finished, commands, replies},
+		"the saga moved once, the attempt's timeline row took the success, the next step is dispatched, no reply")
+
+	// The next step runs as ever, and the transfer ends with one effect
+	// per step.
+	_, err = e.HandleCommand(ctx, latestCommand(t, pool))
+	require.NoError(t, err)
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+}

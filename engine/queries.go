@@ -50,7 +50,12 @@ select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3
 	// the step's command foresaw the saga (guessInStep): the transition,
 	// fenced by the state and version the command was written at ($2, $7),
 	// which locks the saga first; the step's outcome, fenced by its attempt
-	// ($8); and attempt 1 of the next step with its command, as
+	// ($8) and by its status: only a step still 'dispatched' is taken, as
+	// its attempt then has no row in step_attempts to finish (an attempt
+	// gets one when a retry is scheduled for it, or when it is replaced),
+	// so no executor node is started for that table; a step at 'retrying'
+	// misses, and the worker applies the success after reading the saga
+	// (finishStep). Then attempt 1 of the next step with its command, as
 	// dispatchStep ($9-$16). Any miss raises IDM01, with everything rolled
 	// back. It returns when the saga started and the command's outbox id
 	// (NULL when it wrote none). succeedLast is the same for the last step:
@@ -81,13 +86,9 @@ select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3
 ), f as (
   update idemsaga.steps set
     status = 'succeeded', result = $6, last_error = null, lease_until = null, next_attempt_at = null, updated_at = now()
-  where saga_id = $1 and step = $5 and phase = 'forward' and attempt = $8 and status in ('dispatched', 'retrying')
+  where saga_id = $1 and step = $5 and phase = 'forward' and attempt = $8 and status = 'dispatched'
     and exists (select 1 from u)
-  returning saga_id, step, phase, attempt
-), a as (
-  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
-    outcome = case when x.outcome is null or x.outcome = 'retry' then 'succeeded' else x.outcome end
-  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+  returning saga_id
 )`
 	succeedTail = `select idemsaga.expect((select count(*) from f) = 1, 'saga ' || $1::text || ' at version ' || $7::text || ' with step ' || $5 || ' at attempt ' || $8::text),
   (select created_at from u)`
