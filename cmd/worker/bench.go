@@ -30,7 +30,8 @@ import (
 
 type benchCmd struct {
 	DBName         string        `name:"db-name" default:"idemsaga_bench" help:"Database created afresh on the DATABASE_URL server."`
-	Sagas          int           `default:"10000" help:"Transfer sagas to run (after a warm-up of 200)."`
+	Sagas          int           `default:"10000" help:"Transfer sagas to run, after the warm-up."`
+	WarmUp         int           `name:"warm-up" default:"200" help:"Transfer sagas run before the measured ones, so that the pools' connections and PostgreSQL's plans are made."`
 	Concurrency    int           `default:"32" help:"Sagas in flight at once (a closed loop: each finished saga lets the next start)."`
 	Pools          int           `default:"2" help:"Worker pools (engines) in this process, sharing the database and the stream."`
 	FailRate       float64       `name:"fail-rate" default:"0.05" help:"Fraction of transfers whose credit fails (they are compensated)."`
@@ -66,8 +67,8 @@ type benchResult struct {
 
 func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 ||
-		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 {
-		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill and --rate not negative")
+		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 {
+		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill, --rate and --warm-up not negative")
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
@@ -223,12 +224,12 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.NATSURL != "" {
 		broker = "NATS at " + b.NATSURL
 	}
-	fmt.Printf("bench: %d sagas, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
-		b.Sagas, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
+	fmt.Printf("bench: %d sagas after a warm-up of %d, %d in flight, %d pools, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
+		b.Sagas, b.WarmUp, b.Concurrency, b.Pools, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
 	if b.Rate > 0 {
 		fmt.Printf("bench: open loop at %.0f sagas/s\n", b.Rate)
 	}
-	if err := run(200, "warm", nil); err != nil {
+	if err := run(b.WarmUp, "warm", nil); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	before, err := snapshot(ctx, pool, js, stream, b.DBName)
