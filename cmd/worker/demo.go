@@ -117,6 +117,19 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		jobs[i] = job{key: fmt.Sprintf("demo-%05d", i), in: transfer.Input{From: from, To: to, Amount: amount}, twice: i%10 == 7}
 	}
 
+	// The progress bar's clock starts with the sagas, at its blank first
+	// render: it otherwise starts at the first update, whose rate is then
+	// every saga already finished over a few microseconds.
+	bar := progressbar.NewOptions(d.Transfers,
+		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetDescription("sagas finished"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("sagas"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetRenderBlankState(true),
+	)
 	start := time.Now()
 	var submitted, dupReplies atomic.Int64
 	var wg sync.WaitGroup
@@ -161,15 +174,6 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 
 	// Wait for every saga to finish, with a progress bar.
 	deadline := time.Now().Add(d.Timeout)
-	bar := progressbar.NewOptions(d.Transfers,
-		progressbar.OptionSetWriter(os.Stderr),
-		progressbar.OptionSetDescription("sagas finished"),
-		progressbar.OptionShowCount(),
-		progressbar.OptionShowIts(),
-		progressbar.OptionSetItsString("sagas"),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionClearOnFinish(),
-	)
 	for {
 		var done, total int
 		if err := pool.QueryRow(ctx, `select count(*) filter (where finished_at is not null), count(*) from idemsaga.sagas`).Scan(&done, &total); err != nil {
