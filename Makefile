@@ -2,7 +2,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 WORKER_PKG := ./cmd/worker
 
-.PHONY: test lint demo build migrate chaos bench
+.PHONY: test lint demo build migrate chaos bench compare-dbos
 
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
 # scripts/ensure-postgres.sh sets that up when it is missing.
@@ -37,3 +37,10 @@ chaos:
 bench:
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) bench
+
+# The same transfer load on DBOS Transact Go, to compare the two on one
+# machine in one sitting (compare/dbos is a module of its own: the engine
+# does not depend on DBOS). Run it alternately with `make bench`.
+compare-dbos:
+	./scripts/ensure-postgres.sh
+	cd compare/dbos && $(GO) run .
