@@ -597,7 +597,8 @@ func TestSuccessOfAnAttemptWithARetryScheduled(t *testing.T) {
 	def := transferDef(t)
 	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
-	e := idleEngine(t, pool, nc, testenv.Name("RETRYING"), nil, def)
+	reg := prometheus.NewRegistry()
+	e := idleEngine(t, pool, nc, testenv.Name("RETRYING"), reg, def)
 	res, err := e.Client().Start(ctx, def, "retrying", transferInput(1, 2, 70))
 	require.NoError(t, err)
 	cmd := latestCommand(t, pool)
@@ -612,6 +613,8 @@ func TestSuccessOfAnAttemptWithARetryScheduled(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
 	require.False(t, reply.Duplicate)
+	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_in_step_reads_total", nil),
+		"the success missed the guess (the step was retrying) and was applied after reading the saga")
 
 	var state, status, outcome string
 	var version, attempt, commands, replies int

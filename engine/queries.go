@@ -55,7 +55,9 @@ select idemsaga.expect(count(*) > 0, 'saga ' || $1::text || ' at version ' || $3
 	// gets one when a retry is scheduled for it, or when it is replaced),
 	// so no executor node is started for that table; a step at 'retrying'
 	// misses, and the worker applies the success after reading the saga
-	// (finishStep). Then attempt 1 of the next step with its command, as
+	// (finishStep). (Before migration 004 every dispatch wrote a row; the
+	// commands of that time carry no saga version, and applyInStep never
+	// guesses for those. Guessing for them would need this CTE back.) Then attempt 1 of the next step with its command, as
 	// dispatchStep ($9-$16). Any miss raises IDM01, with everything rolled
 	// back. It returns when the saga started and the command's outbox id
 	// (NULL when it wrote none). succeedLast is the same for the last step:
