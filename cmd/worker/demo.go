@@ -117,9 +117,9 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		jobs[i] = job{key: fmt.Sprintf("demo-%05d", i), in: transfer.Input{From: from, To: to, Amount: amount}, twice: i%10 == 7}
 	}
 
-	// The progress bar's clock starts with the sagas, at its blank first
-	// render: it otherwise starts at the first update, whose rate is then
-	// every saga already finished over a few microseconds.
+	// The progress bar's clocks start with the sagas: they otherwise start
+	// at its first update, whose rate is then every saga already finished
+	// over a few microseconds.
 	bar := progressbar.NewOptions(d.Transfers,
 		progressbar.OptionSetWriter(os.Stderr),
 		progressbar.OptionSetDescription("sagas finished"),
@@ -128,8 +128,8 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 		progressbar.OptionSetItsString("sagas"),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionClearOnFinish(),
-		progressbar.OptionSetRenderBlankState(true),
 	)
+	bar.StartWithoutRender()
 	start := time.Now()
 	var submitted, dupReplies atomic.Int64
 	var wg sync.WaitGroup
