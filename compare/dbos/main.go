@@ -8,16 +8,27 @@
 //
 // Each Transfer workflow runs a "deduct" step and a "credit" step, and a
 // compensating "refund" step when the credit hits the frozen account. Each
-// step is one autocommit statement on an app database, shaped like the
-// transfer example's (the balance change, then the ledger row keyed by
-// workflow and step), since DBOS runs a step at least once; DBOS keeps its
-// own checkpoints in a system database. The load is the bench's: a closed
-// loop of --concurrency workflows (32), 5% compensated, 10% submitted twice
-// with the same workflow ID, after a warm-up of 200. It reports workflows
-// per second, latency, CPU per workflow of this process and of every
-// PostgreSQL process, commits per workflow, and whether money was
-// conserved (exit status 1 if not). Both databases (dbosbench_app,
-// dbosbench_sys) are created afresh and dropped at the end.
+// step's business write is one statement shaped like the transfer
+// example's: the balance change, then the ledger row keyed by workflow and
+// step. --steps picks how DBOS runs it:
+//
+//   - transaction (the default): dbos.RunAsTransaction on a data source
+//     that is the system database's own pool, so the business write and
+//     DBOS's record of the step commit in one transaction, exactly once,
+//     as an idemsaga step's business write and inbox row do. The
+//     application's tables live in the system database.
+//   - step: dbos.RunAsStep, the write in autocommit on an application
+//     database of its own; DBOS records the step after it, so the step
+//     runs at least once and the ledger key makes it idempotent.
+//
+// The load is the bench's: a closed loop of --concurrency workflows (32),
+// 5% compensated, 10% submitted twice with the same workflow ID, after a
+// warm-up of 200. It reports workflows per second, latency, CPU per
+// workflow of this process and of every PostgreSQL process, commits per
+// workflow, and whether money was conserved (exit status 1 if not). The
+// databases (dbosbench_sys, and dbosbench_app for --steps step) are made
+// afresh on the server of --database-url ($DATABASE_URL) and dropped at
+// the end.
 package main
 
 import (
@@ -28,6 +39,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -75,39 +87,71 @@ func (e *StepError) Error() string {
 
 func init() { gob.Register(&StepError{}) }
 
-// appPool is the app database pool used by the steps.
-var appPool *pgxpool.Pool
+// appPool holds the application's tables: its own database for
+// --steps step, the system database for --steps transaction (then it is
+// also DBOS's system pool and the data source ds).
+var (
+	appPool *pgxpool.Pool
+	ds      *dbos.DataSource
+	asTxn   bool
+)
 
-// applyLedger is the body shared by all three steps, in one autocommit
-// statement shaped like idemsaga's transfer example: the balance change,
-// then the ledger row keyed by (workflow_id, step) from it. Nothing is
-// written when the account cannot take the change (0 rows: a failure), and a
-// re-execution of a step that already took effect fails on the ledger's key,
-// which rolls its balance change back with it: that is "already applied".
-// One round trip per step, the least DBOS needs for an idempotent step.
-func applyLedger(ctx context.Context, wfID, step string, account, delta int64) (bool, error) {
-	sql := `with a as (update accounts set balance = balance + $4::bigint where id = $3 and not frozen returning id)
-insert into ledger (workflow_id, step, account_id, amount) select $1, $2, id, $4::bigint from a`
+// ledgerSQL is a step's business write, shaped like idemsaga's transfer
+// example: the balance change, then the ledger row keyed by (workflow_id,
+// step) from it. Nothing is written when the account cannot take the
+// change (0 rows: a failure).
+func ledgerSQL(delta int64) string {
 	if delta < 0 {
-		sql = `with a as (update accounts set balance = balance + $4::bigint where id = $3 and balance >= -$4::bigint and not frozen returning id)
+		return `with a as (update accounts set balance = balance + $4::bigint where id = $3 and balance >= -$4::bigint and not frozen returning id)
 insert into ledger (workflow_id, step, account_id, amount) select $1, $2, id, $4::bigint from a`
 	}
-	tag, err := appPool.Exec(ctx, sql, wfID, step, account, delta)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return false, nil // applied by an earlier execution of this step
+	return `with a as (update accounts set balance = balance + $4::bigint where id = $3 and not frozen returning id)
+insert into ledger (workflow_id, step, account_id, amount) select $1, $2, id, $4::bigint from a`
+}
+
+func refused(step string, account, delta int64) error {
+	reason := "account frozen"
+	if delta < 0 {
+		reason = "insufficient funds or account frozen"
 	}
-	if err != nil {
-		return false, err
+	return &StepError{Step: step, Account: account, Reason: reason}
+}
+
+// runStep runs one step's business write the way --steps says (see the
+// package comment).
+func runStep(ctx dbos.Context, wfID, step string, account, delta int64) error {
+	opts := []dbos.StepOption{dbos.WithStepName(step), dbos.WithStepMaxRetries(0)}
+	if asTxn {
+		_, err := dbos.RunAsTransaction(ctx, ds, func(ctx context.Context, tx dbos.Tx) (bool, error) {
+			res, err := tx.Exec(ctx, ledgerSQL(delta), wfID, step, account, delta)
+			if err != nil {
+				return false, err
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				return false, errors.Join(err, refused(step, account, delta))
+			}
+			return true, nil
+		}, opts...)
+		return err
 	}
-	if tag.RowsAffected() == 0 {
-		reason := "account frozen"
-		if delta < 0 {
-			reason = "insufficient funds or account frozen"
+	_, err := dbos.RunAsStep(ctx, func(ctx context.Context) (bool, error) {
+		// At least once: a re-execution of a step that already took
+		// effect fails on the ledger's key, which rolls its balance
+		// change back with it: that is "already applied".
+		tag, err := appPool.Exec(ctx, ledgerSQL(delta), wfID, step, account, delta)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return false, nil
 		}
-		return false, &StepError{Step: step, Account: account, Reason: reason}
-	}
-	return true, nil
+		if err != nil {
+			return false, err
+		}
+		if tag.RowsAffected() == 0 {
+			return false, refused(step, account, delta)
+		}
+		return true, nil
+	}, opts...)
+	return err
 }
 
 // Transfer is the durable workflow.
@@ -116,22 +160,16 @@ func Transfer(ctx dbos.Context, in TransferInput) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// Steps default to no retries in DBOS v1.8.0 (maxRetries 0 = one attempt); we
-	// pass WithStepMaxRetries(0) explicitly to make that visible.
-	if _, err := dbos.RunAsStep(ctx, func(sctx context.Context) (bool, error) {
-		return applyLedger(sctx, wfID, "deduct", in.From, -in.Amount)
-	}, dbos.WithStepName("deduct"), dbos.WithStepMaxRetries(0)); err != nil {
+	// Steps are not retried (WithStepMaxRetries(0), DBOS's default made
+	// visible): a refused change is a permanent failure, as in the bench.
+	if err := runStep(ctx, wfID, "deduct", in.From, -in.Amount); err != nil {
 		return "", fmt.Errorf("deduct failed: %w", err)
 	}
-	if _, err := dbos.RunAsStep(ctx, func(sctx context.Context) (bool, error) {
-		return applyLedger(sctx, wfID, "credit", in.To, in.Amount)
-	}, dbos.WithStepName("credit"), dbos.WithStepMaxRetries(0)); err == nil {
+	if err := runStep(ctx, wfID, "credit", in.To, in.Amount); err == nil {
 		return "credited", nil
 	}
 	// Credit failed (frozen account): compensate.
-	if _, err := dbos.RunAsStep(ctx, func(sctx context.Context) (bool, error) {
-		return applyLedger(sctx, wfID, "refund", in.From, in.Amount)
-	}, dbos.WithStepName("refund"), dbos.WithStepMaxRetries(0)); err != nil {
+	if err := runStep(ctx, wfID, "refund", in.From, in.Amount); err != nil {
 		return "", fmt.Errorf("refund failed: %w", err)
 	}
 	return "compensated", nil
@@ -296,20 +334,45 @@ func main() {
 	workflows := flag.Int("workflows", 10000, "measured workflows")
 	warmup := flag.Int("warmup", 200, "warm-up workflows (not measured)")
 	keep := flag.Bool("keep", false, "do not drop the databases at the end")
-	pgBase := flag.String("pg", "postgres://postgres@127.0.0.1:5432", "PostgreSQL base URL (no database)")
+	defaultURL := os.Getenv("DATABASE_URL")
+	if defaultURL == "" {
+		defaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	databaseURL := flag.String("database-url", defaultURL, "PostgreSQL server to use, as a URL; its databases dbosbench_* are made afresh ($DATABASE_URL)")
+	steps := flag.String("steps", "transaction", "how DBOS runs a step: transaction (RunAsTransaction, exactly once) or step (RunAsStep, at least once)")
 	statsWait := flag.Duration("stats-wait", 11*time.Second, "pause before reading pg_stat_database: PostgreSQL 15 backends may hold pending counters up to 10 s (PGSTAT_IDLE_INTERVAL)")
 	flag.Parse()
+	switch *steps {
+	case "transaction":
+		asTxn = true
+	case "step":
+	default:
+		log.Fatalf("--steps %q: use transaction or step", *steps)
+	}
 
 	ctx := context.Background()
-	dbURL := func(db string) string { return *pgBase + "/" + db + "?sslmode=disable" }
+	base, err := url.Parse(*databaseURL)
+	if err != nil || base.Scheme == "" {
+		log.Fatalf("--database-url %q is not a URL (postgres://user@host:port/db): %v", *databaseURL, err)
+	}
+	dbURL := func(db string) string {
+		u := *base
+		u.Path = "/" + db
+		return u.String()
+	}
+	databases := []string{sysDBName}
+	appDB := sysDBName
+	if !asTxn {
+		databases, appDB = append(databases, appDBName), appDBName
+	}
 
 	// Fresh databases.
-	admin, err := pgx.Connect(ctx, dbURL("postgres"))
+	admin, err := pgx.Connect(ctx, *databaseURL)
 	if err != nil {
-		log.Fatalf("connect postgres: %v", err)
+		log.Fatalf("connect to %s: %v", *databaseURL, err)
 	}
 	defer admin.Close(ctx)
-	for _, db := range []string{appDBName, sysDBName} {
+	for _, db := range databases {
 		if _, err := admin.Exec(ctx, "drop database if exists "+db+" with (force)"); err != nil {
 			log.Fatalf("drop %s: %v", db, err)
 		}
@@ -319,10 +382,10 @@ func main() {
 	}
 	dropAll := func() {
 		if *keep {
-			fmt.Println("keeping databases", appDBName, sysDBName)
+			fmt.Println("keeping databases", databases)
 			return
 		}
-		for _, db := range []string{appDBName, sysDBName} {
+		for _, db := range databases {
 			if _, err := admin.Exec(ctx, "drop database if exists "+db+" with (force)"); err != nil {
 				log.Printf("drop %s: %v", db, err)
 			}
@@ -330,7 +393,7 @@ func main() {
 	}
 
 	// App pool and schema.
-	pcfg, err := pgxpool.ParseConfig(dbURL(appDBName))
+	pcfg, err := pgxpool.ParseConfig(dbURL(appDB))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -358,14 +421,26 @@ func main() {
 	}
 	seededTotal := initialBalance*numAccounts + frozenBalance
 
-	// DBOS: system database dbosbench_sys, all other settings default.
-	dctx, err := dbos.NewContext(ctx, dbos.Config{
-		AppName:     "dbosbench",
-		DatabaseURL: dbURL(sysDBName),
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	// DBOS: system database dbosbench_sys, all other settings default. For
+	// transaction steps its pool is the application's, which makes the data
+	// source share the system database: one transaction per step.
+	cfg := dbos.Config{
+		AppName: "dbosbench",
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if asTxn {
+		cfg.SystemDBPool = appPool
+	} else {
+		cfg.DatabaseURL = dbURL(sysDBName)
+	}
+	dctx, err := dbos.NewContext(ctx, cfg)
 	if err != nil {
 		log.Fatalf("dbos.NewContext: %v", err)
+	}
+	if asTxn {
+		if ds, err = dbos.NewDataSource(dctx, appPool, dbos.WithDataSourceName("app")); err != nil {
+			log.Fatalf("dbos.NewDataSource: %v", err)
+		}
 	}
 	dbos.RegisterWorkflow(dctx, Transfer, dbos.WithWorkflowName("Transfer"))
 	if err := dbos.Launch(dctx); err != nil {
@@ -426,9 +501,11 @@ func main() {
 	q(`select count(*) from ledger where step = 'refund' and workflow_id like 'bench-%'`, &refunds)
 	q(`select count(distinct workflow_id) from ledger where workflow_id like 'bench-%'`, &ledgerWfs)
 
-	sysPool, err := pgxpool.New(ctx, dbURL(sysDBName))
-	if err != nil {
-		log.Fatal(err)
+	sysPool := appPool
+	if !asTxn {
+		if sysPool, err = pgxpool.New(ctx, dbURL(sysDBName)); err != nil {
+			log.Fatal(err)
+		}
 	}
 	var sysSuccess, sysTotal int64
 	if err := sysPool.QueryRow(ctx,
@@ -436,7 +513,9 @@ func main() {
 		Scan(&sysSuccess, &sysTotal); err != nil {
 		log.Printf("dbos.workflow_status check: %v", err)
 	}
-	sysPool.Close()
+	if sysPool != appPool {
+		sysPool.Close()
+	}
 
 	conserved := total == seededTotal && nonZeroWf == 0 && badAccounts == 0
 	compOK := st.compensated == expComp && refunds == expComp && st.failed == 0 && st.credited+st.compensated == int64(n)
@@ -453,8 +532,8 @@ func main() {
 		(cpu1 - cpu0).Seconds(), (pgAll1 - pgAll0).Seconds(), (pgOurs1 - pgOurs0).Seconds(), pgOursUS, ca1-ca0, cs1-cs0)
 	fmt.Printf("idle background commits: %.2f/s (the commit window is %.1fs long, so ~%.0f of the counted commits are background)\n",
 		bgRate, dur.Seconds()+statsWait.Seconds(), bgRate*(dur.Seconds()+statsWait.Seconds()))
-	fmt.Printf("dbos: %.0f wf/s, p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, CPU/wf %.0f µs process + %.0f µs postgres = %.0f µs, %.2f commits/wf, conserved=%v, compensated_ok=%v\n",
-		rate, ms(pct(lat, 0.50)), ms(pct(lat, 0.95)), ms(pct(lat, 0.99)), procUS, pgUS, procUS+pgUS, commitsPerWf, conserved, compOK)
+	fmt.Printf("dbos (%s steps): %.0f wf/s, p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, CPU/wf %.0f µs process + %.0f µs postgres = %.0f µs, %.2f commits/wf, conserved=%v, compensated_ok=%v\n",
+		*steps, rate, ms(pct(lat, 0.50)), ms(pct(lat, 0.95)), ms(pct(lat, 0.99)), procUS, pgUS, procUS+pgUS, commitsPerWf, conserved, compOK)
 
 	if err := dbos.Shutdown(dctx, 10*time.Second); err != nil {
 		log.Printf("dbos.Shutdown: %v", err)
