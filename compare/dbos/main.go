@@ -353,7 +353,7 @@ func main() {
 	ctx := context.Background()
 	base, err := url.Parse(*databaseURL)
 	if err != nil || base.Scheme == "" {
-		log.Fatalf("--database-url %q is not a URL (postgres://user@host:port/db): %v", *databaseURL, err)
+		log.Fatalf("--database-url %q is not a URL; give one such as postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", *databaseURL)
 	}
 	dbURL := func(db string) string {
 		u := *base
