@@ -514,6 +514,15 @@ func processCPU(name string) time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
+// pgbenchScript is the ceiling's transaction: an UPDATE by primary key and
+// an INSERT, as one transaction.
+const pgbenchScript = `\set aid random(1, 100000)
+begin;
+update bench_accounts set balance = balance + 1 where id = :aid;
+insert into bench_ledger (account_id, amount) values (:aid, 1);
+end;
+`
+
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 
 // pgbenchCeiling runs pgbench with a script shaped like one step
@@ -534,7 +543,10 @@ func pgbenchCeiling(ctx context.Context, pool *pgxpool.Pool, dsn string, clients
 		}
 	}
 	script := filepath.Join(os.TempDir(), fmt.Sprintf("idemsaga-pgbench-%d.sql", os.Getpid()))
-	if err := os.WriteFile(script, []byte("\\set aid random(1, 100000)\nupdate bench_accounts set balance = balance + 1 where id = :aid;\ninsert into bench_ledger (account_id, amount) values (:aid, 1);\n"), 0o644); err != nil {
+	// One transaction per run, as a step's: pgbench runs each line of a
+	// script as a transaction of its own unless BEGIN and END bracket them,
+	// and its TPS counts runs.
+	if err := os.WriteFile(script, []byte(pgbenchScript), 0o644); err != nil {
 		return 0, err
 	}
 	defer os.Remove(script)
