@@ -567,8 +567,14 @@ func pgbenchCeiling(ctx context.Context, pool *pgxpool.Pool, dsn string, clients
 	return 0, fmt.Errorf("pgbench printed no TPS: %s", out)
 }
 
+// pgVersion names the server's version, and says so when autovacuum is
+// off there (as on some CI machines): dead rows then stay for the whole
+// run, which a production server would not let happen.
 func pgVersion(ctx context.Context, pool *pgxpool.Pool) string {
-	var v string
-	_ = pool.QueryRow(ctx, `show server_version`).Scan(&v)
+	var v, autovacuum string
+	_ = pool.QueryRow(ctx, `select current_setting('server_version'), current_setting('autovacuum')`).Scan(&v, &autovacuum)
+	if autovacuum == "off" {
+		v += " with autovacuum off"
+	}
 	return v
 }
