@@ -107,7 +107,9 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	if err := in.Validate(); err != nil {
 		return Entry{}, saga.Permanent(err)
 	}
-	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount, sc.SagaID, StepDeduct)
+	// The saga ID goes as a [16]byte, which pgx writes as a uuid directly; a
+	// uuid.UUID would go through its driver.Valuer, as text parsed back.
+	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount, [16]byte(sc.SagaID), StepDeduct)
 	if err != nil {
 		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err)
 	}
@@ -126,7 +128,7 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 }
 
 func credit(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
-	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount, sc.SagaID, StepCredit)
+	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount, [16]byte(sc.SagaID), StepCredit)
 	if err != nil {
 		return Entry{}, fmt.Errorf("credit account %d: %w", in.To, err)
 	}
@@ -146,7 +148,7 @@ func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	}
 	// A refund must land even on a frozen account: it returns the
 	// customer's own money.
-	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount, sc.SagaID, StepRefund)
+	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount, [16]byte(sc.SagaID), StepRefund)
 	if err != nil {
 		return Entry{}, fmt.Errorf("refund account %d: %w", taken.Account, err)
 	}
