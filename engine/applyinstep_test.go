@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -637,4 +638,85 @@ where s.id = $1`, res.ID, cmd.Step).Scan(&state, &version, &status, &attempt, &o
 	rep, err := transfer.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
+}
+
+// TestSuccessRacingItsRetry: for each of several transfers, the reply that
+// schedules attempt 1's retry and another delivery of attempt 1 that
+// succeeds arrive at once, on two engines. Whichever commits first, the
+// saga moves once, the step ends succeeded at attempt 1, an attempt row in
+// the timeline (when the retry came first) carries the success, and each
+// transfer ends with one effect per step.
+func TestSuccessRacingItsRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 2, 1_000_000)
+	require.NoError(t, err)
+	stream := testenv.Name("RACE")
+	engines := []*engine.Engine{idleEngine(t, pool, nc, stream, nil, def), idleEngine(t, pool, nc, stream, nil, def)}
+
+	const transfers = 12
+	commandOf := func(id uuid.UUID) wire.Command {
+		var payload []byte
+		require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where saga_id = $1 and subject like '%.cmd.%' order by id desc limit 1`, id).Scan(&payload))
+		cmd, err := wire.DecodeCommand(payload)
+		require.NoError(t, err)
+		return cmd
+	}
+	ids := make([]uuid.UUID, transfers)
+	for i := range ids {
+		res, err := engines[0].Client().Start(ctx, def, fmt.Sprintf("race-%d", i), transferInput(1, 2, 5))
+		require.NoError(t, err)
+		ids[i] = res.ID
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*transfers)
+	for i, id := range ids {
+		cmd := commandOf(id)
+		retry := wire.Reply{SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: cmd.Phase,
+			Key: cmd.Key, Attempt: cmd.Attempt, Outcome: wire.OutcomeRetry, Error: "connection reset", RetryAfterMillis: time.Hour.Milliseconds()}
+		start := make(chan struct{})
+		wg.Go(func() {
+			<-start
+			if _, err := engines[i%2].ApplyReply(ctx, retry); err != nil {
+				errs <- fmt.Errorf("retry reply: %w", err)
+			}
+		})
+		wg.Go(func() {
+			<-start
+			reply, err := engines[(i+1)%2].HandleCommand(ctx, cmd)
+			switch {
+			case err != nil:
+				errs <- fmt.Errorf("delivery: %w", err)
+			case reply.Outcome != wire.OutcomeSucceeded || reply.Duplicate:
+				errs <- fmt.Errorf("delivery answered %s (duplicate %v)", reply.Outcome, reply.Duplicate)
+			}
+		})
+		close(start)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	for _, id := range ids {
+		var state, status string
+		var version, attempt, unfinished int
+		require.NoError(t, pool.QueryRow(ctx, `select s.state, s.version, st.status, st.attempt,
+  (select count(*) from idemsaga.step_attempts a where a.saga_id = s.id and a.step = st.step
+     and (a.outcome is distinct from 'succeeded' or a.finished_at is null))
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id and st.step = 'deduct'
+where s.id = $1`, id).Scan(&state, &version, &status, &attempt, &unfinished))
+		require.Equal(t, []any{"deducted", 2, "succeeded", 1, 0}, []any{state, version, status, attempt, unfinished},
+			"saga %s: one transition, the step succeeded at attempt 1, no timeline row left open or at 'retry'", id)
+		_, err := engines[0].HandleCommand(ctx, commandOf(id))
+		require.NoError(t, err)
+	}
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	require.Equal(t, map[string]int{"credited": transfers}, rep.ByState)
 }
