@@ -529,7 +529,7 @@ var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection t
 // transaction (an UPDATE by primary key plus an INSERT) and returns its TPS.
 func pgbenchCeiling(ctx context.Context, pool *pgxpool.Pool, dsn string, clients, seconds int) (float64, error) {
 	if _, err := exec.LookPath("pgbench"); err != nil {
-		return 0, errors.New("pgbench is not installed (Debian: apt-get install postgresql-client)")
+		return 0, errors.New("pgbench is not installed; Debian and Ubuntu ship it in the server package (apt-get install postgresql), not in postgresql-client")
 	}
 	for _, q := range []string{
 		`create table if not exists bench_accounts (id bigint primary key, balance bigint not null)`,

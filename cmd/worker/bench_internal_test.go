@@ -16,7 +16,7 @@ import (
 // Each run of the script commits once, not once per statement.
 func TestPgbenchCeilingIsOneTransactionPerRun(t *testing.T) {
 	if _, err := exec.LookPath("pgbench"); err != nil {
-		t.Fatal("pgbench is required (Debian: apt-get install postgresql-client)")
+		t.Fatal("pgbench is required; Debian and Ubuntu ship it in the server package (apt-get install postgresql), which scripts/ensure-postgres.sh installs")
 	}
 	t.Parallel()
 	ctx := context.Background()
