@@ -39,3 +39,34 @@ func TestPgbenchCeilingIsOneTransactionPerRun(t *testing.T) {
 	perRun := (commits() - before) / (tps * seconds)
 	require.InDelta(t, 1.0, perRun, 0.3, "commits per pgbench run (%.0f TPS)", tps)
 }
+
+func TestSpreadChoosesAnEvenFraction(t *testing.T) {
+	for _, fraction := range []float64{0, 0.05, 0.1, 1.0 / 3, 1} {
+		chosen, longestGap, gap := 0, 0, 0
+		for i := range 10_000 {
+			if spread(i, fraction) {
+				chosen++
+				gap = 0
+				continue
+			}
+			gap++
+			longestGap = max(longestGap, gap)
+		}
+		require.InDelta(t, fraction*10_000, chosen, 1, "fraction %g", fraction)
+		if fraction > 0 {
+			// Evenly: never more than one period without a chosen saga.
+			require.LessOrEqual(t, longestGap, int(1/fraction), "fraction %g", fraction)
+		}
+	}
+	// Not in runs: of 0.05, no two consecutive sagas are chosen.
+	for i := range 10_000 {
+		require.False(t, spread(i, 0.05) && spread(i+1, 0.05), "sagas %d and %d", i, i+1)
+	}
+}
+
+func TestDefaultBenchConnsFollowTheCPUs(t *testing.T) {
+	require.Equal(t, 6, defaultBenchConns(2, 2))  // this machine: 12 in all
+	require.Equal(t, 12, defaultBenchConns(2, 1)) // one pool takes them all
+	require.Equal(t, 4, defaultBenchConns(1, 4))  // never fewer than 4 a pool
+	require.Equal(t, 24, defaultBenchConns(8, 2))
+}

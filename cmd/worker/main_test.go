@@ -323,9 +323,10 @@ func TestBench(t *testing.T) {
 			_ = conn.Close(ctx)
 		}
 	})
-	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--sagas", "150", "--warm-up", "20", "--concurrency", "8", "--pgbench-seconds", "1", "--db-name", name)
+	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--sagas", "150", "--warm-up", "20", "--concurrency", "8", "--max-conns", "5", "--pgbench-seconds", "1", "--db-name", name)
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, "after a warm-up of 20")
+	require.Contains(t, r.stdout, "2 pools of 5 connections")
 	for _, figure := range []string{"throughput", "latency", "commits and", "messages per saga", "CPU per saga", "pgbench ceiling", "ratio"} {
 		require.Contains(t, r.stdout, figure)
 	}
@@ -334,5 +335,8 @@ func TestBench(t *testing.T) {
 	// Bad input is refused before anything is written.
 	r = worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--warm-up=-1", "--db-name", name+"_bad")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "--warm-up not negative")
+	require.Contains(t, r.stderr, "--warm-up and --max-conns not negative")
+	r = worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--max-conns=-1", "--db-name", name+"_bad")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "--max-conns not negative")
 }
