@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -189,11 +192,34 @@ func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 
 // roundTrips counts what a connection sends to PostgreSQL: batches, and
 // statements sent alone.
-type roundTrips struct{ batches, queries atomic.Int32 }
+type roundTrips struct {
+	batches, queries atomic.Int32
+	mu               sync.Mutex
+	alone            []string // the statements sent alone, in order
+}
 
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.queries.Add(1)
+	r.mu.Lock()
+	r.alone = append(r.alone, d.SQL)
+	r.mu.Unlock()
 	return ctx
+}
+
+// reset forgets what was counted so far.
+func (r *roundTrips) reset() {
+	r.batches.Store(0)
+	r.queries.Store(0)
+	r.mu.Lock()
+	r.alone = nil
+	r.mu.Unlock()
+}
+
+// sentAlone returns the statements sent alone since the last reset.
+func (r *roundTrips) sentAlone() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.alone)
 }
 func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
@@ -381,6 +407,76 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 			require.Equal(t, 1, countEffects(t, pool))
 		})
 	}
+}
+
+// TestFailureRollsBackOnlyAnOpenTransaction: a TxOnly handler that fails
+// before any statement never sent its claim, so no transaction is open and
+// no ROLLBACK goes out (PostgreSQL would answer it with a warning in its
+// log); one that failed after its statement rolls back as ever. Either way
+// the permanent failure is recorded and nothing the handler wrote stays.
+func TestFailureRollsBackOnlyAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	for _, wrote := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failed after a statement %v", wrote), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := effectsDB(t)
+			trips := &roundTrips{}
+			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			def := saga.MustNew("fails", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: true,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if wrote {
+						if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+							return nil, err
+						}
+					}
+					return nil, saga.Permanent(errors.New("account closed"))
+				},
+			})
+			w := newWorker(t, pool, def)
+			_, err := w.Handle(ctx, command(uuid.New(), "fails", "write", saga.PhaseForward, 1, 1)) // warms the connection
+			require.NoError(t, err)
+			trips.reset()
+			reply, err := w.Handle(ctx, command(uuid.New(), "fails", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeFailed, reply.Outcome)
+			require.Equal(t, "account closed", reply.Error)
+			require.Equal(t, wrote, slices.Contains(trips.sentAlone(), "rollback"), "statements sent alone: %q", trips.sentAlone())
+			require.Zero(t, countEffects(t, pool))
+		})
+	}
+}
+
+// TestFailureOnABrokenConnectionIsRecordedOnAnother: a handler whose
+// connection broke under it (its backend terminated) fails; its failure is
+// recorded on another connection, after the broken one went back to the
+// pool. With a pool of one connection, holding on to the broken one would
+// leave the record waiting for a connection until its timeout.
+func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := effectsDB(t)
+	pool := poolWith(t, shared, func(*pgxpool.Config) {}) // one connection
+	def := saga.MustNew("broken", saga.Step{
+		Name: "write", Reaches: "written",
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+				return nil, err
+			}
+			if _, err := shared.Exec(ctx, `select pg_terminate_backend($1)`, sc.Tx.Conn().PgConn().PID()); err != nil {
+				return nil, err
+			}
+			return nil, saga.Permanent(errors.New("the connection broke"))
+		},
+	})
+	reply, err := newWorker(t, pool, def).Handle(ctx, command(uuid.New(), "broken", "write", saga.PhaseForward, 1, 1))
+	require.NoError(t, err) // not "begin failure record: ... context deadline exceeded"
+	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
+	require.Zero(t, countEffects(t, pool))
+	var outcome string
+	require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where step_key = $1`, pguuid.Of(reply.Key)).Scan(&outcome))
+	require.Equal(t, "failed", outcome)
 }
 
 // TestDuplicateCostsOneRoundTrip: a delivery whose key the inbox holds

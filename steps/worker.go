@@ -317,11 +317,16 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	// A connection still inside a transaction when released (an error
 	// midway that rollback could not clear) is closed by the pool.
-	defer conn.Release()
+	released := false
+	defer func() {
+		if !released {
+			conn.Release()
+		}
+	}()
 	tx := newStepTx(conn.Conn())
 	defer func() {
 		tx.close()
-		if conn.Conn().PgConn().TxStatus() != 'I' {
+		if !released && conn.Conn().PgConn().TxStatus() != 'I' {
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
 		}
 	}()
@@ -380,10 +385,18 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	var fdb interface {
 		Begin(ctx context.Context) (pgx.Tx, error)
 	} = conn
-	if _, err := conn.Exec(context.WithoutCancel(ctx), "rollback"); err != nil {
-		// The connection broke (an attempt past its timeout, say):
-		// record the failure on another one.
-		fdb = w.cfg.Pool
+	// A handler that failed before its held-back claim went out opened no
+	// transaction: nothing to roll back, and no round trip for it.
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "rollback"); err != nil {
+			// The connection broke (an attempt past its timeout, say):
+			// give it back first (the pool closes it), so that a pool
+			// whose connections all broke at once is not left waiting on
+			// itself, and record the failure on another one.
+			conn.Release()
+			released = true
+			fdb = w.cfg.Pool
+		}
 	}
 	reply.Error = herr.Error()
 	if d, ok := saga.RetryDelay(herr); ok {
