@@ -310,3 +310,29 @@ func TestExpiredLeaseRedispatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 }
+
+// TestOneConnectionCarriesTheLoad runs transfers, compensations and
+// duplicate starts through an engine whose pool holds one connection,
+// shared by its clients, step workers, reply handlers, relay and reaper.
+// The engine recommends pools sized to the database rather than to its
+// handlers: no path may hold a connection while it waits for another, or
+// such a pool would wait on itself.
+func TestOneConnectionCarriesTheLoad(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	seeded := seedForLoad(t, pool)
+	cfg := pool.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	one, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(one.Close)
+	e := startEngine(t, one, nc, testenv.Name("ONE"), []*saga.Definition{def}, func(c *engine.Config) {
+		c.StepConcurrency, c.ReplyConcurrency = 8, 4
+	})
+
+	credited, compensated := submitTransfers(t, def, 120, e.Client())
+	waitAllFinished(t, pool, 2*time.Minute)
+	requireAudit(t, pool, seeded, credited, compensated)
+}
