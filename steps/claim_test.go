@@ -464,7 +464,7 @@ func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
 			if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
 				return nil, err
 			}
-			if _, err := shared.Exec(ctx, `select pg_terminate_backend($1)`, sc.Tx.Conn().PgConn().PID()); err != nil {
+			if _, err := shared.Exec(ctx, `select pg_terminate_backend($1, 5000)`, sc.Tx.Conn().PgConn().PID()); err != nil {
 				return nil, err
 			}
 			return nil, saga.Permanent(errors.New("the connection broke"))
@@ -474,6 +474,38 @@ func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
 	require.NoError(t, err) // not "begin failure record: ... context deadline exceeded"
 	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
 	require.Zero(t, countEffects(t, pool))
+	var outcome string
+	require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where step_key = $1`, pguuid.Of(reply.Key)).Scan(&outcome))
+	require.Equal(t, "failed", outcome)
+}
+
+// TestFailureOnAConnectionBrokenWhileIdle: a TxOnly handler fails before
+// its first statement, so its held-back claim never went out, while the
+// connection's backend was terminated. The connection still reads as idle
+// (no ROLLBACK is due); the failure record's BEGIN finds the break, and
+// the record is made on another connection of the one-connection pool.
+func TestFailureOnAConnectionBrokenWhileIdle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := effectsDB(t)
+	app := "idle-broken-" + uuid.NewString()[:8]
+	pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["application_name"] = app })
+	def := saga.MustNew("idlebroken", saga.Step{
+		Name: "write", Reaches: "written", TxOnly: true,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			var n int
+			if err := shared.QueryRow(ctx, `select count(pg_terminate_backend(pid, 5000)) from pg_stat_activity where application_name = $1`, app).Scan(&n); err != nil {
+				return nil, err
+			}
+			if n != 1 {
+				return nil, fmt.Errorf("terminated %d backends, want the worker's one", n)
+			}
+			return nil, saga.Permanent(errors.New("account closed"))
+		},
+	})
+	reply, err := newWorker(t, pool, def).Handle(ctx, command(uuid.New(), "idlebroken", "write", saga.PhaseForward, 1, 1))
+	require.NoError(t, err) // not "begin failure record: FATAL: terminating connection"
+	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
 	var outcome string
 	require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where step_key = $1`, pguuid.Of(reply.Key)).Scan(&outcome))
 	require.Equal(t, "failed", outcome)

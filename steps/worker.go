@@ -389,10 +389,11 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	// transaction: nothing to roll back, and no round trip for it.
 	if conn.Conn().PgConn().TxStatus() != 'I' {
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "rollback"); err != nil {
-			// The connection broke (an attempt past its timeout, say):
-			// give it back first (the pool closes it), so that a pool
-			// whose connections all broke at once is not left waiting on
-			// itself, and record the failure on another one.
+			// The connection broke (a statement cut by the attempt's
+			// timeout, a restarted server): give it back first (the pool
+			// closes it), so that a pool whose connections all broke at
+			// once is not left waiting on itself, and record the failure
+			// on another one.
 			conn.Release()
 			released = true
 			fdb = w.cfg.Pool
@@ -407,6 +408,14 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer rcancel()
 	ftx, err := fdb.Begin(rctx)
+	if err != nil && !released {
+		// A connection that broke while idle still reads as idle until
+		// it is used: this BEGIN found out. Give it back and record the
+		// failure on another one, as above.
+		conn.Release()
+		released = true
+		ftx, err = w.cfg.Pool.Begin(rctx)
+	}
 	if err != nil {
 		return reply, fmt.Errorf("begin failure record: %w", err)
 	}

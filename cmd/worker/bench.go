@@ -35,7 +35,7 @@ type benchCmd struct {
 	WarmUp         int           `name:"warm-up" default:"200" help:"Transfer sagas run before the measured ones, so that the pools' connections and PostgreSQL's plans are made."`
 	Concurrency    int           `default:"32" help:"Sagas in flight at once (a closed loop: each finished saga lets the next start)."`
 	Pools          int           `default:"2" help:"Worker pools (engines) in this process, sharing the database and the stream."`
-	MaxConns       int           `name:"max-conns" default:"0" help:"Database connections of each pool (0: 6 per CPU of this machine, shared among the pools, at least 4 each). pgbench's ceiling runs with as many clients as the pools have connections."`
+	MaxConns       int           `name:"max-conns" default:"0" help:"Database connections of each pool (0: 6 per CPU of this machine, shared among the pools, at least 4 each). pgbench's ceiling runs with as many clients as the pools have connections, so compare ratios of runs with the same value; keep pools x connections x 2 below the server's max_connections."`
 	FailRate       float64       `name:"fail-rate" default:"0.05" help:"Fraction of transfers whose credit fails (they are compensated)."`
 	DupRate        float64       `name:"dup-rate" default:"0.10" help:"Fraction of transfers submitted twice with the same key."`
 	PgbenchSeconds int           `name:"pgbench-seconds" default:"10" help:"Length of the pgbench ceiling run (0: skip it)."`
@@ -69,8 +69,11 @@ type benchResult struct {
 
 func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 ||
-		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 || b.MaxConns < 0 {
-		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill, --rate, --warm-up and --max-conns not negative")
+		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 {
+		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill, --rate and --warm-up not negative")
+	}
+	if b.MaxConns < 0 || b.MaxConns > maxBenchConns {
+		return fmt.Errorf("--max-conns %d: give each pool's database connections, from 1 to %d, or 0 for 6 per CPU shared among the pools", b.MaxConns, maxBenchConns)
 	}
 	if b.MaxConns == 0 {
 		b.MaxConns = defaultBenchConns(runtime.NumCPU(), b.Pools)
@@ -365,6 +368,11 @@ func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 func defaultBenchConns(cpus, pools int) int {
 	return max(4, 6*cpus/pools)
 }
+
+// maxBenchConns bounds --max-conns: pgbench's ceiling opens as many
+// connections as the pools have, next to the pools' own, and PostgreSQL
+// refuses connections past its max_connections (100 by default).
+const maxBenchConns = 1000
 
 // spread reports whether the i-th saga is one of a fraction of them chosen
 // evenly: with 0.05, every 20th. The failing transfers are spread so, not

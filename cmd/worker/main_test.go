@@ -335,8 +335,10 @@ func TestBench(t *testing.T) {
 	// Bad input is refused before anything is written.
 	r = worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--warm-up=-1", "--db-name", name+"_bad")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "--warm-up and --max-conns not negative")
-	r = worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--max-conns=-1", "--db-name", name+"_bad")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "--max-conns not negative")
+	require.Contains(t, r.stderr, "--warm-up not negative")
+	for _, bad := range []string{"-1", "5000000000"} {
+		r = worker(t, []string{"DATABASE_URL=" + testenv.AdminURL()}, "bench", "--max-conns="+bad, "--db-name", name+"_bad")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "--max-conns "+bad+": give each pool's database connections, from 1 to 1000")
+	}
 }

@@ -1,6 +1,7 @@
 // Command dbos runs the transfer workload of `worker bench` on DBOS
 // Transact Go (v1.8.0), so that the two can be compared on one machine in
-// one sitting (docs/benchmarks.md, "Issue 5, fifth pass").
+// one sitting (docs/benchmarks.md, "Issue 5, fifth pass" and "sixth pass":
+// the same failure spread and the same connections as worker bench).
 //
 // It is a module of its own: the engine never depends on DBOS.
 //
@@ -344,7 +345,7 @@ func main() {
 		defaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	}
 	databaseURL := flag.String("database-url", defaultURL, "PostgreSQL server to use, as a URL; its databases dbosbench_* are made afresh ($DATABASE_URL)")
-	maxConns := flag.Int("max-conns", 0, "database connections of the pool DBOS and the steps share (0: 6 per CPU of this machine, as worker bench's pools have in all)")
+	maxConns := flag.Int("max-conns", 0, "database connections of the application's pool, which DBOS shares for its system database with --steps transaction (0: 6 per CPU of this machine, as worker bench's pools have in all)")
 	steps := flag.String("steps", "transaction", "how DBOS runs a step: transaction (RunAsTransaction, exactly once) or step (RunAsStep, at least once)")
 	statsWait := flag.Duration("stats-wait", 11*time.Second, "pause before reading pg_stat_database: PostgreSQL 15 backends may hold pending counters up to 10 s (PGSTAT_IDLE_INTERVAL)")
 	flag.Parse()
@@ -354,6 +355,12 @@ func main() {
 	case "step":
 	default:
 		log.Fatalf("--steps %q: use transaction or step", *steps)
+	}
+	switch {
+	case *maxConns < 0 || *maxConns > 1000:
+		log.Fatalf("--max-conns %d: give the pool's database connections, from 1 to 1000, or 0 for 6 per CPU", *maxConns)
+	case *maxConns == 0:
+		*maxConns = 6 * runtime.NumCPU()
 	}
 
 	ctx := context.Background()
@@ -403,11 +410,9 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Sized as worker bench sizes its pools in all: more connections than
-	// PostgreSQL has cores cost both engines alike (docs/benchmarks.md).
-	if *maxConns <= 0 {
-		*maxConns = 6 * runtime.NumCPU()
-	}
+	// Sized as worker bench sizes its pools in all (--max-conns): more
+	// connections than PostgreSQL has cores cost both engines alike
+	// (docs/benchmarks.md).
 	pcfg.MaxConns = int32(*maxConns)
 	appPool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
