@@ -19,23 +19,25 @@ import (
 // moved. Many processes may run it at once: each candidate is re-checked
 // under its saga's row lock, and every write is fenced by the attempt.
 func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
+	// Both looks travel in one round trip: most passes find nothing, and
+	// an idle process makes one every ReapInterval.
 	var due []stepID
+	b := &pgx.Batch{}
 	for _, q := range []string{dueRetries, expiredLeases} {
-		rows, err := c.pool.Query(ctx, q, limit)
-		if err != nil {
-			return 0, fmt.Errorf("find due steps: %w", err)
-		}
-		ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
-			var id stepID
-			var phase string
-			err := row.Scan(&id.saga, &id.step, &phase)
-			id.phase = saga.Phase(phase)
-			return id, err
+		b.Queue(q, limit).Query(func(rows pgx.Rows) error {
+			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
+				var id stepID
+				var phase string
+				err := row.Scan(&id.saga, &id.step, &phase)
+				id.phase = saga.Phase(phase)
+				return id, err
+			})
+			due = append(due, ids...)
+			return err
 		})
-		if err != nil {
-			return 0, fmt.Errorf("find due steps: %w", err)
-		}
-		due = append(due, ids...)
+	}
+	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("find due steps: %w", err)
 	}
 	moved := 0
 	var firstErr error

@@ -24,6 +24,12 @@ order by id
 limit $1
 for update skip locked`
 
+	// anyDue is the relay's look before it claims: whether claimBatch
+	// would find a row, without a transaction or locks. Rows another relay
+	// holds count, so the claim may still find none.
+	anyDue = `select exists (select 1 from idemsaga.outbox
+where published_at is null and (publish_after is null or publish_after <= now()))`
+
 	markPublished = `update idemsaga.outbox set published_at = now() where id = any($1)`
 
 	deletePublished = `delete from idemsaga.outbox where id = any($1)`

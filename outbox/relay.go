@@ -165,8 +165,10 @@ type row struct {
 // KeepPublished) what the broker acknowledged. It returns the number of
 // rows published.
 //
-// A batch costs two round trips to PostgreSQL: BEGIN travels with the
-// claim, and COMMIT with the marks.
+// A batch costs three round trips to PostgreSQL: a look for rows to
+// publish, then BEGIN with the claim, and COMMIT with the marks. A pass
+// that finds nothing, as most do (the writers publish their rows
+// themselves), costs the look alone.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	conn, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
@@ -175,6 +177,13 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	// A connection left inside a transaction (an error midway) is closed
 	// by the pool on release rather than reused.
 	defer conn.Release()
+	var due bool
+	if err := conn.QueryRow(ctx, anyDue).Scan(&due); err != nil {
+		return 0, fmt.Errorf("look for rows to publish: %w", err)
+	}
+	if !due {
+		return 0, nil
+	}
 	open := false
 	defer func() {
 		if open {

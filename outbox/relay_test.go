@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -180,4 +182,62 @@ func TestRelayKeepsPublishedRowsWhenAsked(t *testing.T) {
 	var marked int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox where published_at is not null`).Scan(&marked))
 	require.Equal(t, 2, marked)
+}
+
+// countTrips counts what a pool sends to PostgreSQL: batches, and
+// statements sent alone (each a round trip).
+type countTrips struct{ batches, alone atomic.Int32 }
+
+func (c *countTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.alone.Add(1)
+	return ctx
+}
+func (c *countTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *countTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.batches.Add(1)
+	return ctx
+}
+func (c *countTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestAnIdleSweepIsOneRoundTrip: a sweep that finds nothing to publish
+// (rows still in their writer's hand-off count as nothing) costs one
+// round trip and opens no transaction; one that finds a row claims and
+// publishes it.
+func TestAnIdleSweepIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared, _, js, stream, name := relayEnv(t, "IDLE")
+	counted := &countTrips{}
+	cfg := shared.Config().Copy()
+	cfg.ConnConfig.Tracer = counted
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, JetStream: js, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+
+	// A row its writer still holds (hand-off not passed): nothing to do.
+	b := &pgx.Batch{}
+	require.NoError(t, outbox.QueueHandedOff(b, outbox.Message{Subject: name + ".x", MsgID: "held", Payload: []byte("a")}, time.Hour, func(outbox.Committed) {}))
+	require.NoError(t, shared.SendBatch(ctx, b).Close())
+	require.NoError(t, pool.Ping(ctx))
+	counted.batches.Store(0)
+	counted.alone.Store(0)
+	n, err := r.RelayOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, []int32{0, 1}, []int32{counted.batches.Load(), counted.alone.Load()}, "batches, statements alone")
+
+	// A row nobody publishes: the sweep takes it.
+	tx, err := shared.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Write(ctx, tx, outbox.Message{Subject: name + ".x", MsgID: "orphan", Payload: []byte("b")}))
+	require.NoError(t, tx.Commit(ctx))
+	n, err = r.RelayOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, info.State.Msgs)
 }
