@@ -2,32 +2,14 @@ package engine_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
-
-// trips counts what a pool sends to PostgreSQL: batches, and statements
-// sent alone (each a round trip).
-type trips struct{ batches, alone atomic.Int32 }
-
-func (r *trips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.alone.Add(1)
-	return ctx
-}
-func (r *trips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *trips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.batches.Add(1)
-	return ctx
-}
-func (r *trips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *trips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // TestAnIdleReaperPassIsOneRoundTrip: an idle process makes a reaper pass
 // every ReapInterval; one that finds nothing due costs a single round trip
@@ -37,7 +19,7 @@ func TestAnIdleReaperPassIsOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	shared := testenv.DB(t)
 	_, nc := testenv.NATS(t)
-	counted := &trips{}
+	counted := &testenv.RoundTrips{}
 	cfg := shared.Config().Copy()
 	cfg.ConnConfig.Tracer = counted
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -46,10 +28,9 @@ func TestAnIdleReaperPassIsOneRoundTrip(t *testing.T) {
 	e := idleEngine(t, pool, nc, testenv.Name("REAP"), prometheus.NewRegistry(), transferDef(t))
 	require.NoError(t, pool.Ping(ctx)) // a connection made before counting
 
-	counted.batches.Store(0)
-	counted.alone.Store(0)
+	counted.Reset()
 	moved, err := e.ReapOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, moved)
-	require.Equal(t, []int32{1, 0}, []int32{counted.batches.Load(), counted.alone.Load()}, "batches, statements alone")
+	require.Equal(t, []int32{1, 0}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone")
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,22 +183,6 @@ func TestRelayKeepsPublishedRowsWhenAsked(t *testing.T) {
 	require.Equal(t, 2, marked)
 }
 
-// countTrips counts what a pool sends to PostgreSQL: batches, and
-// statements sent alone (each a round trip).
-type countTrips struct{ batches, alone atomic.Int32 }
-
-func (c *countTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.alone.Add(1)
-	return ctx
-}
-func (c *countTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *countTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.batches.Add(1)
-	return ctx
-}
-func (c *countTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *countTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // TestAnIdleSweepIsOneRoundTrip: a sweep that finds nothing to publish
 // (rows still in their writer's hand-off count as nothing) costs one
 // round trip and opens no transaction; one that finds a row claims and
@@ -208,7 +191,7 @@ func TestAnIdleSweepIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	shared, _, js, stream, name := relayEnv(t, "IDLE")
-	counted := &countTrips{}
+	counted := &testenv.RoundTrips{}
 	cfg := shared.Config().Copy()
 	cfg.ConnConfig.Tracer = counted
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -222,12 +205,11 @@ func TestAnIdleSweepIsOneRoundTrip(t *testing.T) {
 	require.NoError(t, outbox.QueueHandedOff(b, outbox.Message{Subject: name + ".x", MsgID: "held", Payload: []byte("a")}, time.Hour, func(outbox.Committed) {}))
 	require.NoError(t, shared.SendBatch(ctx, b).Close())
 	require.NoError(t, pool.Ping(ctx))
-	counted.batches.Store(0)
-	counted.alone.Store(0)
+	counted.Reset()
 	n, err := r.RelayOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	require.Equal(t, []int32{0, 1}, []int32{counted.batches.Load(), counted.alone.Load()}, "batches, statements alone")
+	require.Equal(t, []int32{0, 1}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone")
 
 	// A row nobody publishes: the sweep takes it.
 	tx, err := shared.Begin(ctx)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -190,45 +189,6 @@ func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 	require.Equal(t, 1, countEffects(t, pool))
 }
 
-// roundTrips counts what a connection sends to PostgreSQL: batches, and
-// statements sent alone.
-type roundTrips struct {
-	batches, queries atomic.Int32
-	mu               sync.Mutex
-	alone            []string // the statements sent alone, in order
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.queries.Add(1)
-	r.mu.Lock()
-	r.alone = append(r.alone, d.SQL)
-	r.mu.Unlock()
-	return ctx
-}
-
-// reset forgets what was counted so far.
-func (r *roundTrips) reset() {
-	r.batches.Store(0)
-	r.queries.Store(0)
-	r.mu.Lock()
-	r.alone = nil
-	r.mu.Unlock()
-}
-
-// sentAlone returns the statements sent alone since the last reset.
-func (r *roundTrips) sentAlone() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.alone)
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.batches.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // poolWith returns a pool of one connection to shared's database, set by
 // change.
 func poolWith(t *testing.T, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
@@ -253,7 +213,7 @@ func TestTxOnlySavesARoundTrip(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			shared := effectsDB(t)
-			trips := &roundTrips{}
+			trips := &testenv.RoundTrips{}
 			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 			def := saga.MustNew("txonly", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: txOnly,
@@ -265,15 +225,14 @@ func TestTxOnlySavesARoundTrip(t *testing.T) {
 			w := newWorker(t, pool, def)
 			_, err := w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1)) // warms the connection
 			require.NoError(t, err)
-			trips.batches.Store(0)
-			trips.queries.Store(0)
+			trips.Reset()
 			_, err = w.Handle(ctx, command(uuid.New(), "txonly", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
 			want := []int32{2, 1}
 			if txOnly {
 				want = []int32{2, 0}
 			}
-			require.Equal(t, want, []int32{trips.batches.Load(), trips.queries.Load()}, "batches, statements alone")
+			require.Equal(t, want, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
 			require.Equal(t, 2, countEffects(t, pool))
 		})
 	}
@@ -421,7 +380,7 @@ func TestFailureRollsBackOnlyAnOpenTransaction(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			shared := effectsDB(t)
-			trips := &roundTrips{}
+			trips := &testenv.RoundTrips{}
 			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 			def := saga.MustNew("fails", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: true,
@@ -437,12 +396,12 @@ func TestFailureRollsBackOnlyAnOpenTransaction(t *testing.T) {
 			w := newWorker(t, pool, def)
 			_, err := w.Handle(ctx, command(uuid.New(), "fails", "write", saga.PhaseForward, 1, 1)) // warms the connection
 			require.NoError(t, err)
-			trips.reset()
+			trips.Reset()
 			reply, err := w.Handle(ctx, command(uuid.New(), "fails", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
 			require.Equal(t, wire.OutcomeFailed, reply.Outcome)
 			require.Equal(t, "account closed", reply.Error)
-			require.Equal(t, wrote, slices.Contains(trips.sentAlone(), "rollback"), "statements sent alone: %q", trips.sentAlone())
+			require.Equal(t, wrote, slices.Contains(trips.SentAlone(), "rollback"), "statements sent alone: %q", trips.SentAlone())
 			require.Zero(t, countEffects(t, pool))
 		})
 	}
@@ -534,7 +493,7 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
 				shared := effectsDB(t)
-				trips := &roundTrips{}
+				trips := &testenv.RoundTrips{}
 				pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 				def := saga.MustNew("dup", saga.Step{
 					Name: "write", Reaches: "written", TxOnly: txOnly,
@@ -552,11 +511,10 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 				_, err = again.Handle(ctx, command(uuid.New(), "dup", "write", saga.PhaseForward, 1, 1)) // warms its statements
 				require.NoError(t, err)
 
-				trips.batches.Store(0)
-				trips.queries.Store(0)
+				trips.Reset()
 				reply, err := again.Handle(ctx, cmd)
 				require.NoError(t, err)
-				require.Equal(t, []int32{1, 0}, []int32{trips.batches.Load(), trips.queries.Load()}, "batches, statements alone")
+				require.Equal(t, []int32{1, 0}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
 				require.True(t, reply.Duplicate)
 				require.Equal(t, tc.want.Outcome, reply.Outcome)
 				require.Equal(t, tc.want.Error, reply.Error)

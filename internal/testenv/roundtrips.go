@@ -1,0 +1,59 @@
+package testenv
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RoundTrips is a pgx tracer (pgxpool.Config.ConnConfig.Tracer) that
+// counts what a connection sends to PostgreSQL: batches, and statements
+// sent alone, each a round trip of its own.
+type RoundTrips struct {
+	Batches, Alone atomic.Int32
+	mu             sync.Mutex
+	alone          []string // the statements sent alone, in order
+}
+
+// Reset forgets what was counted so far.
+func (r *RoundTrips) Reset() {
+	r.Batches.Store(0)
+	r.Alone.Store(0)
+	r.mu.Lock()
+	r.alone = nil
+	r.mu.Unlock()
+}
+
+// SentAlone returns the statements sent alone since the last Reset.
+func (r *RoundTrips) SentAlone() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.alone)
+}
+
+// TraceQueryStart counts a statement sent alone.
+func (r *RoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.Alone.Add(1)
+	r.mu.Lock()
+	r.alone = append(r.alone, d.SQL)
+	r.mu.Unlock()
+	return ctx
+}
+
+// TraceQueryEnd does nothing.
+func (r *RoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchStart counts a batch.
+func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.Batches.Add(1)
+	return ctx
+}
+
+// TraceBatchQuery does nothing.
+func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+// TraceBatchEnd does nothing.
+func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
