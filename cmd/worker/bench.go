@@ -54,6 +54,7 @@ type benchResult struct {
 	Elapsed                        time.Duration
 	P50, P95, P99                  time.Duration
 	TxPerSaga, RowsPerSaga         float64
+	ReadsPerSaga, HitsPerSaga      float64
 	MsgsPerSaga                    float64
 	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
 	// NATSCPUPerSaga is the external broker's (--nats-url), 0 when it is
@@ -293,6 +294,8 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	n := float64(b.Sagas)
 	res.TxPerSaga = float64(after.commits-before.commits) / n
 	res.RowsPerSaga = float64(after.rows-before.rows) / n
+	res.ReadsPerSaga = float64(after.blksRead-before.blksRead) / n
+	res.HitsPerSaga = float64(after.blksHit-before.blksHit) / n
 	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
 	res.WorkerCPUPerSaga = time.Duration(float64(after.selfCPU-before.selfCPU) / n)
 	res.PGCPUPerSaga = time.Duration(float64(after.pgCPU-before.pgCPU) / n)
@@ -330,6 +333,7 @@ func (r benchResult) print() {
 	row("throughput", "%.0f sagas/s (%d in %s)", rate, r.Sagas, r.Elapsed.Round(time.Millisecond))
 	row("latency", "p50 %s, p95 %s, p99 %s (submit to terminal state)", r.P50.Round(10*time.Microsecond), r.P95.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond))
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
+	row("buffers", "%.1f pages read from outside shared_buffers and %.0f found in them per saga", r.ReadsPerSaga, r.HitsPerSaga)
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
 	if r.NATSCPUPerSaga > 0 {
 		row("CPU per saga", "%s workers + %s NATS + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.NATSCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), r.cpu().Round(time.Microsecond))
@@ -412,6 +416,7 @@ func sampleMemory(every time.Duration, start time.Time) (stop func()) {
 
 type stats struct {
 	commits, rows, msgs int64
+	blksRead, blksHit   int64
 	selfCPU, pgCPU      time.Duration
 	natsCPU             time.Duration
 	heap, rss           uint64
@@ -425,7 +430,7 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, s
 	if _, err := pool.Exec(ctx, `select pg_stat_clear_snapshot()`); err != nil {
 		return s, err
 	}
-	if err := pool.QueryRow(ctx, `select xact_commit from pg_stat_database where datname = $1`, db).Scan(&s.commits); err != nil {
+	if err := pool.QueryRow(ctx, `select xact_commit, blks_read, blks_hit from pg_stat_database where datname = $1`, db).Scan(&s.commits, &s.blksRead, &s.blksHit); err != nil {
 		return s, fmt.Errorf("read pg_stat_database: %w", err)
 	}
 	if err := pool.QueryRow(ctx, `select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint from pg_stat_user_tables`).Scan(&s.rows); err != nil {
@@ -470,7 +475,12 @@ func residentMemory() uint64 {
 // prefill writes n finished transfer sagas as the engine leaves them
 // (saga, two succeeded steps and their inbox rows, two ledger rows that
 // cancel out on account 1), in batches, then vacuums, analyzes and
-// checkpoints, so that a run measures the engine on large tables.
+// checkpoints, so that a run measures the engine on large tables. Their
+// ids are UUIDv7 from a day before, one millisecond apart, as the engine
+// would have made them: older than every id of the run, so the run's
+// sagas, steps and inbox rows go to the right edge of their indexes as in
+// a deployment that has run for a while. (Random ids, as before, put them
+// into one leaf in the middle of each index, split again and again.)
 func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	const batch = 50_000
 	start := time.Now()
@@ -500,10 +510,14 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 
 const prefillSQL = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, created_at, updated_at, finished_at)
-  select md5('prefill-' || g)::uuid, 'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
+  select encode(set_byte(set_byte(overlay(r placing substring(int8send(ms) from 3 for 6) from 1 for 6),
+      6, (get_byte(r, 6) & 15) | 112), 8, (get_byte(r, 8) & 63) | 128), 'hex')::uuid,
+    'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
     jsonb_build_object('from', 1, 'to', 1, 'amount', 1), 'credited', 3,
     now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-  from generate_series($1::int, $2::int) g
+  from generate_series($1::int, $2::int) g,
+    lateral (select decode(md5('prefill-' || g), 'hex') as r,
+      (extract(epoch from now() - interval '1 day') * 1000)::bigint + g as ms) x
   returning id
 ), st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at, dispatched_at)

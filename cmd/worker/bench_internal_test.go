@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os/exec"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
 )
 
 // TestPgbenchCeilingIsOneTransactionPerRun: the ceiling's TPS counts
@@ -69,4 +75,59 @@ func TestDefaultBenchConnsFollowTheCPUs(t *testing.T) {
 	require.Equal(t, 12, defaultBenchConns(2, 1)) // one pool takes them all
 	require.Equal(t, 4, defaultBenchConns(1, 4))  // never fewer than 4 a pool
 	require.Equal(t, 24, defaultBenchConns(8, 2))
+}
+
+// TestPrefillWritesSagasAsTheEngineLeavesThem: the prefilled sagas are
+// finished transfers with their steps, inbox rows and ledger, that the
+// engine's reconcile accepts, under UUIDv7 ids from a day before in the
+// order they were numbered, so that every id the engine makes now sorts
+// after them (the layout of indexes in a deployment that has run a while).
+func TestPrefillWritesSagasAsTheEngineLeavesThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	const n = 5
+	require.NoError(t, prefill(ctx, pool, n))
+
+	rows, err := pool.Query(ctx, `select s.id, s.state, s.finished_at is not null,
+  (select count(*) from idemsaga.steps st where st.saga_id = s.id and st.status = 'succeeded'),
+  (select count(*) from idemsaga.inbox i where i.saga_id = s.id),
+  (select coalesce(sum(amount), 0) from transfer.ledger l where l.saga_id = s.id)
+from idemsaga.sagas s order by substring(s.idem_key from 9)::int`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var (
+			id           uuid.UUID
+			state        string
+			finished     bool
+			steps, inbox int
+			ledger       int64
+		)
+		require.NoError(t, rows.Scan(&id, &state, &finished, &steps, &inbox, &ledger))
+		require.Equal(t, uuid.Version(7), id.Version(), "saga %s", id)
+		sec, nsec := id.Time().UnixTime()
+		require.WithinDuration(t, time.Now().Add(-24*time.Hour), time.Unix(sec, nsec), time.Hour, "saga %s", id)
+		require.Equal(t, "credited", state)
+		require.True(t, finished)
+		require.Equal(t, 2, steps, "succeeded steps of saga %s", id)
+		require.Equal(t, 2, inbox, "inbox rows of saga %s", id)
+		require.Zero(t, ledger, "ledger of saga %s", id)
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, ids, n)
+	now, err := uuid.NewV7()
+	require.NoError(t, err)
+	for i, id := range ids {
+		if i > 0 {
+			require.Negative(t, bytes.Compare(ids[i-1][:], id[:]), "prefilled ids in the order they were numbered")
+		}
+		require.Negative(t, bytes.Compare(id[:], now[:]), "a prefilled id sorts before the engine's new ones")
+	}
+
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{transfer.Definition}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
 }

@@ -327,7 +327,7 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, "after a warm-up of 20")
 	require.Contains(t, r.stdout, "2 pools of 5 connections")
-	for _, figure := range []string{"throughput", "latency", "commits and", "messages per saga", "CPU per saga", "pgbench ceiling", "ratio"} {
+	for _, figure := range []string{"throughput", "latency", "commits and", "found in them per saga", "messages per saga", "CPU per saga", "pgbench ceiling", "ratio"} {
 		require.Contains(t, r.stdout, figure)
 	}
 	require.Regexp(t, `reconcile\s+0 differences`, r.stdout)
