@@ -107,9 +107,15 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	}
 	var inserted int
 	var outboxID *int64
+	// What the statement saw under the key, for a duplicate.
+	var (
+		existing *uuid.UUID
+		hash     []byte
+		state    *string
+	)
 	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], []byte(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload, handOff).Scan(&inserted, &outboxID)
+		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -122,18 +128,20 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
 		// The unique key already names a saga (committed, since an
 		// uncommitted one would have made us wait): adjudicate by input.
-		var existing uuid.UUID
-		var hash []byte
-		var state string
-		if err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(&existing, &hash, &state); err != nil {
-			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
+		// The statement saw it unless it committed while the insert
+		// waited for it; then read it now.
+		if existing == nil || state == nil {
+			existing, state = new(uuid.UUID), new(string)
+			if err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(existing, &hash, state); err != nil {
+				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
+			}
 		}
 		if !bytes.Equal(hash, sum[:]) {
 			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
-			return StartResult{ID: existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
+			return StartResult{ID: *existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, *existing)
 		}
 		cl.c.metrics.Duplicates.WithLabelValues(metrics.LayerStart).Inc()
-		return StartResult{ID: existing, State: saga.State(state), Duplicate: true}, nil, nil
+		return StartResult{ID: *existing, State: saga.State(*state), Duplicate: true}, nil, nil
 	}
 	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
 	var sent []outbox.Committed

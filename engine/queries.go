@@ -119,7 +119,14 @@ select (select id from o)`
 	// statement, so that Start costs one round trip. A saga already under
 	// (definition, key) makes it write nothing and return 0. It also
 	// returns the command's outbox id; $12 is its hand-off, as in
-	// dispatchStep.
+	// dispatchStep. Last, it returns what a duplicate start needs to
+	// adjudicate (selectSagaByKey) from the saga already under the key,
+	// if the statement's snapshot sees one: one committed before the
+	// statement began, the usual duplicate, answered in the same round
+	// trip. A saga this statement inserts is never seen (the statement's
+	// parts share its snapshot), and neither is one whose commit the
+	// insert waited for: then the three are NULL and the caller reads
+	// it (selectSagaByKey).
 	startSaga = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
   values ($1, $2, $3, $4, $5, 'init')
@@ -134,9 +141,11 @@ select (select id from o)`
   select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond' from st
   returning id
 )
-select (select count(*) from s), (select id from o)`
+select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state
+from (select 1) one left join idemsaga.sagas e on e.definition = $2 and e.idem_key = $3`
 
-	// selectSagaByKey reads what a duplicate start needs to adjudicate.
+	// selectSagaByKey reads what a duplicate start needs to adjudicate,
+	// when startSaga's snapshot did not see the saga under the key.
 	selectSagaByKey = `select id, input_hash, state from idemsaga.sagas where definition = $1 and idem_key = $2`
 
 	// insertCommand enqueues one command in the outbox; $5 is its

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -159,4 +160,85 @@ func TestStartTxFollowsTheCallersTransaction(t *testing.T) {
 	require.Equal(t, "committed", sg.Key)
 	require.Len(t, sg.Steps, 1)
 	require.Equal(t, saga.StepKey(kept.ID, transfer.StepDeduct, saga.PhaseForward), sg.Steps[0].Key)
+}
+
+// TestADuplicateStartIsOneRoundTrip: a start under a key whose saga
+// committed before it is answered by the start statement itself, whether
+// the input matches (a duplicate) or not (the key is reused).
+func TestADuplicateStartIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := testenv.DB(t)
+	counted := &testenv.RoundTrips{}
+	cfg := shared.Config().Copy()
+	cfg.ConnConfig.Tracer = counted
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	first, err := cl.Start(ctx, def, "k", transferInput(1, 2, 10))
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+
+	counted.Reset()
+	again, err := cl.Start(ctx, def, "k", transferInput(1, 2, 10))
+	require.NoError(t, err)
+	require.Equal(t, engine.StartResult{ID: first.ID, State: saga.StateInit, Duplicate: true}, again)
+	require.Equal(t, []int32{0, 1}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone: %q", counted.SentAlone())
+
+	counted.Reset()
+	reused, err := cl.Start(ctx, def, "k", transferInput(1, 2, 11))
+	require.ErrorIs(t, err, saga.ErrIdempotencyKeyReused)
+	require.Equal(t, first.ID, reused.ID)
+	require.Equal(t, []int32{0, 1}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone: %q", counted.SentAlone())
+}
+
+// TestADuplicateStartThatWaitedReadsTheSagaAfter: a start whose insert
+// waited for the commit of another start of its key cannot see that saga
+// in its own snapshot; it reads it after, and answers as for any other
+// duplicate or reused key.
+func TestADuplicateStartThatWaitedReadsTheSagaAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := testenv.DB(t)
+	counted := &testenv.RoundTrips{}
+	cfg := shared.Config().Copy()
+	cfg.ConnConfig.Tracer = counted
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+	first, err := engine.NewClient(engine.Config{Pool: shared, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	tx, err := shared.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	won, err := first.StartTx(ctx, tx, def, "k", transferInput(1, 2, 10))
+	require.NoError(t, err)
+	require.NoError(t, pool.Ping(ctx)) // a connection made before counting
+
+	counted.Reset()
+	var (
+		wg                sync.WaitGroup
+		same, other       engine.StartResult
+		errSame, errOther error
+	)
+	wg.Go(func() { same, errSame = cl.Start(ctx, def, "k", transferInput(1, 2, 10)) })
+	wg.Go(func() { other, errOther = cl.Start(ctx, def, "k", transferInput(1, 2, 11)) })
+	testenv.WaitForLockWaiters(t, shared, 2)
+	require.NoError(t, tx.Commit(ctx))
+	wg.Wait()
+
+	require.NoError(t, errSame)
+	require.Equal(t, engine.StartResult{ID: won.ID, State: saga.StateInit, Duplicate: true}, same)
+	require.ErrorIs(t, errOther, saga.ErrIdempotencyKeyReused)
+	require.Equal(t, won.ID, other.ID)
+	// Each: the start statement, then the read of the saga it waited for.
+	require.Equal(t, []int32{0, 4}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone: %q", counted.SentAlone())
 }
