@@ -119,14 +119,19 @@ select (select id from o)`
 	// statement, so that Start costs one round trip. A saga already under
 	// (definition, key) makes it write nothing and return 0. It also
 	// returns the command's outbox id; $12 is its hand-off, as in
-	// dispatchStep. Last, it returns what a duplicate start needs to
-	// adjudicate (selectSagaByKey) from the saga already under the key,
-	// if the statement's snapshot sees one: one committed before the
-	// statement began, the usual duplicate, answered in the same round
-	// trip. A saga this statement inserts is never seen (the statement's
-	// parts share its snapshot), and neither is one whose commit the
-	// insert waited for: then the three are NULL and the caller reads
-	// it (selectSagaByKey).
+	// dispatchStep. Last, when it inserted nothing, it returns what a
+	// duplicate start needs to adjudicate (selectSagaByKey) from the saga
+	// under the key, if the statement's snapshot sees one: one committed
+	// before the statement began, the usual duplicate, answered in the
+	// same round trip. A saga whose commit the insert waited for is not in
+	// the snapshot: then the three are NULL and the caller reads it
+	// (selectSagaByKey). The look is gated on the insert having written
+	// nothing (a one-time filter: a new saga's start never reads the
+	// index), so at SERIALIZABLE it reads, as the separate read did, only
+	// for a duplicate. In a race no deployment should see, with the
+	// retention cleaner deleting the snapshot's saga and another start
+	// taking its key before this insert, the answer is the deleted saga:
+	// the start as of its snapshot.
 	startSaga = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
   values ($1, $2, $3, $4, $5, 'init')
@@ -142,7 +147,10 @@ select (select id from o)`
   returning id
 )
 select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state
-from (select 1) one left join idemsaga.sagas e on e.definition = $2 and e.idem_key = $3`
+from (select 1) one left join lateral (
+  select id, input_hash, state from idemsaga.sagas
+  where definition = $2 and idem_key = $3 and not exists (select 1 from s)
+) e on true`
 
 	// selectSagaByKey reads what a duplicate start needs to adjudicate,
 	// when startSaga's snapshot did not see the saga under the key.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -221,7 +223,6 @@ func TestADuplicateStartThatWaitedReadsTheSagaAfter(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	won, err := first.StartTx(ctx, tx, def, "k", transferInput(1, 2, 10))
 	require.NoError(t, err)
-	require.NoError(t, pool.Ping(ctx)) // a connection made before counting
 
 	counted.Reset()
 	var (
@@ -241,4 +242,35 @@ func TestADuplicateStartThatWaitedReadsTheSagaAfter(t *testing.T) {
 	require.Equal(t, won.ID, other.ID)
 	// Each: the start statement, then the read of the saga it waited for.
 	require.Equal(t, []int32{0, 4}, []int32{counted.Batches.Load(), counted.Alone.Load()}, "batches, statements alone: %q", counted.SentAlone())
+}
+
+// TestStartTxAtSerializableWithOtherKeys: two SERIALIZABLE transactions
+// that start sagas under different keys, interleaved, both commit; the
+// start's look for an existing saga must not make them conflict (it reads
+// only when its insert found the key taken).
+func TestStartTxAtSerializableWithOtherKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
+	require.NoError(t, err)
+
+	var txs [2]pgx.Tx
+	for i := range txs {
+		txs[i], err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+		require.NoError(t, err)
+		defer func() { _ = txs[i].Rollback(ctx) }()
+	}
+	for i, tx := range txs {
+		res, err := cl.StartTx(ctx, tx, def, fmt.Sprintf("serializable-%d", i), transferInput(1, 2, 10))
+		require.NoError(t, err)
+		require.False(t, res.Duplicate)
+	}
+	for i, tx := range txs {
+		require.NoError(t, tx.Commit(ctx), "commit of transaction %d", i)
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where idem_key like 'serializable-%'`).Scan(&n))
+	require.Equal(t, 2, n)
 }
