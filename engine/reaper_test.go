@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -19,12 +18,7 @@ func TestAnIdleReaperPassIsOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	shared := testenv.DB(t)
 	_, nc := testenv.NATS(t)
-	counted := &testenv.RoundTrips{}
-	cfg := shared.Config().Copy()
-	cfg.ConnConfig.Tracer = counted
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, counted := testenv.CountRoundTrips(t, shared)
 	e := idleEngine(t, pool, nc, testenv.Name("REAP"), prometheus.NewRegistry(), transferDef(t))
 	require.NoError(t, pool.Ping(ctx)) // a connection made before counting
 

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -171,12 +170,7 @@ func TestADuplicateStartIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	shared := testenv.DB(t)
-	counted := &testenv.RoundTrips{}
-	cfg := shared.Config().Copy()
-	cfg.ConnConfig.Tracer = counted
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, counted := testenv.CountRoundTrips(t, shared)
 	def := transferDef(t)
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
 	require.NoError(t, err)
@@ -206,12 +200,7 @@ func TestADuplicateStartThatWaitedReadsTheSagaAfter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	shared := testenv.DB(t)
-	counted := &testenv.RoundTrips{}
-	cfg := shared.Config().Copy()
-	cfg.ConnConfig.Tracer = counted
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, counted := testenv.CountRoundTrips(t, shared)
 	def := transferDef(t)
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}})
 	require.NoError(t, err)

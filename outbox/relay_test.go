@@ -191,12 +191,7 @@ func TestAnIdleSweepIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	shared, _, js, stream, name := relayEnv(t, "IDLE")
-	counted := &testenv.RoundTrips{}
-	cfg := shared.Config().Copy()
-	cfg.ConnConfig.Tracer = counted
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, counted := testenv.CountRoundTrips(t, shared)
 	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, JetStream: js, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 

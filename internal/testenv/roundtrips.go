@@ -5,8 +5,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // RoundTrips is a pgx tracer (pgxpool.Config.ConnConfig.Tracer) that
@@ -57,3 +59,19 @@ func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQ
 
 // TraceBatchEnd does nothing.
 func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// CountRoundTrips returns a pool on shared's database whose connections
+// count their round trips in the returned RoundTrips; the pool is closed
+// when the test ends.
+func CountRoundTrips(t testing.TB, shared *pgxpool.Pool) (*pgxpool.Pool, *RoundTrips) {
+	t.Helper()
+	counted := &RoundTrips{}
+	cfg := shared.Config().Copy()
+	cfg.ConnConfig.Tracer = counted
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("open a pool that counts round trips: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, counted
+}
