@@ -472,8 +472,10 @@ func TestFailureOnAConnectionBrokenWhileIdle(t *testing.T) {
 
 // TestDuplicateCostsOneRoundTrip: a delivery whose key the inbox holds
 // already is answered from the claim's own round trip, whatever the outcome
-// it finds: the claim raises with the stored outcome. Delivered to a worker
-// that does not remember it, on a warm connection.
+// it finds: the claim raises with the stored outcome. A redelivery
+// (HandleRedelivered) is answered by a plain read of the inbox instead,
+// without the claim or its raise. Delivered to a worker that does not
+// remember it, on a warm connection.
 func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -488,8 +490,9 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 		{name: "a permanent failure", err: saga.Permanent(errors.New(`card "declined"`)),
 			want: wire.Reply{Outcome: wire.OutcomeFailed, Error: `card "declined"`}},
 	} {
-		for _, txOnly := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s TxOnly %v", tc.name, txOnly), func(t *testing.T) {
+		for _, v := range []struct{ txOnly, redelivered bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+			txOnly := v.txOnly
+			t.Run(fmt.Sprintf("%s TxOnly %v redelivered %v", tc.name, txOnly, v.redelivered), func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
 				shared := effectsDB(t)
@@ -511,10 +514,24 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 				_, err = again.Handle(ctx, command(uuid.New(), "dup", "write", saga.PhaseForward, 1, 1)) // warms its statements
 				require.NoError(t, err)
 
+				if v.redelivered {
+					// and the read's
+					_, err = again.HandleRedelivered(ctx, command(uuid.New(), "dup", "write", saga.PhaseForward, 1, 1))
+					require.NoError(t, err)
+				}
+
 				trips.Reset()
-				reply, err := again.Handle(ctx, cmd)
-				require.NoError(t, err)
-				require.Equal(t, []int32{1, 0}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+				var reply wire.Reply
+				if v.redelivered {
+					reply, err = again.HandleRedelivered(ctx, cmd)
+					require.NoError(t, err)
+					require.Equal(t, []int32{0, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+					require.Contains(t, trips.SentAlone()[0], "select i.outcome", "the inbox is read, not claimed")
+				} else {
+					reply, err = again.Handle(ctx, cmd)
+					require.NoError(t, err)
+					require.Equal(t, []int32{1, 0}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+				}
 				require.True(t, reply.Duplicate)
 				require.Equal(t, tc.want.Outcome, reply.Outcome)
 				require.Equal(t, tc.want.Error, reply.Error)
@@ -523,12 +540,68 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 				} else {
 					require.JSONEq(t, string(tc.want.Result), string(reply.Result))
 				}
-				want := 1
+				want := 2
+				if v.redelivered {
+					want = 3
+				}
 				if tc.err != nil {
 					want = 0
 				}
-				require.Equal(t, 2*want, countEffects(t, pool))
+				require.Equal(t, want, countEffects(t, pool))
 			})
 		}
+	}
+}
+
+// TestRedeliveryOfAnAttemptNotCommitted: a redelivery that finds nothing in
+// the inbox (the first delivery failed, or its process died before the
+// commit) runs the attempt as any delivery does, one round trip later (the
+// read), and takes effect once.
+func TestRedeliveryOfAnAttemptNotCommitted(t *testing.T) {
+	t.Parallel()
+	for _, txOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := effectsDB(t)
+			trips := &testenv.RoundTrips{}
+			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			var calls atomic.Int32
+			def := saga.MustNew("again", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: txOnly,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+						return nil, err
+					}
+					if calls.Add(1) == 2 {
+						return nil, errors.New("the first delivery of the measured command fails")
+					}
+					return json.RawMessage(`{"n":1}`), nil
+				},
+			})
+			w := newWorker(t, pool, def)
+			_, err := w.HandleRedelivered(ctx, command(uuid.New(), "again", "write", saga.PhaseForward, 1, 1)) // warms the statements
+			require.NoError(t, err)
+			cmd := command(uuid.New(), "again", "write", saga.PhaseForward, 1, 1)
+			reply, err := w.Handle(ctx, cmd)
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeRetry, reply.Outcome, "the first delivery failed and committed nothing of the step")
+
+			trips.Reset()
+			reply, err = w.HandleRedelivered(ctx, cmd)
+			require.NoError(t, err)
+			require.False(t, reply.Duplicate)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.JSONEq(t, `{"n":1}`, string(reply.Result))
+			batches, alone := int32(2), int32(1) // the claim with the statement, then COMMIT; the read
+			if !txOnly {
+				batches, alone = 2, 2 // the claim, then COMMIT; the read and the statement
+			}
+			require.Equal(t, []int32{batches, alone}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+			require.Contains(t, trips.SentAlone()[0], "select i.outcome")
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects where saga_id = $1`, cmd.SagaID).Scan(&n))
+			require.Equal(t, 1, n, "one effect")
+		})
 	}
 }

@@ -215,13 +215,24 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	log := func() *slog.Logger {
 		return w.cfg.Logger.With("saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt)
 	}
-	if _, err := w.Handle(ctx, cmd); err != nil {
+	// A delivery after the first is most often of a command that
+	// committed and whose ack was lost.
+	redelivered := false
+	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		redelivered = true
+	}
+	if _, err := w.handle(ctx, cmd, redelivered); err != nil {
 		log().Warn("step worker: command not processed; it will be redelivered", "error", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
 		return // as if the ack was lost: JetStream redelivers after AckWait
+	}
+	if !redelivered && failpoint.Inject(failpoint.StepRedeliver) != nil {
+		// As if the ack was lost, without waiting for AckWait.
+		_ = msg.Nak()
+		return
 	}
 	if err := msg.Ack(); err != nil {
 		// The commit stands; a redelivery is absorbed by the inbox.
@@ -235,6 +246,22 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 // error means nothing was committed and the command should be delivered
 // again.
 func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+	return w.handle(ctx, cmd, false)
+}
+
+// HandleRedelivered is Handle for a command the transport delivered before
+// (JetStream's NumDelivered above 1; HandleMsg tells them apart by
+// itself). Such a delivery is most often of an attempt that committed and
+// whose ack was lost, so the inbox is read before anything is claimed: a
+// duplicate is answered by that plain read, which costs PostgreSQL a
+// fraction of the claim's raise (Handle's duplicate path), and an attempt
+// the inbox does not hold goes on to the claim as in Handle, one round
+// trip later.
+func (w *Worker) HandleRedelivered(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+	return w.handle(ctx, cmd, true)
+}
+
+func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
 	def, ok := w.defs[cmd.Definition]
 	if !ok {
 		return wire.Reply{}, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
@@ -274,7 +301,7 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 	var done attempt
 	// A TxOnly forward step's claim goes with its first statement.
 	held := cmd.Phase == saga.PhaseForward && step.TxOnly
-	reply, err := w.run(ctx, cmd, handler, policy, held, &done)
+	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, &done)
 	if err != nil {
 		return reply, err
 	}
@@ -301,8 +328,9 @@ func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, erro
 
 // run runs one attempt to its commit; done receives what is left to do
 // after the commit. With Config.ApplyFunc a success is applied to the saga
-// in the same transaction instead of replied.
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held bool, done *attempt) (wire.Reply, error) {
+// in the same transaction instead of replied. A redelivered command reads
+// the inbox first (HandleRedelivered).
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held, redelivered bool, done *attempt) (wire.Reply, error) {
 	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
@@ -330,6 +358,20 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
 		}
 	}()
+
+	if redelivered {
+		// What the inbox holds is final: a row is there only once its
+		// attempt committed. Nothing there, and the claim decides, as
+		// for any delivery (it waits for an attempt still running).
+		var st stored
+		err := st.scan(conn.QueryRow(attemptCtx, readStored, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)))
+		switch {
+		case err == nil:
+			return w.answerStored(attemptCtx, conn, tx, cmd, st, reply, done)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return reply, err
+		}
+	}
 
 	// First round trip: the claim (the inbox claim with the idle bound,
 	// then BEGIN). A TxOnly step's travels with its handler's first

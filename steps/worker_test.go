@@ -60,7 +60,8 @@ func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
 }
 
 // TestSameCommandConcurrently runs one command from 32 goroutines at once
-// (as many workers receiving redeliveries would): one effect, one outcome.
+// (as many workers receiving redeliveries would), half of them as
+// redeliveries (HandleRedelivered): one effect, one outcome.
 // It runs with the claim sent before the handler, and with the claim
 // travelling with the handler's first statement (TxOnly).
 func TestSameCommandConcurrently(t *testing.T) {
@@ -98,7 +99,13 @@ func sameCommandConcurrently(t *testing.T, def *saga.Definition) {
 	for i := range n {
 		wg.Go(func() {
 			<-gate
-			replies[i], errs[i] = w.Handle(ctx, command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1+i%3, transfer.Input{From: 1, To: 2, Amount: 30}))
+			cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1+i%3, transfer.Input{From: 1, To: 2, Amount: 30})
+			if i%2 == 1 {
+				// A redelivery reads the inbox before it claims.
+				replies[i], errs[i] = w.HandleRedelivered(ctx, cmd)
+			} else {
+				replies[i], errs[i] = w.Handle(ctx, cmd)
+			}
 		})
 	}
 	close(gate)

@@ -44,6 +44,12 @@ const (
 	// StepBeforeAck fires after the step transaction commits and before
 	// the command is acknowledged.
 	StepBeforeAck = "step-before-ack"
+	// StepRedeliver fires after the step transaction commits, on a
+	// command's first delivery, in place of the ack: the command is
+	// Nak'd, and JetStream delivers it again at once, as it would after
+	// AckWait had the ack been lost ("error" action; worker bench
+	// --lost-acks).
+	StepRedeliver = "step-redeliver"
 	// OrchestratorBeforeAck fires after the orchestrator's transaction
 	// commits and before the reply is acknowledged.
 	OrchestratorBeforeAck = "orchestrator-before-ack"
@@ -59,7 +65,7 @@ const (
 )
 
 // Names lists every failpoint.
-var Names = []string{StepAfterInbox, StepBeforeAck, OrchestratorBeforeAck, RelayBeforeMark, StartAfterCommit, LeaseTakeover}
+var Names = []string{StepAfterInbox, StepBeforeAck, StepRedeliver, OrchestratorBeforeAck, RelayBeforeMark, StartAfterCommit, LeaseTakeover}
 
 // ErrInjected is what an "error" action returns.
 var ErrInjected = errors.New("failpoint: injected error")
