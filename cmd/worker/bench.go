@@ -23,9 +23,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -44,6 +47,7 @@ type benchCmd struct {
 	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
+	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of commands whose first delivery is not acknowledged after its commit (1: every command twice): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
 	NATSURL        string        `name:"nats-url" help:"Use this NATS server (with JetStream) instead of one embedded in this process, so that the process holds only the workers; the broker's CPU is then counted apart (processes named nats-server). The benchmark uses a stream of its own there, IDEMSAGA_BENCH, deleted at the end."`
 	MemoryEvery    time.Duration `name:"memory-every" default:"0s" help:"Also print the heap (after a GC) and resident memory at this interval during the run (0: only after the warm-up and at the end), to see whether memory stays flat."`
@@ -62,6 +66,9 @@ type benchResult struct {
 	NATSCPUPerSaga time.Duration
 	PgbenchTPS     float64
 	Differences    int
+	// Absorbed is the duplicates the pools absorbed per saga, by layer
+	// (idemsaga_duplicates_absorbed_total).
+	Absorbed map[string]float64
 	// Heap in use after a GC, and resident memory, after the warm-up and
 	// at the end of the run.
 	HeapBefore, HeapAfter uint64
@@ -70,8 +77,8 @@ type benchResult struct {
 
 func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 ||
-		b.Redeliver < 0 || b.Redeliver > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 {
-		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate and --redeliver between 0 and 1; --prefill, --rate and --warm-up not negative")
+		b.Redeliver < 0 || b.Redeliver > 1 || b.LostAcks < 0 || b.LostAcks > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 {
+		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate, --redeliver and --lost-acks between 0 and 1; --prefill, --rate and --warm-up not negative")
 	}
 	if b.MaxConns < 0 || b.MaxConns > maxBenchConns {
 		return fmt.Errorf("--max-conns %d: give each pool's database connections, from 1 to %d, or 0 for 6 per CPU shared among the pools", b.MaxConns, maxBenchConns)
@@ -119,6 +126,22 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		defer stopCopies()
 	}
 
+	if b.LostAcks > 0 {
+		// Through the step workers' failpoint, added to any set by
+		// IDEMSAGA_FAILPOINTS, and as they were at the end.
+		spec := fmt.Sprintf("%s=error@%g", failpoint.StepRedeliver, b.LostAcks)
+		if env := os.Getenv(failpoint.EnvVar); env != "" {
+			spec = env + ";" + spec
+		}
+		if err := failpoint.Enable(spec); err != nil {
+			return fmt.Errorf("--lost-acks with %s: %w", failpoint.EnvVar, err)
+		}
+		defer func() {
+			failpoint.Disable()
+			_ = failpoint.FromEnv()
+		}()
+	}
+
 	// Waiters are told when their saga finishes, by whichever pool.
 	var waitMu sync.Mutex
 	waiters := map[uuid.UUID]chan struct{}{}
@@ -150,7 +173,10 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	// which costs far less than PostgreSQL switching among more backends
 	// than it has cores (docs/benchmarks.md, sixth pass).
 	per := max(4, b.Concurrency/b.Pools)
-	engines, stopPools, err := startPools(ctx, b.Pools, dsn, natsURL, int32(b.MaxConns), func(_ int, cfg *engine.Config) {
+	regs := make([]*prometheus.Registry, b.Pools)
+	engines, stopPools, err := startPools(ctx, b.Pools, dsn, natsURL, int32(b.MaxConns), func(i int, cfg *engine.Config) {
+		regs[i] = prometheus.NewRegistry()
+		cfg.Registerer = regs[i]
 		cfg.Stream, cfg.SubjectPrefix = stream, prefix
 		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.DisableRetention = per, per, true
 		cfg.Logger, cfg.OnFinishedFunc = newLogger("error"), onFinished
@@ -236,8 +262,8 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.NATSURL != "" {
 		broker = "NATS at " + b.NATSURL
 	}
-	fmt.Printf("bench: %d sagas after a warm-up of %d, %d in flight, %d pools of %d connections, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands delivered twice, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
-		b.Sagas, b.WarmUp, b.Concurrency, b.Pools, b.MaxConns, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
+	fmt.Printf("bench: %d sagas after a warm-up of %d, %d in flight, %d pools of %d connections, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands copied, %.0f%% delivered again after a lost ack, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
+		b.Sagas, b.WarmUp, b.Concurrency, b.Pools, b.MaxConns, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.LostAcks*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
 	if b.Rate > 0 {
 		fmt.Printf("bench: open loop at %.0f sagas/s\n", b.Rate)
 	}
@@ -248,6 +274,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
+	absorbedBefore := absorbed(regs)
 	latencies := make([]time.Duration, b.Sagas)
 	if b.CPUProfile != "" {
 		f, err := os.Create(b.CPUProfile)
@@ -274,6 +301,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
+	absorbedAfter := absorbed(regs)
 	if b.MemProfile != "" {
 		f, err := os.Create(b.MemProfile)
 		if err != nil {
@@ -297,6 +325,10 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	res.ReadsPerSaga = float64(after.blksRead-before.blksRead) / n
 	res.HitsPerSaga = float64(after.blksHit-before.blksHit) / n
 	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
+	res.Absorbed = map[string]float64{}
+	for layer, v := range absorbedAfter {
+		res.Absorbed[layer] = (v - absorbedBefore[layer]) / n
+	}
 	res.WorkerCPUPerSaga = time.Duration(float64(after.selfCPU-before.selfCPU) / n)
 	res.PGCPUPerSaga = time.Duration(float64(after.pgCPU-before.pgCPU) / n)
 	if b.NATSURL != "" {
@@ -335,6 +367,9 @@ func (r benchResult) print() {
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
 	row("buffers", "%.1f pages read from outside shared_buffers and %.0f found in them per saga", r.ReadsPerSaga, r.HitsPerSaga)
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
+	a := r.Absorbed
+	row("duplicates", "absorbed per saga: %.2f at the start, %.2f by the broker, %.2f by the step workers' memory, %.2f by the inbox, %.2f by the orchestrator",
+		a[metrics.LayerStart], a[metrics.LayerBroker], a[metrics.LayerRecent], a[metrics.LayerInbox], a[metrics.LayerOrchestrator])
 	if r.NATSCPUPerSaga > 0 {
 		row("CPU per saga", "%s workers + %s NATS + %s PostgreSQL = %s", r.WorkerCPUPerSaga.Round(time.Microsecond), r.NATSCPUPerSaga.Round(time.Microsecond), r.PGCPUPerSaga.Round(time.Microsecond), r.cpu().Round(time.Microsecond))
 	} else {
@@ -356,6 +391,27 @@ func (r benchResult) print() {
 	}
 	fmt.Printf("| %.0f | %s | %s | %s | %.2f | %.1f | %.2f | %s | %.0f | %.2f | %.3f |\n", rate, r.P50.Round(100*time.Microsecond), r.P95.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond),
 		r.TxPerSaga, r.RowsPerSaga, r.MsgsPerSaga, r.cpu().Round(time.Microsecond), r.PgbenchTPS, ratio, perTx)
+}
+
+// absorbed sums the duplicates the pools absorbed so far, by layer.
+func absorbed(regs []*prometheus.Registry) map[string]float64 {
+	total := map[string]float64{}
+	for _, reg := range regs {
+		families, _ := reg.Gather() // a failed collector (the backlog's query) leaves the counters
+		for _, f := range families {
+			if f.GetName() != metrics.Namespace+"_duplicates_absorbed_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "layer" {
+						total[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return total
 }
 
 // cpu is the CPU time per saga of every process involved.
