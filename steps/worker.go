@@ -129,6 +129,9 @@ type attempt struct {
 	// stored is set when the inbox holds this attempt's outcome (a
 	// success or a permanent failure committed, or found there).
 	stored bool
+	// read is set when a redelivery's read of the inbox answered it,
+	// without a claim.
+	read bool
 }
 
 // Worker consumes and runs step commands.
@@ -202,7 +205,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // Stop finishes the commands in hand and returns. Calling it twice is fine.
 func (w *Worker) Stop(ctx context.Context) error { return w.runner.Stop(ctx) }
 
-// HandleMsg runs one command message and acks it after commit.
+// HandleMsg runs one command message and acks it after commit. A message
+// JetStream delivered before (NumDelivered above 1) goes through
+// HandleRedelivered.
 func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	cmd, err := wire.DecodeCommand(msg.Data())
 	if err != nil {
@@ -217,10 +222,8 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	// A delivery after the first is most often of a command that
 	// committed and whose ack was lost.
-	redelivered := false
-	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
-		redelivered = true
-	}
+	md, mdErr := msg.Metadata()
+	redelivered := mdErr == nil && md.NumDelivered > 1
 	if _, err := w.handle(ctx, cmd, redelivered); err != nil {
 		log().Warn("step worker: command not processed; it will be redelivered", "error", err)
 		_ = msg.NakWithDelay(time.Second)
@@ -229,7 +232,7 @@ func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
 		return // as if the ack was lost: JetStream redelivers after AckWait
 	}
-	if !redelivered && failpoint.Inject(failpoint.StepRedeliver) != nil {
+	if mdErr == nil && md.NumDelivered == 1 && failpoint.Inject(failpoint.StepRedeliver) != nil {
 		// As if the ack was lost, without waiting for AckWait.
 		_ = msg.Nak()
 		return
@@ -317,7 +320,10 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	w.cfg.Metrics.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 	outcome := string(reply.Outcome)
 	if reply.Duplicate {
-		w.cfg.Metrics.UniqueConflicts.WithLabelValues("inbox").Inc()
+		if !done.read {
+			// The claim's insert met the inbox row.
+			w.cfg.Metrics.UniqueConflicts.WithLabelValues("inbox").Inc()
+		}
 		outcome = "duplicate"
 		w.cfg.Metrics.Duplicates.WithLabelValues(metrics.LayerInbox).Inc()
 	}
@@ -367,6 +373,10 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		err := st.scan(conn.QueryRow(attemptCtx, readStored, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)))
 		switch {
 		case err == nil:
+			if string(st.result) == "null" {
+				st.result = nil // as the claim's raise carries it (fromRaise)
+			}
+			done.read = true
 			return w.answerStored(attemptCtx, conn, tx, cmd, st, reply, done)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return reply, err
@@ -502,9 +512,9 @@ func cloneResults(results map[string]json.RawMessage) map[string]json.RawMessage
 }
 
 // answerStored answers a delivery whose key the inbox held already (or
-// tombstoned) with the first outcome. The claim that found it left no
-// transaction open (and a handler's statement that travelled with it was
-// rolled back with it).
+// tombstoned) with the first outcome. The claim or the read that found it
+// left no transaction open (and a handler's statement that travelled with
+// a claim was rolled back with it).
 func (w *Worker) answerStored(ctx context.Context, conn *pgxpool.Conn, tx *stepTx, cmd wire.Command, st stored, reply wire.Reply, done *attempt) (wire.Reply, error) {
 	tx.close()
 	reply, err := st.reply(reply)
