@@ -47,7 +47,7 @@ type benchCmd struct {
 	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
-	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of commands whose first delivery is not acknowledged after its commit (1: every command twice): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them."`
+	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
 	NATSURL        string        `name:"nats-url" help:"Use this NATS server (with JetStream) instead of one embedded in this process, so that the process holds only the workers; the broker's CPU is then counted apart (processes named nats-server). The benchmark uses a stream of its own there, IDEMSAGA_BENCH, deleted at the end."`
 	MemoryEvery    time.Duration `name:"memory-every" default:"0s" help:"Also print the heap (after a GC) and resident memory at this interval during the run (0: only after the warm-up and at the end), to see whether memory stays flat."`
@@ -262,7 +262,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if b.NATSURL != "" {
 		broker = "NATS at " + b.NATSURL
 	}
-	fmt.Printf("bench: %d sagas after a warm-up of %d, %d in flight, %d pools of %d connections, %.0f%% failing, %.0f%% submitted twice, %.0f%% of commands copied, %.0f%% delivered again after a lost ack, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
+	fmt.Printf("bench: %d sagas after a warm-up of %d, %d in flight, %d pools of %d connections, %.0f%% failing, %.0f%% submitted twice, %.4g%% of commands copied, %.4g%% delivered again after a lost ack, %d finished sagas prefilled; PostgreSQL %s, %s, GOMAXPROCS %d\n",
 		b.Sagas, b.WarmUp, b.Concurrency, b.Pools, b.MaxConns, b.FailRate*100, b.DupRate*100, b.Redeliver*100, b.LostAcks*100, b.Prefill, pgVersion(ctx, pool), broker, runtime.GOMAXPROCS(0))
 	if b.Rate > 0 {
 		fmt.Printf("bench: open loop at %.0f sagas/s\n", b.Rate)
@@ -270,11 +270,12 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	if err := run(b.WarmUp, "warm", nil); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
+	// Read first: the registries' backlog collectors query the database.
+	absorbedBefore := absorbed(regs)
 	before, err := snapshot(ctx, pool, js, stream, b.DBName)
 	if err != nil {
 		return err
 	}
-	absorbedBefore := absorbed(regs)
 	latencies := make([]time.Duration, b.Sagas)
 	if b.CPUProfile != "" {
 		f, err := os.Create(b.CPUProfile)
@@ -396,20 +397,8 @@ func (r benchResult) print() {
 // absorbed sums the duplicates the pools absorbed so far, by layer.
 func absorbed(regs []*prometheus.Registry) map[string]float64 {
 	total := map[string]float64{}
-	for _, reg := range regs {
-		families, _ := reg.Gather() // a failed collector (the backlog's query) leaves the counters
-		for _, f := range families {
-			if f.GetName() != metrics.Namespace+"_duplicates_absorbed_total" {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "layer" {
-						total[l.GetValue()] += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
+	for _, layer := range []string{metrics.LayerStart, metrics.LayerBroker, metrics.LayerRecent, metrics.LayerInbox, metrics.LayerOrchestrator} {
+		total[layer] = counterSum(regs, metrics.Namespace+"_duplicates_absorbed_total", "layer", layer)
 	}
 	return total
 }
