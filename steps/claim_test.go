@@ -29,10 +29,7 @@ import (
 // fails with ErrDuplicateDelivery, and nothing it wrote survives.
 func TestTxOnlyClaimTravelsWithTheFirstStatement(t *testing.T) {
 	t.Parallel()
-	insert := func(ctx context.Context, sc *saga.StepContext) error {
-		_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
-		return err
-	}
+	insert := writeEffect
 	for _, tc := range []struct {
 		name string
 		// first is the handler's opening; its error is the first
@@ -118,8 +115,7 @@ func TestTxOnlyAnotherAttemptIsAnsweredWithAReply(t *testing.T) {
 	def := saga.MustNew("txonly", saga.Step{
 		Name: "write", Reaches: "written", TxOnly: true,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-			_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
-			return nil, err
+			return nil, writeEffect(ctx, sc)
 		},
 	})
 	id := uuid.New()
@@ -189,6 +185,20 @@ func TestTxOnlyDuplicateKeepsTheHandlersStatementPrepared(t *testing.T) {
 	require.Equal(t, 1, countEffects(t, pool))
 }
 
+// writeEffect is a handler's business write: a row in effects.
+func writeEffect(ctx context.Context, sc *saga.StepContext) error {
+	_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
+	return err
+}
+
+// tracedEffectsDB returns a pool of one connection to a fresh effectsDB,
+// and what counts its round trips.
+func tracedEffectsDB(t *testing.T) (*pgxpool.Pool, *testenv.RoundTrips) {
+	t.Helper()
+	trips := &testenv.RoundTrips{}
+	return poolWith(t, effectsDB(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips }), trips
+}
+
 // poolWith returns a pool of one connection to shared's database, set by
 // change.
 func poolWith(t *testing.T, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
@@ -212,14 +222,11 @@ func TestTxOnlySavesARoundTrip(t *testing.T) {
 		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			shared := effectsDB(t)
-			trips := &testenv.RoundTrips{}
-			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			pool, trips := tracedEffectsDB(t)
 			def := saga.MustNew("txonly", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: txOnly,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-					_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
-					return nil, err
+					return nil, writeEffect(ctx, sc)
 				},
 			})
 			w := newWorker(t, pool, def)
@@ -329,7 +336,7 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 			def := saga.MustNew("waited", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: txOnly,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-					if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+					if err := writeEffect(ctx, sc); err != nil {
 						return nil, err
 					}
 					if runs.Add(1) == 1 {
@@ -379,14 +386,12 @@ func TestFailureRollsBackOnlyAnOpenTransaction(t *testing.T) {
 		t.Run(fmt.Sprintf("failed after a statement %v", wrote), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			shared := effectsDB(t)
-			trips := &testenv.RoundTrips{}
-			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			pool, trips := tracedEffectsDB(t)
 			def := saga.MustNew("fails", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: true,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 					if wrote {
-						if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+						if err := writeEffect(ctx, sc); err != nil {
 							return nil, err
 						}
 					}
@@ -420,7 +425,7 @@ func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
 	def := saga.MustNew("broken", saga.Step{
 		Name: "write", Reaches: "written",
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-			if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+			if err := writeEffect(ctx, sc); err != nil {
 				return nil, err
 			}
 			if _, err := shared.Exec(ctx, `select pg_terminate_backend($1, 5000)`, sc.Tx.Conn().PgConn().PID()); err != nil {
@@ -495,13 +500,11 @@ func TestDuplicateCostsOneRoundTrip(t *testing.T) {
 			t.Run(fmt.Sprintf("%s TxOnly %v redelivered %v", tc.name, txOnly, v.redelivered), func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				shared := effectsDB(t)
-				trips := &testenv.RoundTrips{}
-				pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+				pool, trips := tracedEffectsDB(t)
 				def := saga.MustNew("dup", saga.Step{
 					Name: "write", Reaches: "written", TxOnly: txOnly,
 					Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-						if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+						if err := writeEffect(ctx, sc); err != nil {
 							return nil, err
 						}
 						return tc.result, tc.err
@@ -563,14 +566,12 @@ func TestRedeliveryOfAnAttemptNotCommitted(t *testing.T) {
 		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			shared := effectsDB(t)
-			trips := &testenv.RoundTrips{}
-			pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+			pool, trips := tracedEffectsDB(t)
 			var calls atomic.Int32
 			def := saga.MustNew("again", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: txOnly,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-					if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+					if err := writeEffect(ctx, sc); err != nil {
 						return nil, err
 					}
 					if calls.Add(1) == 2 {

@@ -35,14 +35,11 @@ import (
 func TestHandleMsgReadsTheInboxOnARedelivery(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	shared := effectsDB(t)
-	trips := &testenv.RoundTrips{}
-	pool := poolWith(t, shared, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+	pool, trips := tracedEffectsDB(t)
 	def := saga.MustNew("lost", saga.Step{
 		Name: "write", Reaches: "written", TxOnly: true,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-			_, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step)
-			return nil, err
+			return nil, writeEffect(ctx, sc)
 		},
 	})
 	m, err := metrics.New(prometheus.NewRegistry())
@@ -158,7 +155,7 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 			def := saga.MustNew("eq", saga.Step{
 				Name: "write", Reaches: "written", TxOnly: true,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-					if _, err := sc.Tx.Exec(ctx, `insert into effects (saga_id, step) values ($1, $2)`, sc.SagaID, sc.Step); err != nil {
+					if err := writeEffect(ctx, sc); err != nil {
 						return nil, err
 					}
 					return tc.result, tc.err
