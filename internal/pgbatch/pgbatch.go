@@ -1,10 +1,12 @@
 // Package pgbatch sends pgx batches whose statements may fail by design:
 // the engine's fenced writes raise through idemsaga.expect (migration 004)
 // when a saga or step moved, or a step key was taken, and the caller
-// handles that. pgx drops every statement of a batch that failed from its
-// statement cache and prepares them again on their next use, two round
-// trips more, in case the failure came from a stale statement; a raise of
-// ours never does, so Run keeps them.
+// handles that; a step's last statement raises when it cannot take effect
+// (saga.StepContext.ExecLast). pgx drops every statement of a batch that
+// failed from its statement cache and prepares them again on their next
+// use, two round trips more (and a transaction each, in PostgreSQL's
+// count), in case the failure came from a stale statement. Run keeps them
+// unless the error is of a kind a stale statement can give.
 package pgbatch
 
 import (
@@ -22,9 +24,9 @@ type Sender interface {
 }
 
 // Run sends b and reads its results in order, running each statement's
-// callback as BatchResults.Close would, and returns the first error. When
-// that error is a raise of idemsaga.expect (Raised), the batch's
-// statements stay in pgx's cache.
+// callback as BatchResults.Close would, and returns the first error. The
+// batch's statements stay in pgx's cache unless that error is one a stale
+// statement can give (keeps).
 func Run(ctx context.Context, s Sender, b *pgx.Batch) error {
 	br := s.SendBatch(ctx, b)
 	var err error
@@ -38,7 +40,7 @@ func Run(ctx context.Context, s Sender, b *pgx.Batch) error {
 			break
 		}
 	}
-	if Raised(err) {
+	if keeps(err) {
 		// Close goes through QueuedQueries to invalidate them; it has
 		// nothing left to run.
 		b.QueuedQueries = nil
@@ -54,4 +56,24 @@ func Run(ctx context.Context, s Sender, b *pgx.Batch) error {
 func Raised(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "IDM")
+}
+
+// keeps reports whether err, an error PostgreSQL answered a batch with,
+// leaves the batch's prepared statements valid: every error but those of
+// the classes a statement prepared before a change of schema or settings
+// can give (feature not supported, as in "cached plan must not change
+// result type"; invalid statement name; invalid catalog or schema name;
+// syntax error or access rule violation, which holds undefined tables,
+// columns and functions; internal error). Raises (idemsaga.expect, a
+// handler's own) and data errors are kept.
+func keeps(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "0A", "26", "3D", "3F", "42", "XX":
+		return false
+	}
+	return true
 }

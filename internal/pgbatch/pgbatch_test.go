@@ -14,11 +14,12 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// TestRunKeepsStatementsAfterARaise: a batch that fails on a raise of
-// idemsaga.expect leaves its statements prepared on the connection; one
-// that fails otherwise leaves pgx to drop them, as it does. Callbacks run
-// in order up to the failure.
-func TestRunKeepsStatementsAfterARaise(t *testing.T) {
+// TestRunKeepsStatementsUnlessTheyMayBeStale: a batch that fails on a
+// raise (idemsaga.expect's, or a handler's) or a data error leaves its
+// statements prepared on the connection; one that fails with an error a
+// stale statement can give leaves pgx to drop them, as it does. Callbacks
+// run in order up to the failure.
+func TestRunKeepsStatementsUnlessTheyMayBeStale(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
@@ -30,7 +31,15 @@ func TestRunKeepsStatementsAfterARaise(t *testing.T) {
 		plain = `select $1::int + 1`
 		raise = `select idemsaga.expect($1::int = 0, 'thing')`
 		fail  = `select 1 / $1::int`
+		// failWith raises code for any argument but 0.
+		failWith = `select case when $1::int = 0 then 0 else pg_temp.fail_with($2::text) end`
 	)
+	_, err = conn.Exec(ctx, `create function pg_temp.fail_with(code text) returns int language plpgsql as $$
+begin
+    raise exception using errcode = code, message = 'failed on purpose';
+end
+$$`)
+	require.NoError(t, err)
 	prepared := func(sql string) bool {
 		var n int
 		require.NoError(t, conn.QueryRow(ctx, `select count(*) from pg_prepared_statements where statement = $1`, sql).Scan(&n))
@@ -39,31 +48,38 @@ func TestRunKeepsStatementsAfterARaise(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		last    string
-		ok, bad int // the last statement's argument that passes, and fails
+		ok, bad []any // the last statement's arguments that pass, and fail
 		code    string
 		raised  bool
+		kept    bool
 	}{
-		{"a raise of ours", raise, 0, 1, "IDM01", true},
-		{"another error", fail, 1, 0, "22012", false},
+		{"a raise of ours", raise, []any{0}, []any{1}, "IDM01", true, true},
+		{"a data error", fail, []any{1}, []any{0}, "22012", false, true},
+		{"a handler's raise", failWith, []any{0, "TR001"}, []any{1, "TR001"}, "TR001", false, true},
+		{"a lock timeout", failWith, []any{0, "55P03"}, []any{1, "55P03"}, "55P03", false, true},
+		{"a stale plan", failWith, []any{0, "0A000"}, []any{1, "0A000"}, "0A000", false, false},
+		{"an undefined table", failWith, []any{0, "42P01"}, []any{1, "42P01"}, "42P01", false, false},
+		{"an internal error", failWith, []any{0, "XX000"}, []any{1, "XX000"}, "XX000", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got int
 			b := &pgx.Batch{}
 			b.Queue(plain, 1).QueryRow(func(row pgx.Row) error { return row.Scan(&got) })
-			b.Queue(tc.last, tc.ok)
+			b.Queue(tc.last, tc.ok...)
 			require.NoError(t, pgbatch.Run(ctx, conn, b))
 			require.Equal(t, 2, got)
 
 			b = &pgx.Batch{}
 			b.Queue(plain, 2).QueryRow(func(row pgx.Row) error { return row.Scan(&got) })
-			b.Queue(tc.last, tc.bad)
+			b.Queue(tc.last, tc.bad...)
 			err := pgbatch.Run(ctx, conn, b)
 			var pgErr *pgconn.PgError
 			require.ErrorAs(t, err, &pgErr)
 			require.Equal(t, tc.code, pgErr.Code)
 			require.Equal(t, tc.raised, pgbatch.Raised(err))
 			require.Equal(t, 3, got, "the callbacks before the failure ran")
-			require.Equal(t, tc.raised, prepared(plain), "statements kept after a raise only")
+			require.Equal(t, tc.kept, prepared(plain), "statements kept unless the error can come from a stale statement")
+			require.Equal(t, tc.kept, prepared(tc.last))
 		})
 	}
 }
