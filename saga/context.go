@@ -39,6 +39,34 @@ type StepContext struct {
 	Tx pgx.Tx
 }
 
+// ExecLast runs sql as the handler's last statement in Tx, and reports
+// only whether it failed. In a TxOnly forward step the worker holds it
+// back and sends it in the round trip that records the step's success and
+// commits, with the inbox claim if nothing went before it: a step whose
+// effect is that one statement then costs one round trip, not two.
+//
+// Its affected row count is never seen, so sql must fail (raise an error)
+// whenever the step cannot take effect: a statement that quietly changes
+// nothing would commit the step as a success. If a held-back statement
+// fails, for any reason, nothing of the attempt commits and the worker
+// runs the handler again at once, in a new transaction where ExecLast
+// runs at once and returns the statement's error, for the handler to
+// judge as any other (saga.Permanent, or a retry). Elsewhere (a step not
+// TxOnly, a compensation, a statement without arguments) it always runs
+// at once.
+//
+// After ExecLast the handler must not use Tx again: that fails, in either
+// way, with an error that says so.
+func (sc *StepContext) ExecLast(ctx context.Context, sql string, args ...any) error {
+	if l, ok := sc.Tx.(interface {
+		ExecLast(ctx context.Context, sql string, args ...any) error
+	}); ok {
+		return l.ExecLast(ctx, sql, args...)
+	}
+	_, err := sc.Tx.Exec(ctx, sql, args...)
+	return err
+}
+
 // DecodeInput decodes the saga input into v.
 func (sc *StepContext) DecodeInput(v any) error {
 	if err := json.Unmarshal(sc.Input, v); err != nil {

@@ -36,6 +36,8 @@ type claim struct {
 	claimed int64
 	st      stored
 	sent    bool
+	// begun is set once the claim's BEGIN ran: the claim took the key.
+	begun bool
 	// err is the claim's own failure, or one injected after it: nothing
 	// will commit, and the command is to be delivered again.
 	err error
@@ -45,18 +47,45 @@ func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
 	return &claim{cmd: cmd, policy: policy}
 }
 
+// queue adds the claim and BEGIN to b, first: the statements after them
+// are the step's transaction.
+func (c *claim) queue(b *pgx.Batch) {
+	c.sent, c.begun, c.claimed, c.err = true, false, 0, nil
+	c.st = stored{}
+	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
+	b.Queue("begin").Exec(func(pgconn.CommandTag) error { c.begun = true; return nil })
+}
+
+// settle judges the claim from err, the error of the batch it led: it
+// sets c.claimed to 1 when the claim took the key and BEGIN ran (err, if
+// any, is then a later statement's), and otherwise records a duplicate (a
+// raise before BEGIN: nothing after it ran, and PostgreSQL rolled the
+// implicit transaction back) or the claim's own failure in c.err.
+func (c *claim) settle(err error) {
+	switch {
+	case c.begun:
+		c.claimed = 1
+	case pgbatch.Raised(err):
+		c.claimed = 0
+		if err := c.st.fromRaise(err); err != nil {
+			c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
+		}
+	default:
+		if err == nil {
+			err = errors.New("the claim did not complete")
+		}
+		c.err = fmt.Errorf("claim step key: %w", err)
+	}
+}
+
 // send sends the claim, and sql after it if not empty (a handler's first
 // statement), and returns sql's result. A failure of the claim itself is
 // in c.err; a duplicate (c.claimed 0) returns no error and leaves no
 // transaction open.
 func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any) (pgconn.CommandTag, error) {
-	c.sent = true
 	var tag pgconn.CommandTag
 	b := &pgx.Batch{}
-	c.st = stored{}
-	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
-	begun := false
-	b.Queue("begin").Exec(func(pgconn.CommandTag) error { begun = true; return nil })
+	c.queue(b)
 	if sql != "" {
 		b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 	}
@@ -65,8 +94,7 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 	err := pgbatch.Run(ctx, conn, b)
 
 	var pre pgx.ErrPreprocessingBatch
-	switch {
-	case sql != "" && errors.As(err, &pre) && pre.SQL() == sql:
+	if sql != "" && errors.As(err, &pre) && pre.SQL() == sql {
 		// pgx prepares and encodes a batch before it sends any of it: the
 		// handler's statement failed there, and nothing went out. The
 		// claim goes alone, then the statement, whose error is the
@@ -75,25 +103,13 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 			return tag, err
 		}
 		return conn.Exec(ctx, sql, args...)
-	case !begun && pgbatch.Raised(err):
-		// A duplicate, raised by the claim: nothing after it ran, and
-		// PostgreSQL rolled the implicit transaction back.
-		c.claimed = 0
-		if err := c.st.fromRaise(err); err != nil {
-			c.err = fmt.Errorf("claim step key: the key is taken, and %w", err)
-			return tag, c.err
-		}
-		return tag, nil
-	case !begun:
-		if err == nil {
-			err = errors.New("the claim did not complete")
-		}
-		c.err = fmt.Errorf("claim step key: %w", err)
-		return tag, c.err
 	}
-	c.claimed = 1
-	// The claim holds; err, if any, is the handler's statement's.
-	return tag, err
+	c.settle(err)
+	if c.claimed == 1 {
+		// The claim holds; err, if any, is the handler's statement's.
+		return tag, err
+	}
+	return tag, c.err
 }
 
 // fromRaise reads the stored outcome a claim's raise carries

@@ -16,6 +16,10 @@ import (
 // step's transaction, which the worker ends with the inbox record.
 var errWorkerOwnsTx = errors.New("steps: the step's transaction is ended by the worker, together with its inbox record and reply; return nil to commit it, or an error to roll it back")
 
+// errAfterLast is returned when a handler uses its transaction after
+// StepContext.ExecLast.
+var errAfterLast = errors.New("steps: the handler used its transaction after StepContext.ExecLast, which must be its last statement; move ExecLast after every other use of the transaction")
+
 // stepTx is the pgx.Tx a handler receives. It runs on a connection whose
 // BEGIN travelled in one round trip with the inbox claim, and whose COMMIT
 // travels with the inbox result and the reply: two round trips fewer per
@@ -51,6 +55,14 @@ type stepState struct {
 	// claimCtx bounds a held-back claim sent by the methods that take no
 	// context (Conn, LargeObjects): the attempt's. Kept for those alone.
 	claimCtx context.Context
+	// holdLast allows ExecLast to hold its statement back for the round
+	// trip of the step's success (a TxOnly forward step's first run).
+	holdLast bool
+	// last is ExecLast's statement, held back; nil when it ran at once.
+	last *lastStatement
+	// lastUsed is set once the handler called ExecLast: the Tx is its no
+	// more.
+	lastUsed bool
 }
 
 var _ pgx.Tx = (*stepTx)(nil)
@@ -120,9 +132,20 @@ func (t *stepTx) close() { t.step.closed.Store(true) }
 // done reports whether this Tx can no longer be used.
 func (t *stepTx) done() bool { return t.step.closed.Load() || t.ended.Load() }
 
+// usable returns why the handler can no longer use this Tx, if it cannot.
+func (t *stepTx) usable() error {
+	switch {
+	case t.done():
+		return pgx.ErrTxClosed
+	case t.step.lastUsed:
+		return errAfterLast
+	}
+	return nil
+}
+
 func (t *stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.done() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return nil, err
@@ -142,8 +165,8 @@ func (t *stepTx) end(ctx context.Context, sql string) error {
 	if t.name == "" {
 		return errWorkerOwnsTx
 	}
-	if t.done() {
-		return pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return err
 	}
 	t.ended.Store(true)
 	_, err := t.conn.Exec(ctx, sql+t.name)
@@ -151,8 +174,8 @@ func (t *stepTx) end(ctx context.Context, sql string) error {
 }
 
 func (t *stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if t.done() {
-		return 0, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return 0, err
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return 0, err
@@ -161,8 +184,8 @@ func (t *stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 }
 
 func (t *stepTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.done() {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	if err := t.usable(); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
@@ -174,8 +197,8 @@ func (t *stepTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // connection. pgx offers no other way to build one; its BEGIN, sent inside
 // the open transaction, only draws a warning from PostgreSQL.
 func (t *stepTx) LargeObjects() pgx.LargeObjects {
-	if t.done() {
-		panic("steps: large objects of a step transaction that has ended")
+	if err := t.usable(); err != nil {
+		panic(fmt.Sprintf("steps: large objects of a step transaction: %v", err))
 	}
 	if err := t.claimFirst(t.heldClaimCtx()); err != nil {
 		panic(fmt.Sprintf("steps: large objects in a step transaction: %v", err))
@@ -188,8 +211,8 @@ func (t *stepTx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.done() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return nil, err
@@ -200,8 +223,8 @@ func (t *stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 // Exec runs the handler's statement; the first of a TxOnly step travels
 // with the step's claim.
 func (t *stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.done() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	if pipelined(args) {
 		if sent, tag, err := t.sendClaim(ctx, sql, args); sent {
@@ -214,8 +237,8 @@ func (t *stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 func (t *stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.done() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return nil, err
@@ -224,8 +247,8 @@ func (t *stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (t *stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.done() {
-		return errRow{pgx.ErrTxClosed}
+	if err := t.usable(); err != nil {
+		return errRow{err}
 	}
 	if err := t.claimFirst(ctx); err != nil {
 		return errRow{err}
@@ -239,13 +262,29 @@ func (t *stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 // when the claim failed or found a duplicate: the connection would then
 // be outside any transaction, and its writes would commit on their own.
 func (t *stepTx) Conn() *pgx.Conn {
-	if t.done() {
-		panic("steps: the connection of a step transaction that has ended")
+	if err := t.usable(); err != nil {
+		panic(fmt.Sprintf("steps: the connection of a step transaction: %v", err))
 	}
 	if err := t.claimFirst(t.heldClaimCtx()); err != nil {
 		panic(fmt.Sprintf("steps: the connection of a step transaction: %v", err))
 	}
 	return t.conn
+}
+
+// ExecLast is saga.StepContext.ExecLast's: in a TxOnly forward step's
+// first run, a statement that can travel in a batch is held back (see
+// lastStatement); otherwise it runs at once.
+func (t *stepTx) ExecLast(ctx context.Context, sql string, args ...any) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if t.step.holdLast && t.name == "" && pipelined(args) {
+		t.step.last, t.step.lastUsed = &lastStatement{sql: sql, args: args}, true
+		return nil
+	}
+	_, err := t.Exec(ctx, sql, args...)
+	t.step.lastUsed = true
+	return err
 }
 
 type errRow struct{ err error }

@@ -304,7 +304,16 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	var done attempt
 	// A TxOnly forward step's claim goes with its first statement.
 	held := cmd.Phase == saga.PhaseForward && step.TxOnly
-	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, &done)
+	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, false, &done)
+	if errors.Is(err, errLastFailed) {
+		// Nothing of the attempt committed. The handler runs again, its
+		// last statement at once, to judge that statement's error.
+		w.cfg.Logger.Debug("step worker: the step's last statement failed in the round trip of its success; running the handler again",
+			"saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
+		w.cfg.Metrics.LastStatementReruns.WithLabelValues(cmd.Definition, cmd.Step).Inc()
+		done = attempt{}
+		reply, err = w.run(ctx, cmd, handler, policy, held, false, true, &done)
+	}
 	if err != nil {
 		return reply, err
 	}
@@ -336,7 +345,12 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 // after the commit. With Config.ApplyFunc a success is applied to the saga
 // in the same transaction instead of replied. A redelivered command reads
 // the inbox first (HandleRedelivered).
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held, redelivered bool, done *attempt) (wire.Reply, error) {
+//
+// In a TxOnly forward step's first run (held, not again), the handler's
+// ExecLast statement is held back for the success's round trip
+// (lastStatement); if it fails, run returns errLastFailed and handle runs
+// the attempt again with again set, ExecLast then running at once.
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held, redelivered, again bool, done *attempt) (wire.Reply, error) {
 	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
@@ -358,6 +372,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}()
 	tx := newStepTx(conn.Conn())
+	tx.step.holdLast = held && !again
 	defer func() {
 		tx.close()
 		if !released && conn.Conn().PgConn().TxStatus() != 'I' {
@@ -401,14 +416,25 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		}
 	}
 	result, herr := w.invoke(attemptCtx, tx, cmd, handler)
-	if held && !cl.sent && herr == nil {
+	last := tx.step.last
+	if herr != nil {
+		last = nil // never sent: nothing of it to undo
+	}
+	if last != nil && held && !cl.sent {
+		// The held-back last statement carries the claim: the whole
+		// step is the success's round trip.
+		if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
+			return reply, err
+		}
+		last.claim = cl
+	} else if held && !cl.sent && herr == nil {
 		// The handler made no statement: the claim goes now, before its
 		// success is recorded. (After a failure, nothing was done here,
 		// and the failure is recorded as any other: its record adjudicates
 		// through the inbox by itself.)
 		_, _, _ = tx.sendClaim(attemptCtx, "", nil)
 	}
-	if held && cl.sent {
+	if held && cl.sent && (last == nil || last.claim == nil) {
 		switch {
 		case cl.err != nil:
 			return reply, cl.err
@@ -424,9 +450,16 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		// reply into the outbox, COMMIT.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		if w.cfg.ApplyFunc != nil {
-			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done)
+			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done, last)
 		} else {
-			err = w.replyAndCommit(attemptCtx, conn, reply, recordResultOf(cmd, result, nil), sent)
+			err = w.replyAndCommit(attemptCtx, conn, reply, recordResultOf(cmd, result, last.batch()), sent)
+		}
+		if last.leads(err) {
+			if err := last.judge(err); err != nil {
+				return reply, err
+			}
+			// A duplicate, found by the claim the statement carried.
+			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, done)
 		}
 		done.stored = err == nil
 		return reply, err
@@ -648,13 +681,23 @@ func storedReply(ctx context.Context, q interface {
 // result in the step's row, written in the same transaction, and not in
 // the inbox row too: the inbox's readers take it from there (readStored).
 // Every other way records it in the inbox row.
-func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt) error {
-	b := &pgx.Batch{}
+//
+// A handler's held-back last statement (and the claim it may carry) leads
+// the batch, before the savepoint; an error of its is returned at once,
+// for run to judge (lastStatement.leads).
+func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt, last *lastStatement) error {
+	b := last.batch()
 	b.Queue(savepointApply)
 	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
 	res, err := w.cfg.ApplyFunc(ctx, a)
 	if err == nil {
 		err = commitApplied(ctx, conn, res, cmd, reply.Result)
+	}
+	if err == nil && last != nil && !last.ran {
+		err = errors.New("steps: Config.ApplyFunc neither sent Apply.Pending nor returned it in Applied.Writes; it must do one or the other")
+	}
+	if last.leads(err) {
+		return err
 	}
 	if err != nil && res.Guessed {
 		// The saga or the step moved since the command was written: read

@@ -24,21 +24,22 @@ const (
 
 // Metrics is the set of collectors one engine updates.
 type Metrics struct {
-	SagasStarted      *prometheus.CounterVec
-	KeyReused         *prometheus.CounterVec
-	SagasFinished     *prometheus.CounterVec
-	SagaDuration      *prometheus.HistogramVec
-	StepAttempts      *prometheus.CounterVec
-	StepHandler       *prometheus.HistogramVec
-	Duplicates        *prometheus.CounterVec
-	StaleReplies      *prometheus.CounterVec
-	LeaseTakeovers    *prometheus.CounterVec
-	RetriesScheduled  *prometheus.CounterVec
-	OutboxPublished   prometheus.Counter
-	RelayBatchSeconds prometheus.Histogram
-	Deliveries        *prometheus.CounterVec
-	UniqueConflicts   *prometheus.CounterVec
-	InStepReads       *prometheus.CounterVec
+	SagasStarted        *prometheus.CounterVec
+	KeyReused           *prometheus.CounterVec
+	SagasFinished       *prometheus.CounterVec
+	SagaDuration        *prometheus.HistogramVec
+	StepAttempts        *prometheus.CounterVec
+	StepHandler         *prometheus.HistogramVec
+	Duplicates          *prometheus.CounterVec
+	StaleReplies        *prometheus.CounterVec
+	LeaseTakeovers      *prometheus.CounterVec
+	RetriesScheduled    *prometheus.CounterVec
+	OutboxPublished     prometheus.Counter
+	RelayBatchSeconds   prometheus.Histogram
+	Deliveries          *prometheus.CounterVec
+	UniqueConflicts     *prometheus.CounterVec
+	InStepReads         *prometheus.CounterVec
+	LastStatementReruns *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -109,6 +110,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "in_step_reads_total",
 		Help: "Successes applied in their step's transaction only after reading the saga, by definition and step: the saga or the step had moved since the command was written (a lease taken over, an operator's action), or the command came from an older engine. The others are applied from what the command says, in one round trip; a high rate means something moves sagas or steps under running steps.",
 	}, []string{"definition", "step"})
+	m.LastStatementReruns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "last_statement_reruns_total",
+		Help: "Attempts whose last statement (StepContext.ExecLast), held back for the round trip of the step's success, failed there, so that the handler ran again with the statement at once, by definition and step. Each costs about two round trips more than the attempt would have; a rate near the step's failures is expected (a statement that cannot take effect fails, and its error is judged on the second run).",
+	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
 	}
@@ -116,7 +121,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts, m.InStepReads,
+		m.Deliveries, m.UniqueConflicts, m.InStepReads, m.LastStatementReruns,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

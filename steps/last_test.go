@@ -1,0 +1,228 @@
+package steps_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+const insertEffect = `insert into effects (saga_id, step) values ($1, $2)`
+
+// lastEffect is a handler whose business write goes by ExecLast, after
+// `before` other writes.
+func lastEffect(before int) saga.HandlerFunc {
+	return func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		for range before {
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+		}
+		return nil, sc.ExecLast(ctx, insertEffect, sc.SagaID, sc.Step)
+	}
+}
+
+// TestExecLastTravelsWithTheSuccess counts what a warm step sends: a
+// TxOnly step whose one statement goes by ExecLast is one batch (claim,
+// statement, outcome, COMMIT); with a write before it, two (that write
+// carries the claim). Without TxOnly the statement runs at once, as Exec.
+func TestExecLastTravelsWithTheSuccess(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		txOnly        bool
+		before        int
+		batches, lone int32
+	}{
+		{true, 0, 1, 0},
+		{true, 1, 2, 0},
+		{false, 0, 2, 1},
+	} {
+		t.Run(fmt.Sprintf("TxOnly %v, %d before", tc.txOnly, tc.before), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, trips := tracedEffectsDB(t)
+			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: tc.txOnly, Forward: lastEffect(tc.before)})
+			w := newWorker(t, pool, def)
+			_, err := w.Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)) // warms the connection
+			require.NoError(t, err)
+			trips.Reset()
+			reply, err := w.Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.Equal(t, []int32{tc.batches, tc.lone}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+			require.Equal(t, 2*(tc.before+1), countEffects(t, pool))
+
+			// The same command again: the claim the statement carries
+			// finds the key taken, in one round trip, and nothing runs.
+			trips.Reset()
+			again, err := newWorker(t, pool, def).Handle(ctx, command(reply.SagaID, "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.True(t, again.Duplicate)
+			require.Equal(t, wire.OutcomeSucceeded, again.Outcome)
+			require.Equal(t, []int32{1, 0}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "one round trip for the duplicate")
+			require.Equal(t, 2*(tc.before+1), countEffects(t, pool), "the duplicate took no effect")
+		})
+	}
+}
+
+// TestExecLastFailureRunsTheHandlerAgain: a held-back last statement that
+// fails undoes the whole attempt, its claim and the writes before it
+// included; the handler runs again, gets the statement's error from
+// ExecLast, and its verdict is recorded as any other: a permanent failure
+// in the inbox, a retry for a transient one. Also on a pool on pgx's
+// simple protocol, which sends a batch as one string of statements.
+func TestExecLastFailureRunsTheHandlerAgain(t *testing.T) {
+	t.Parallel()
+	for _, v := range []struct{ permanent, simple bool }{{true, false}, {false, false}, {true, true}} {
+		permanent := v.permanent
+		t.Run(fmt.Sprintf("permanent %v simple protocol %v", permanent, v.simple), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := poolWith(t, effectsDB(t), func(cfg *pgxpool.Config) {
+				if v.simple {
+					cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+				}
+			})
+			var runs atomic.Int32
+			var seen []error
+			def := saga.MustNew("last", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: true,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					runs.Add(1)
+					if err := writeEffect(ctx, sc); err != nil {
+						return nil, err
+					}
+					err := sc.ExecLast(ctx, `select 1 / $1::int`, 0)
+					seen = append(seen, err)
+					if err != nil && permanent {
+						return nil, saga.Permanent(err)
+					}
+					return nil, err
+				},
+			})
+			m, err := metrics.New(prometheus.NewRegistry())
+			require.NoError(t, err)
+			w, err := steps.New(steps.Config{
+				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			require.NoError(t, err)
+			id := uuid.New()
+			reply, err := w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+
+			require.Equal(t, int32(2), runs.Load(), "the handler ran again")
+			require.Len(t, seen, 2)
+			require.NoError(t, seen[0], "held back: no error yet")
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, seen[1], &pgErr, "run at once: the statement's error")
+			require.Equal(t, "22012", pgErr.Code)
+			require.Equal(t, 1.0, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+			require.Zero(t, countEffects(t, pool), "nothing of either run committed")
+
+			var outcome string
+			err = pool.QueryRow(ctx, `select outcome from idemsaga.inbox where saga_id = $1`, id).Scan(&outcome)
+			if permanent {
+				require.Equal(t, wire.OutcomeFailed, reply.Outcome)
+				require.Contains(t, reply.Error, "division by zero")
+				require.NoError(t, err)
+				require.Equal(t, "failed", outcome)
+			} else {
+				require.Equal(t, wire.OutcomeRetry, reply.Outcome)
+				require.Error(t, err, "a retry leaves the key free")
+			}
+			var idle int
+			require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
+			require.Zero(t, idle, "no transaction left open")
+		})
+	}
+}
+
+// TestTxAfterExecLastFails: ExecLast must be a handler's last use of its
+// transaction. A use after it fails, whether the statement was held back
+// or ran at once, and says so; nothing of the attempt commits.
+func TestTxAfterExecLastFails(t *testing.T) {
+	t.Parallel()
+	for _, txOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
+			var after error
+			def := saga.MustNew("last", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: txOnly,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if err := sc.ExecLast(ctx, insertEffect, sc.SagaID, sc.Step); err != nil {
+						return nil, err
+					}
+					after = writeEffect(ctx, sc)
+					return nil, after
+				},
+			})
+			reply, err := newWorker(t, pool, def).Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.ErrorContains(t, after, "after StepContext.ExecLast, which must be its last statement")
+			require.Equal(t, wire.OutcomeRetry, reply.Outcome)
+			require.Zero(t, countEffects(t, pool))
+		})
+	}
+}
+
+// TestExecLastSameCommandConcurrently delivers one command from 32
+// goroutines at once to workers that remember nothing, its handler a write
+// before a held-back last statement: one delivery runs it, every other
+// answers with its outcome, and the effects are there once.
+func TestExecLastSameCommandConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := effectsDB(t)
+	def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(1)})
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	cmd := command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)
+
+	const n = 32
+	replies := make([]wire.Reply, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			replies[i], errs[i] = w.Handle(ctx, cmd)
+		})
+	}
+	close(gate)
+	wg.Wait()
+	fresh := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, wire.OutcomeSucceeded, replies[i].Outcome)
+		if !replies[i].Duplicate {
+			fresh++
+		}
+	}
+	require.Equal(t, 1, fresh, "one delivery ran the handler")
+	require.Equal(t, 2, countEffects(t, pool), "both writes, once")
+	require.False(t, errors.Is(errs[0], saga.ErrDuplicateDelivery))
+}
