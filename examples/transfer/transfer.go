@@ -5,8 +5,10 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/saga"
@@ -80,8 +82,9 @@ func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
 			Retry:           policy,
 			CompensateRetry: policy,
 			// Every effect of both steps is a write in the step's
-			// transaction: their inbox claims travel with their first
-			// statements.
+			// transaction, one statement sent by ExecLast: it travels
+			// with the step's inbox claim and its success, in one round
+			// trip.
 			TxOnly: true,
 		},
 		saga.Step{
@@ -109,33 +112,44 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	}
 	// The saga ID goes as a [16]byte, which pgx writes as a uuid directly; a
 	// uuid.UUID would go through its driver.Valuer, as text parsed back.
-	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount, [16]byte(sc.SagaID), StepDeduct)
-	if err != nil {
-		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err)
-	}
-	if tag.RowsAffected() == 0 {
-		var frozen bool
-		err := sc.Tx.QueryRow(ctx, accountSQL, in.From).Scan(&frozen)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && frozen) {
-			return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrSourceUnavailable, in.From))
-		}
-		if err != nil {
-			return Entry{}, err
-		}
+	// The debit is the step's only statement: it travels with the step's
+	// claim and success, in one round trip, and fails unless it took effect.
+	err := sc.ExecLast(ctx, debitSQL, in.From, in.Amount, [16]byte(sc.SagaID), StepDeduct)
+	switch refusal(err) {
+	case "":
+	case codeSourceUnavailable:
+		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrSourceUnavailable, in.From))
+	case codeInsufficientFunds:
 		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d cannot pay %d", ErrInsufficientFunds, in.From, in.Amount))
+	default:
+		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err)
 	}
 	return Entry{Account: in.From, Amount: -in.Amount}, nil
 }
 
 func credit(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
-	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount, [16]byte(sc.SagaID), StepCredit)
-	if err != nil {
+	err := sc.ExecLast(ctx, creditSQL, in.To, in.Amount, [16]byte(sc.SagaID), StepCredit)
+	switch refusal(err) {
+	case "":
+	case codeDestinationMissing:
+		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
+	default:
 		return Entry{}, fmt.Errorf("credit account %d: %w", in.To, err)
 	}
-	if tag.RowsAffected() == 0 {
-		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
-	}
 	return Entry{Account: in.To, Amount: in.Amount}, nil
+}
+
+// refusal returns the code of a transfer.refuse raise in err, "" for no
+// error, and "?" for any other error.
+func refusal(err error) string {
+	if err == nil {
+		return ""
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "TR") {
+		return pgErr.Code
+	}
+	return "?"
 }
 
 func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
