@@ -159,19 +159,22 @@ type querier interface {
 }
 
 // checkError turns the SQLSTATEs of idemsaga.expect into the engine's
-// errors.
+// errors, wrapping the PostgreSQL error.
 func checkError(err error) error {
 	var pgErr *pgconn.PgError
 	if err == nil || !errors.As(err, &pgErr) {
 		return err
 	}
+	// The PostgreSQL error stays in the chain: a step key's claim that
+	// travelled in the same batch raises IDM02 too, and the step worker
+	// reads its stored outcome from it (steps, lastStatement).
 	switch pgErr.Code {
 	case "IDM01":
-		return fmt.Errorf("%w: %s", saga.ErrConflict, pgErr.Message)
+		return fmt.Errorf("%w: %w", saga.ErrConflict, err)
 	case "IDM02":
-		return errAlreadyApplied
+		return fmt.Errorf("%w (%w)", errAlreadyApplied, err)
 	case "IDM03":
-		return fmt.Errorf("%w: %s", saga.ErrNotFound, pgErr.Message)
+		return fmt.Errorf("%w: %w", saga.ErrNotFound, err)
 	}
 	return err
 }

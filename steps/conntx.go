@@ -18,7 +18,8 @@ var errWorkerOwnsTx = errors.New("steps: the step's transaction is ended by the 
 
 // errAfterLast is returned when a handler uses its transaction after
 // StepContext.ExecLast.
-var errAfterLast = errors.New("steps: the handler used its transaction after StepContext.ExecLast, which must be its last statement; move ExecLast after every other use of the transaction")
+// It is permanent: the handler would do the same on every attempt.
+var errAfterLast = saga.Permanent(errors.New("steps: the handler used its transaction after StepContext.ExecLast, which must be its last statement; move ExecLast after every other use of the transaction"))
 
 // stepTx is the pgx.Tx a handler receives. It runs on a connection whose
 // BEGIN travelled in one round trip with the inbox claim, and whose COMMIT

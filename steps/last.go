@@ -50,26 +50,34 @@ func (l *lastStatement) batch() *pgx.Batch {
 // (or its claim's), so that the statements after it are not to be judged.
 func (l *lastStatement) leads(err error) bool { return l != nil && err != nil && !l.ran }
 
-// judge classifies err, the error of a batch that l led, when leads(err).
+// judge classifies err, the error of a batch that l led, when leads(err);
+// gone reports that the attempt's context ended or its connection broke.
 // A duplicate (the claim found the key taken) returns nil, with
 // l.claim.claimed 0 and what the inbox holds in l.claim.st. The claim's
-// own failure returns it (l.claim.err). Anything else means the statement
-// failed or nothing was sent; it returns errLastFailed.
-func (l *lastStatement) judge(err error) error {
+// own failure returns it (l.claim.err). An error PostgreSQL did not
+// answer, on a connection gone or a context ended, is returned as it is:
+// nothing committed, and the command is delivered again. Anything else
+// (the statement failed, or pgx could not prepare or encode it) returns
+// errLastFailed, and the handler runs again with the statement run at
+// once, which reports that error to it.
+func (l *lastStatement) judge(err error, gone bool) error {
 	var pre pgx.ErrPreprocessingBatch
-	if errors.As(err, &pre) {
-		// pgx prepares and encodes a batch before it sends any of it:
-		// nothing went out.
-		return fmt.Errorf("%w: %w", errLastFailed, err)
+	if errors.As(err, &pre) && pre.SQL() != l.sql {
+		// One of the worker's own statements: nothing went out, and a
+		// second run would fail the same way.
+		return err
 	}
-	if l.claim != nil {
+	var pgErr *pgconn.PgError
+	answered := errors.As(err, &pgErr)
+	if !answered && (gone || pgconn.Timeout(err)) {
+		return err
+	}
+	if answered && l.claim != nil && !l.claim.begun {
 		l.claim.settle(err)
-		switch {
-		case l.claim.err != nil:
+		if l.claim.err != nil {
 			return l.claim.err
-		case l.claim.claimed == 0:
-			return nil
 		}
+		return nil // a duplicate
 	}
 	return fmt.Errorf("%w: %w", errLastFailed, err)
 }

@@ -179,7 +179,8 @@ func TestTxAfterExecLastFails(t *testing.T) {
 			reply, err := newWorker(t, pool, def).Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
 			require.ErrorContains(t, after, "after StepContext.ExecLast, which must be its last statement")
-			require.Equal(t, wire.OutcomeRetry, reply.Outcome)
+			require.True(t, saga.IsPermanent(after), "the same on every attempt")
+			require.Equal(t, wire.OutcomeFailed, reply.Outcome)
 			require.Zero(t, countEffects(t, pool))
 		})
 	}
@@ -225,4 +226,48 @@ func TestExecLastSameCommandConcurrently(t *testing.T) {
 	require.Equal(t, 1, fresh, "one delivery ran the handler")
 	require.Equal(t, 2, countEffects(t, pool), "both writes, once")
 	require.False(t, errors.Is(errs[0], saga.ErrDuplicateDelivery))
+}
+
+// TestExecLastWithAnApplyFuncThatSendsNothing: Apply.Pending holds the
+// held-back statement and the claim. An ApplyFunc that returns no writes
+// gets them sent by the worker, with the step's commit, in one batch; one
+// that returns writes of its own without them has the attempt run again
+// with the statement at once. Either way the effect commits once, with
+// its inbox row.
+func TestExecLastWithAnApplyFuncThatSendsNothing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		writes func(a steps.Apply) *pgx.Batch
+		reruns float64
+	}{
+		{"no writes", func(steps.Apply) *pgx.Batch { return nil }, 0},
+		{"writes without Pending", func(steps.Apply) *pgx.Batch { return &pgx.Batch{} }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
+			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(0)})
+			m, err := metrics.New(prometheus.NewRegistry())
+			require.NoError(t, err)
+			w, err := steps.New(steps.Config{
+				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				ApplyFunc: func(_ context.Context, a steps.Apply) (steps.Applied, error) {
+					return steps.Applied{Writes: tc.writes(a)}, nil
+				},
+			})
+			require.NoError(t, err)
+			id := uuid.New()
+			reply, err := w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.Equal(t, 1, countEffects(t, pool))
+			var outcome string
+			require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where saga_id = $1`, id).Scan(&outcome))
+			require.Equal(t, "succeeded", outcome)
+			require.Equal(t, tc.reruns, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+		})
+	}
 }

@@ -83,9 +83,13 @@ type Config struct {
 type Apply struct {
 	// Conn holds the step's transaction.
 	Conn *pgx.Conn
-	// Pending holds the step's statements not yet sent (the savepoint).
-	// ApplyFunc sends them with its own reads, in one round trip, or
-	// returns them with its writes.
+	// Pending holds the step's statements not yet sent: the savepoint,
+	// and before it the handler's held-back last statement, with the
+	// step's claim and BEGIN when nothing went before it
+	// (saga.StepContext.ExecLast). ApplyFunc sends them before anything
+	// else, with its own reads, in one round trip, or returns them with
+	// its writes (or returns no writes, and the worker sends them).
+	// Errors of a batch that carried them must wrap the batch's error.
 	Pending *pgx.Batch
 	// Command is the step's command, and Reply its success.
 	Command wire.Command
@@ -111,6 +115,10 @@ type Applied struct {
 	// leaves it out of the inbox row, whose readers take it from there.
 	Guessed bool
 }
+
+// errApplyDroppedPending is returned when ApplyFunc returned writes that
+// leave out Apply.Pending without having sent it.
+var errApplyDroppedPending = errors.New("steps: Config.ApplyFunc returned writes without Apply.Pending, which it had not sent; send Pending first, or queue the writes on it")
 
 // errApplyInStep marks a failed ApplyFunc whose step could not be saved
 // either: nothing committed, and the command is delivered again.
@@ -455,7 +463,8 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			err = w.replyAndCommit(attemptCtx, conn, reply, recordResultOf(cmd, result, last.batch()), sent)
 		}
 		if last.leads(err) {
-			if err := last.judge(err); err != nil {
+			gone := attemptCtx.Err() != nil || conn.Conn().IsClosed()
+			if err := last.judge(err, gone); err != nil {
 				return reply, err
 			}
 			// A duplicate, found by the claim the statement carried.
@@ -690,11 +699,18 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 	b.Queue(savepointApply)
 	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
 	res, err := w.cfg.ApplyFunc(ctx, a)
+	if err == nil && last != nil && !last.ran {
+		// Pending holds the handler's statement (and maybe the claim):
+		// it must go, before anything else, or nothing may commit.
+		switch {
+		case res.Writes == nil:
+			res.Writes = b // no writes of ApplyFunc's: the step's own commit
+		case res.Writes != b:
+			return errApplyDroppedPending
+		}
+	}
 	if err == nil {
 		err = commitApplied(ctx, conn, res, cmd, reply.Result)
-	}
-	if err == nil && last != nil && !last.ran {
-		err = errors.New("steps: Config.ApplyFunc neither sent Apply.Pending nor returned it in Applied.Writes; it must do one or the other")
 	}
 	if last.leads(err) {
 		return err
@@ -765,7 +781,7 @@ func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply w
 		return err
 	}
 	queueCommit(b)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err := pgbatch.Run(ctx, conn, b); err != nil {
 		return fmt.Errorf("record the outcome and reply: %w", err)
 	}
 	if conn.Conn().PgConn().TxStatus() != 'I' {

@@ -39,7 +39,9 @@ const ExitCode = 86
 // The failpoints compiled into the engine.
 const (
 	// StepAfterInbox fires in a step worker after the inbox insert and
-	// before the business write.
+	// before the business write; for a step whose claim travels with its
+	// held-back last statement (saga.StepContext.ExecLast), before that
+	// one batch is sent, as nothing comes between the two.
 	StepAfterInbox = "step-after-inbox"
 	// StepBeforeAck fires after the step transaction commits and before
 	// the command is acknowledged.

@@ -61,18 +61,20 @@ func Raised(err error) bool {
 // keeps reports whether err, an error PostgreSQL answered a batch with,
 // leaves the batch's prepared statements valid: every error but those of
 // the classes a statement prepared before a change of schema or settings
-// can give (feature not supported, as in "cached plan must not change
-// result type"; invalid statement name; invalid catalog or schema name;
-// syntax error or access rule violation, which holds undefined tables,
-// columns and functions; internal error). Raises (idemsaga.expect, a
-// handler's own) and data errors are kept.
+// can give (connection exception; feature not supported, as in "cached
+// plan must not change result type"; data exception, as an argument sent
+// in the parameter type of a column whose type changed since; invalid
+// statement name; invalid catalog or schema name; syntax error or access
+// rule violation, which holds undefined tables, columns and functions;
+// internal error). Raises (idemsaga.expect, a handler's own), constraint
+// violations, serialization failures and lock timeouts are kept.
 func keeps(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
 		return false
 	}
 	switch pgErr.Code[:2] {
-	case "0A", "26", "3D", "3F", "42", "XX":
+	case "08", "0A", "22", "26", "3D", "3F", "42", "XX":
 		return false
 	}
 	return true

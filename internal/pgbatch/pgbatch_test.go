@@ -15,7 +15,8 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestRunKeepsStatementsUnlessTheyMayBeStale: a batch that fails on a
-// raise (idemsaga.expect's, or a handler's) or a data error leaves its
+// raise (idemsaga.expect's, or a handler's), a constraint violation or a
+// lock timeout leaves its
 // statements prepared on the connection; one that fails with an error a
 // stale statement can give leaves pgx to drop them, as it does. Callbacks
 // run in order up to the failure.
@@ -54,7 +55,8 @@ $$`)
 		kept    bool
 	}{
 		{"a raise of ours", raise, []any{0}, []any{1}, "IDM01", true, true},
-		{"a data error", fail, []any{1}, []any{0}, "22012", false, true},
+		{"a data error", fail, []any{1}, []any{0}, "22012", false, false},
+		{"a unique violation", failWith, []any{0, "23505"}, []any{1, "23505"}, "23505", false, true},
 		{"a handler's raise", failWith, []any{0, "TR001"}, []any{1, "TR001"}, "TR001", false, true},
 		{"a lock timeout", failWith, []any{0, "55P03"}, []any{1, "55P03"}, "55P03", false, true},
 		{"a stale plan", failWith, []any{0, "0A000"}, []any{1, "0A000"}, "0A000", false, false},
