@@ -271,3 +271,124 @@ func TestExecLastWithAnApplyFuncThatSendsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerThatEndsTheTxIsNotRecorded: a handler that rolls the step's
+// transaction back through the connection and returns success gets an
+// error, and nothing is written: not its effect, not the inbox row, not a
+// reply, which would otherwise commit on their own.
+func TestHandlerThatEndsTheTxIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	for _, txOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
+			def := saga.MustNew("ends", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: txOnly,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if err := writeEffect(ctx, sc); err != nil {
+						return nil, err
+					}
+					_, err := sc.Tx.Conn().Exec(ctx, "rollback")
+					return nil, err
+				},
+			})
+			id := uuid.New()
+			_, err := newWorker(t, pool, def).Handle(ctx, command(id, "ends", "write", saga.PhaseForward, 1, 1))
+			require.ErrorContains(t, err, "the handler ended the step's transaction")
+			require.Zero(t, countEffects(t, pool))
+			var inbox, outbox int
+			require.NoError(t, pool.QueryRow(ctx, `select (select count(*) from idemsaga.inbox), (select count(*) from idemsaga.outbox)`).Scan(&inbox, &outbox))
+			require.Equal(t, []int{0, 0}, []int{inbox, outbox}, "no inbox row, no reply")
+		})
+	}
+}
+
+// TestExecLastRedelivered: a redelivery of an attempt that committed is
+// answered by the inbox read, without running the handler; one of an
+// attempt that never committed takes the held-back path, once.
+func TestExecLastRedelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips := tracedEffectsDB(t)
+	var runs atomic.Int32
+	def := saga.MustNew("last", saga.Step{
+		Name: "write", Reaches: "written", TxOnly: true,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			runs.Add(1)
+			return lastEffect(0)(ctx, sc)
+		},
+	})
+	cmd := command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)
+	first, err := newWorker(t, pool, def).HandleRedelivered(ctx, cmd)
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+	require.Equal(t, int32(1), runs.Load())
+
+	trips.Reset()
+	again, err := newWorker(t, pool, def).HandleRedelivered(ctx, cmd)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, wire.OutcomeSucceeded, again.Outcome)
+	require.Equal(t, []int32{0, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "the read alone")
+	require.Equal(t, int32(1), runs.Load(), "the handler did not run again")
+	require.Equal(t, 1, countEffects(t, pool))
+}
+
+// TestExecLastRefusedConcurrently delivers one command from 32 goroutines
+// at once, its last statement failing every time: each delivery that
+// claims runs its handler again and records the permanent failure, and
+// only one can; every other answers with that failure. One inbox row,
+// no effect.
+func TestExecLastRefusedConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := effectsDB(t)
+	def := saga.MustNew("last", saga.Step{
+		Name: "write", Reaches: "written", TxOnly: true,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			if err := sc.ExecLast(ctx, `select 1 / $1::int`, 0); err != nil {
+				return nil, saga.Permanent(err)
+			}
+			return nil, nil
+		},
+	})
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	id := uuid.New()
+	cmd := command(id, "last", "write", saga.PhaseForward, 1, 1)
+
+	const n = 32
+	replies := make([]wire.Reply, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			replies[i], errs[i] = w.Handle(ctx, cmd)
+		})
+	}
+	close(gate)
+	wg.Wait()
+	fresh := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, wire.OutcomeFailed, replies[i].Outcome)
+		require.Contains(t, replies[i].Error, "division by zero")
+		if !replies[i].Duplicate {
+			fresh++
+		}
+	}
+	require.Equal(t, 1, fresh, "one delivery recorded the failure")
+	require.Zero(t, countEffects(t, pool))
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox where saga_id = $1 and outcome = 'failed'`, id).Scan(&rows))
+	require.Equal(t, 1, rows)
+}

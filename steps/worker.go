@@ -116,6 +116,10 @@ type Applied struct {
 	Guessed bool
 }
 
+// errHandlerEndedTx is returned when a handler succeeded after ending the
+// step's transaction through the connection.
+var errHandlerEndedTx = errors.New("steps: the handler ended the step's transaction (a COMMIT or ROLLBACK through sc.Tx.Conn()), so its success cannot be recorded with its effect; the worker ends it: return nil to commit, an error to roll back. The command will be delivered again")
+
 // errApplyDroppedPending is returned when ApplyFunc returned writes that
 // leave out Apply.Pending without having sent it.
 var errApplyDroppedPending = errors.New("steps: Config.ApplyFunc returned writes without Apply.Pending, which it had not sent; send Pending first, or queue the writes on it")
@@ -451,6 +455,12 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			// first; its statement was rolled back with the claim.
 			return w.answerStored(attemptCtx, conn, tx, cmd, cl.st, reply, done)
 		}
+	}
+	if herr == nil && cl.sent && conn.Conn().PgConn().TxStatus() == 'I' {
+		// The claim's transaction is gone: the handler ended it on the
+		// connection. What follows would commit on its own, with no
+		// claim and maybe no effect.
+		return reply, errHandlerEndedTx
 	}
 	if herr == nil {
 		// Last round trip: the result into the inbox row (or, applied to

@@ -85,3 +85,36 @@ $$`)
 		})
 	}
 }
+
+// TestRunRecoversFromAStaleStatement: a statement prepared before its
+// column's type changed fails with a data error (it still sends the old
+// parameter type), and Run lets pgx drop it, so its next use prepares it
+// again and succeeds.
+func TestRunRecoversFromAStaleStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `create table stale (a int)`)
+	require.NoError(t, err)
+
+	const insert = `insert into stale (a) values ($1)`
+	run := func(arg any) error {
+		b := &pgx.Batch{}
+		b.Queue(insert, arg)
+		return pgbatch.Run(ctx, conn, b)
+	}
+	require.NoError(t, run(1))
+	_, err = pool.Exec(ctx, `alter table stale alter column a type text`) // from another connection
+	require.NoError(t, err)
+	err = run("x")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the statement still takes an integer")
+	require.Equal(t, "22P02", pgErr.Code)
+	require.NoError(t, run("x"), "prepared again, for the column's new type")
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `select count(*) from stale where a = 'x'`).Scan(&n))
+	require.Equal(t, 1, n)
+}
