@@ -35,7 +35,9 @@ type StepContext struct {
 	Results map[string]json.RawMessage
 	// Tx is the transaction in which the engine records this step's inbox
 	// entry and reply. Business writes made through it commit together with
-	// the dedup record, or not at all. Do not commit or roll it back.
+	// the dedup record, or not at all. Do not commit or roll it back, nor
+	// end it through Tx.Conn(): a handler that does and returns success
+	// fails for good.
 	Tx pgx.Tx
 }
 

@@ -272,35 +272,53 @@ func TestExecLastWithAnApplyFuncThatSendsNothing(t *testing.T) {
 	}
 }
 
-// TestHandlerThatEndsTheTxIsNotRecorded: a handler that rolls the step's
-// transaction back through the connection and returns success gets an
-// error, and nothing is written: not its effect, not the inbox row, not a
-// reply, which would otherwise commit on their own.
-func TestHandlerThatEndsTheTxIsNotRecorded(t *testing.T) {
+// TestHandlerThatEndsTheTx: a handler that ends the step's transaction
+// through the connection and returns success fails for good, instead of
+// having its success commit on its own. After a ROLLBACK, the failure is
+// recorded and nothing of the effect stays; after a COMMIT, the effect and
+// the claim stay, and the reply answers with the claim's success. Either
+// way one reply, so the saga moves on.
+func TestHandlerThatEndsTheTx(t *testing.T) {
 	t.Parallel()
-	for _, txOnly := range []bool{true, false} {
-		t.Run(fmt.Sprintf("TxOnly %v", txOnly), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
-			def := saga.MustNew("ends", saga.Step{
-				Name: "write", Reaches: "written", TxOnly: txOnly,
-				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-					if err := writeEffect(ctx, sc); err != nil {
+	for _, tc := range []struct {
+		end     string
+		effects int
+		outcome wire.Outcome
+		inbox   string
+	}{
+		{"rollback", 0, wire.OutcomeFailed, "failed"},
+		{"commit", 1, wire.OutcomeSucceeded, "succeeded"},
+	} {
+		for _, txOnly := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s TxOnly %v", tc.end, txOnly), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
+				def := saga.MustNew("ends", saga.Step{
+					Name: "write", Reaches: "written", TxOnly: txOnly,
+					Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+						if err := writeEffect(ctx, sc); err != nil {
+							return nil, err
+						}
+						_, err := sc.Tx.Conn().Exec(ctx, tc.end)
 						return nil, err
-					}
-					_, err := sc.Tx.Conn().Exec(ctx, "rollback")
-					return nil, err
-				},
+					},
+				})
+				id := uuid.New()
+				reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "ends", "write", saga.PhaseForward, 1, 1))
+				require.NoError(t, err)
+				require.Equal(t, tc.outcome, reply.Outcome)
+				if tc.outcome == wire.OutcomeFailed {
+					require.Contains(t, reply.Error, "after ending the step's transaction")
+				}
+				require.Equal(t, tc.effects, countEffects(t, pool))
+				var inbox string
+				var outbox int
+				require.NoError(t, pool.QueryRow(ctx, `select (select outcome from idemsaga.inbox), (select count(*) from idemsaga.outbox)`).Scan(&inbox, &outbox))
+				require.Equal(t, tc.inbox, inbox)
+				require.Equal(t, 1, outbox, "one reply")
 			})
-			id := uuid.New()
-			_, err := newWorker(t, pool, def).Handle(ctx, command(id, "ends", "write", saga.PhaseForward, 1, 1))
-			require.ErrorContains(t, err, "the handler ended the step's transaction")
-			require.Zero(t, countEffects(t, pool))
-			var inbox, outbox int
-			require.NoError(t, pool.QueryRow(ctx, `select (select count(*) from idemsaga.inbox), (select count(*) from idemsaga.outbox)`).Scan(&inbox, &outbox))
-			require.Equal(t, []int{0, 0}, []int{inbox, outbox}, "no inbox row, no reply")
-		})
+		}
 	}
 }
 
@@ -320,10 +338,14 @@ func TestExecLastRedelivered(t *testing.T) {
 		},
 	})
 	cmd := command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)
+	_, err := newWorker(t, pool, def).Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)) // warms the connection
+	require.NoError(t, err)
+	trips.Reset()
 	first, err := newWorker(t, pool, def).HandleRedelivered(ctx, cmd)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
-	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, []int32{1, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "the read, then the held-back batch")
+	require.Equal(t, int32(2), runs.Load())
 
 	trips.Reset()
 	again, err := newWorker(t, pool, def).HandleRedelivered(ctx, cmd)
@@ -331,8 +353,8 @@ func TestExecLastRedelivered(t *testing.T) {
 	require.True(t, again.Duplicate)
 	require.Equal(t, wire.OutcomeSucceeded, again.Outcome)
 	require.Equal(t, []int32{0, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "the read alone")
-	require.Equal(t, int32(1), runs.Load(), "the handler did not run again")
-	require.Equal(t, 1, countEffects(t, pool))
+	require.Equal(t, int32(2), runs.Load(), "the handler did not run again")
+	require.Equal(t, 2, countEffects(t, pool))
 }
 
 // TestExecLastRefusedConcurrently delivers one command from 32 goroutines
@@ -356,9 +378,11 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 			return nil, nil
 		},
 	})
+	m, err := metrics.New(prometheus.NewRegistry())
+	require.NoError(t, err)
 	w, err := steps.New(steps.Config{
 		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Recent: -1, Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
 	id := uuid.New()
@@ -387,6 +411,7 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, fresh, "one delivery recorded the failure")
+	require.GreaterOrEqual(t, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")), 1.0, "the held-back path ran")
 	require.Zero(t, countEffects(t, pool))
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox where saga_id = $1 and outcome = 'failed'`, id).Scan(&rows))

@@ -118,7 +118,7 @@ type Applied struct {
 
 // errHandlerEndedTx is returned when a handler succeeded after ending the
 // step's transaction through the connection.
-var errHandlerEndedTx = errors.New("steps: the handler ended the step's transaction (a COMMIT or ROLLBACK through sc.Tx.Conn()), so its success cannot be recorded with its effect; the worker ends it: return nil to commit, an error to roll back. The command will be delivered again")
+var errHandlerEndedTx = errors.New("the handler returned success after ending the step's transaction through sc.Tx.Conn() (COMMIT, ROLLBACK or PREPARE TRANSACTION), so the success cannot be recorded with its effect, and writes made after that may have committed on their own; do not end the step's transaction: return nil to commit it, an error to roll it back")
 
 // errApplyDroppedPending is returned when ApplyFunc returned writes that
 // leave out Apply.Pending without having sent it.
@@ -458,9 +458,11 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 	}
 	if herr == nil && cl.sent && conn.Conn().PgConn().TxStatus() == 'I' {
 		// The claim's transaction is gone: the handler ended it on the
-		// connection. What follows would commit on its own, with no
-		// claim and maybe no effect.
-		return reply, errHandlerEndedTx
+		// connection. Its success would commit on its own, with no claim
+		// and maybe no effect. It fails for good instead: a rollback's
+		// failure is recorded; after a commit, the failure's record finds
+		// the claim's row and the reply answers with its success.
+		herr = saga.Permanent(fmt.Errorf("step %q of %q: %w", cmd.Step, cmd.Definition, errHandlerEndedTx))
 	}
 	if herr == nil {
 		// Last round trip: the result into the inbox row (or, applied to
