@@ -26,6 +26,22 @@ import (
 
 const insertEffect = `insert into effects (saga_id, step) values ($1, $2)`
 
+// meteredWorker returns a worker for def on pool with metrics of its own,
+// its Config set by change.
+func meteredWorker(t *testing.T, pool *pgxpool.Pool, def *saga.Definition, change func(*steps.Config)) (*steps.Worker, *metrics.Metrics) {
+	t.Helper()
+	m, err := metrics.New(prometheus.NewRegistry())
+	require.NoError(t, err)
+	cfg := steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+		Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	change(&cfg)
+	w, err := steps.New(cfg)
+	require.NoError(t, err)
+	return w, m
+}
+
 // lastEffect is a handler whose business write goes by ExecLast, after
 // `before` other writes.
 func lastEffect(before int) saga.HandlerFunc {
@@ -117,13 +133,7 @@ func TestExecLastFailureRunsTheHandlerAgain(t *testing.T) {
 					return nil, err
 				},
 			})
-			m, err := metrics.New(prometheus.NewRegistry())
-			require.NoError(t, err)
-			w, err := steps.New(steps.Config{
-				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			})
-			require.NoError(t, err)
+			w, m := meteredWorker(t, pool, def, func(*steps.Config) {})
 			id := uuid.New()
 			reply, err := w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
@@ -195,11 +205,7 @@ func TestExecLastSameCommandConcurrently(t *testing.T) {
 	ctx := context.Background()
 	pool := effectsDB(t)
 	def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(1)})
-	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(t, err)
+	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
 	cmd := command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)
 
 	const n = 32
@@ -249,16 +255,11 @@ func TestExecLastWithAnApplyFuncThatSendsNothing(t *testing.T) {
 			ctx := context.Background()
 			pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
 			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(0)})
-			m, err := metrics.New(prometheus.NewRegistry())
-			require.NoError(t, err)
-			w, err := steps.New(steps.Config{
-				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				ApplyFunc: func(_ context.Context, a steps.Apply) (steps.Applied, error) {
+			w, m := meteredWorker(t, pool, def, func(cfg *steps.Config) {
+				cfg.ApplyFunc = func(_ context.Context, a steps.Apply) (steps.Applied, error) {
 					return steps.Applied{Writes: tc.writes(a)}, nil
-				},
+				}
 			})
-			require.NoError(t, err)
 			id := uuid.New()
 			reply, err := w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
@@ -378,13 +379,7 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 			return nil, nil
 		},
 	})
-	m, err := metrics.New(prometheus.NewRegistry())
-	require.NoError(t, err)
-	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-		Recent: -1, Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(t, err)
+	w, m := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
 	id := uuid.New()
 	cmd := command(id, "last", "write", saga.PhaseForward, 1, 1)
 
