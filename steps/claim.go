@@ -41,6 +41,8 @@ type claim struct {
 	// err is the claim's own failure, or one injected after it: nothing
 	// will commit, and the command is to be delivered again.
 	err error
+	// queued is the claim in the batch it was last queued on.
+	queued *pgx.QueuedQuery
 }
 
 func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
@@ -52,8 +54,19 @@ func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
 func (c *claim) queue(b *pgx.Batch) {
 	c.sent, c.begun, c.claimed, c.err = true, false, 0, nil
 	c.st = stored{}
-	b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
+	c.queued = b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
 	b.Queue("begin").Exec(func(pgconn.CommandTag) error { c.begun = true; return nil })
+}
+
+// inOneTrip turns the claim queued last, not yet sent, into
+// claimKeyInOneTrip: the batch it leads ends the transaction with COMMIT,
+// so no round trip of the transaction leaves it idle, and the idle bound
+// is left out.
+func (c *claim) inOneTrip() {
+	if c.queued != nil && c.queued.SQL == claimKey {
+		c.queued.SQL = claimKeyInOneTrip
+		c.queued.Arguments = c.queued.Arguments[:5]
+	}
 }
 
 // settle judges the claim from err, the error of the batch it led: it

@@ -46,6 +46,14 @@ func (l *lastStatement) batch() *pgx.Batch {
 	return b
 }
 
+// inOneTrip leaves the idle bound out of the claim l carries, if any: the
+// batch it leads is the whole transaction, COMMIT included.
+func (l *lastStatement) inOneTrip() {
+	if l != nil && l.claim != nil {
+		l.claim.inOneTrip()
+	}
+}
+
 // leads reports whether err, the error of a batch that l led, is l's own
 // (or its claim's), so that the statements after it are not to be judged.
 func (l *lastStatement) leads(err error) bool { return l != nil && err != nil && !l.ran }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -404,4 +405,122 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox where saga_id = $1 and outcome = 'failed'`, id).Scan(&rows))
 	require.Equal(t, 1, rows)
+}
+
+// TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint reads what a TxOnly
+// step sends. When its claim travels with its held-back last statement,
+// the whole transaction is one batch that ends with COMMIT: the claim
+// carries no idle bound (PostgreSQL arms it only at a Sync), and with an
+// ApplyFunc no savepoint is taken. When a write went before, that write
+// carries the claim, and the bound with it: the transaction then sits
+// between two round trips.
+func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		before int
+		apply  bool
+		bound  bool
+	}{
+		{0, false, false},
+		{0, true, false},
+		{1, false, true},
+		{1, true, true},
+	} {
+		t.Run(fmt.Sprintf("%d before, ApplyFunc %v", tc.before, tc.apply), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, trips := tracedEffectsDB(t)
+			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(tc.before)})
+			w, m := meteredWorker(t, pool, def, func(cfg *steps.Config) {
+				cfg.Pool = pool
+				if tc.apply {
+					cfg.ApplyFunc = func(_ context.Context, a steps.Apply) (steps.Applied, error) {
+						a.Pending.Queue(`insert into effects (saga_id, step) values ($1, 'applied')`, a.Command.SagaID)
+						return steps.Applied{Writes: a.Pending}, nil
+					}
+				}
+			})
+			reply, err := w.Handle(ctx, command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			want := tc.before + 1
+			if tc.apply {
+				want++
+			}
+			require.Equal(t, want, countEffects(t, pool))
+			require.Zero(t, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+
+			sent := trips.SentInBatches()
+			bound, savepoint := false, false
+			for _, sql := range sent {
+				bound = bound || strings.Contains(sql, "idle_in_transaction_session_timeout")
+				savepoint = savepoint || strings.HasPrefix(sql, "savepoint")
+			}
+			require.Equal(t, tc.bound, bound, "idle bound in %q", sent)
+			require.False(t, savepoint, "savepoint in %q", sent)
+			require.Equal(t, "commit", sent[len(sent)-1])
+		})
+	}
+}
+
+// TestOneTripApplyFailureRunsTheAttemptAgain: after a held-back last
+// statement there is no savepoint, so a success that cannot be applied as
+// the command foresaw fails the whole round trip. Nothing of it commits;
+// the handler runs again with its statement at once, and the success is
+// then applied after a savepoint, read rather than guessed. The effect is
+// there once, also when 16 deliveries of the command race.
+func TestOneTripApplyFailureRunsTheAttemptAgain(t *testing.T) {
+	t.Parallel()
+	for _, deliveries := range []int{1, 16} {
+		t.Run(fmt.Sprintf("%d deliveries", deliveries), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := effectsDB(t)
+			var runs atomic.Int32
+			var mu sync.Mutex
+			var calls []string
+			def := saga.MustNew("last", saga.Step{
+				Name: "write", Reaches: "written", TxOnly: true,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					runs.Add(1)
+					return lastEffect(0)(ctx, sc)
+				},
+			})
+			w, m := meteredWorker(t, pool, def, func(cfg *steps.Config) {
+				cfg.Recent = -1
+				cfg.ApplyFunc = func(_ context.Context, a steps.Apply) (steps.Applied, error) {
+					mu.Lock()
+					calls = append(calls, fmt.Sprintf("guess %v", a.Guess))
+					mu.Unlock()
+					if a.Guess {
+						// As a saga that moved since the command was written.
+						a.Pending.Queue(`select idemsaga.expect(false, 'saga at the version of the command')`)
+						return steps.Applied{Writes: a.Pending, Guessed: true}, nil
+					}
+					a.Pending.Queue(`insert into effects (saga_id, step) values ($1, 'applied')`, a.Command.SagaID)
+					return steps.Applied{Writes: a.Pending}, nil
+				}
+			})
+			cmd := command(uuid.New(), "last", "write", saga.PhaseForward, 1, 1)
+			replies := handleAtOnce(t, w, cmd, deliveries)
+			fresh := 0
+			for _, r := range replies {
+				require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
+				if !r.Duplicate {
+					fresh++
+				}
+			}
+			require.Equal(t, 1, fresh, "one delivery ran the attempt")
+			require.Equal(t, 2, countEffects(t, pool), "the handler's effect and the applied success, once each")
+			var outcome string
+			require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where saga_id = $1`, cmd.SagaID).Scan(&outcome))
+			require.Equal(t, "succeeded", outcome)
+			if deliveries == 1 {
+				require.Equal(t, 1.0, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+				require.Equal(t, int32(2), runs.Load(), "the handler ran twice")
+				require.Equal(t, []string{"guess true", "guess true", "guess false"}, calls,
+					"guessed in the one round trip, guessed after the savepoint, then read")
+			}
+		})
+	}
 }

@@ -74,18 +74,24 @@ type Config struct {
 	// orchestrator when it runs the step workers on its own database. Its
 	// part runs after a savepoint: on an error the worker rolls it back and
 	// commits the step with a reply instead, without running the handler
-	// again. See Apply and Applied.
+	// again. After a handler's held-back last statement
+	// (saga.StepContext.ExecLast) there is no savepoint, so that the step
+	// stays one round trip without a subtransaction: on an error nothing
+	// commits, and the worker runs the attempt again at once, the
+	// statement then at once and ApplyFunc's part after a savepoint. See
+	// Apply and Applied.
 	ApplyFunc func(ctx context.Context, a Apply) (Applied, error)
 }
 
 // Apply is what Config.ApplyFunc gets: a step's success, inside the step's
-// open transaction, after a savepoint.
+// open transaction, after a savepoint (none after a held-back last
+// statement: see Config.ApplyFunc).
 type Apply struct {
 	// Conn holds the step's transaction.
 	Conn *pgx.Conn
-	// Pending holds the step's statements not yet sent: the savepoint,
-	// and before it the handler's held-back last statement, with the
-	// step's claim and BEGIN when nothing went before it
+	// Pending holds the step's statements not yet sent: the savepoint, or
+	// instead the handler's held-back last statement, with the step's
+	// claim and BEGIN when nothing went before it
 	// (saga.StepContext.ExecLast). ApplyFunc sends them before anything
 	// else, with its own reads, in one round trip, or returns them with
 	// its writes (or returns no writes, and the worker sends them).
@@ -99,7 +105,7 @@ type Apply struct {
 	// saga or step that moved meanwhile fails the batch. The worker sends
 	// them with COMMIT: one round trip for the whole success. If they fail,
 	// it rolls back to the savepoint and calls ApplyFunc again without
-	// Guess.
+	// Guess (or, after a held-back statement, runs the attempt again).
 	Guess bool
 }
 
@@ -123,6 +129,12 @@ var errHandlerEndedTx = errors.New("the handler returned success after ending th
 // errApplyDroppedPending is returned when ApplyFunc returned writes that
 // leave out Apply.Pending without having sent it.
 var errApplyDroppedPending = errors.New("steps: Config.ApplyFunc returned writes without Apply.Pending, which it had not sent; send Pending first, or queue the writes on it")
+
+// errApplyInOneTrip marks an attempt whose success, applied after a
+// held-back last statement (which leaves no savepoint to roll back to),
+// failed: nothing of it is to commit, and the worker runs it again at
+// once, the statement then at once and the success after a savepoint.
+var errApplyInOneTrip = errors.New("the step's success could not be applied in the round trip of its last statement")
 
 // errApplyInStep marks a failed ApplyFunc whose step could not be saved
 // either: nothing committed, and the command is delivered again.
@@ -317,10 +329,11 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	// A TxOnly forward step's claim goes with its first statement.
 	held := cmd.Phase == saga.PhaseForward && step.TxOnly
 	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, false, &done)
-	if errors.Is(err, errLastFailed) {
+	if errors.Is(err, errLastFailed) || errors.Is(err, errApplyInOneTrip) {
 		// Nothing of the attempt committed. The handler runs again, its
-		// last statement at once, to judge that statement's error.
-		w.cfg.Logger.Debug("step worker: the step's last statement failed in the round trip of its success; running the handler again",
+		// last statement at once, to judge that statement's error, or to
+		// apply the success after a savepoint.
+		w.cfg.Logger.Debug("step worker: the round trip of the step's last statement and its success failed; running the handler again",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
 		w.cfg.Metrics.LastStatementReruns.WithLabelValues(cmd.Definition, cmd.Step).Inc()
 		done = attempt{}
@@ -472,7 +485,9 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		if w.cfg.ApplyFunc != nil {
 			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done, last)
 		} else {
-			err = w.replyAndCommit(attemptCtx, conn, reply, recordResultOf(cmd, result, last.batch()), sent)
+			b := recordResultOf(cmd, result, last.batch())
+			last.inOneTrip()
+			err = w.replyAndCommit(attemptCtx, conn, reply, b, sent)
 		}
 		if last.leads(err) {
 			gone := attemptCtx.Err() != nil || conn.Conn().IsClosed()
@@ -708,7 +723,9 @@ func storedReply(ctx context.Context, q interface {
 // for run to judge (lastStatement.leads).
 func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt, last *lastStatement) error {
 	b := last.batch()
-	b.Queue(savepointApply)
+	if last == nil {
+		b.Queue(savepointApply)
+	}
 	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
 	res, err := w.cfg.ApplyFunc(ctx, a)
 	if err == nil && last != nil && !last.ran {
@@ -720,12 +737,21 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 		case res.Writes != b:
 			return errApplyDroppedPending
 		}
+		// The whole transaction goes in this batch.
+		last.inOneTrip()
 	}
 	if err == nil {
 		err = commitApplied(ctx, conn, res, cmd, reply.Result)
 	}
 	if last.leads(err) {
 		return err
+	}
+	if err != nil && last != nil {
+		// A held-back statement leaves no savepoint to go back to (it
+		// would cost the step's one round trip a subtransaction): nothing
+		// of the attempt is to commit, and the handler runs again with
+		// its statement at once, then this with the savepoint.
+		return fmt.Errorf("%w: %w", errApplyInOneTrip, err)
 	}
 	if err != nil && res.Guessed {
 		// The saga or the step moved since the command was written: read

@@ -18,6 +18,7 @@ type RoundTrips struct {
 	Batches, Alone atomic.Int32
 	mu             sync.Mutex
 	alone          []string // the statements sent alone, in order
+	batched        []string // the statements of batches whose results were read, in order
 }
 
 // Reset forgets what was counted so far.
@@ -25,7 +26,7 @@ func (r *RoundTrips) Reset() {
 	r.Batches.Store(0)
 	r.Alone.Store(0)
 	r.mu.Lock()
-	r.alone = nil
+	r.alone, r.batched = nil, nil
 	r.mu.Unlock()
 }
 
@@ -34,6 +35,14 @@ func (r *RoundTrips) SentAlone() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.alone)
+}
+
+// SentInBatches returns the statements of batches since the last Reset,
+// those whose results were read, in order.
+func (r *RoundTrips) SentInBatches() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.batched)
 }
 
 // TraceQueryStart counts a statement sent alone.
@@ -54,8 +63,12 @@ func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 	return ctx
 }
 
-// TraceBatchQuery does nothing.
-func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+// TraceBatchQuery records a statement of a batch.
+func (r *RoundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mu.Lock()
+	r.batched = append(r.batched, d.SQL)
+	r.mu.Unlock()
+}
 
 // TraceBatchEnd does nothing.
 func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
