@@ -201,7 +201,7 @@ func tracedEffectsDB(t *testing.T) (*pgxpool.Pool, *testenv.RoundTrips) {
 
 // poolWith returns a pool of one connection to shared's database, set by
 // change.
-func poolWith(t *testing.T, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
+func poolWith(t testing.TB, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg := shared.Config().Copy()
 	cfg.MaxConns, cfg.MinConns = 1, 0
@@ -311,7 +311,7 @@ func TestTxOnlyEdgeCases(t *testing.T) {
 }
 
 // effectsDB returns a test database with a table for handlers' effects.
-func effectsDB(t *testing.T) *pgxpool.Pool {
+func effectsDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool := testenv.DB(t)
 	_, err := pool.Exec(context.Background(), `create table effects (saga_id uuid not null, step text not null)`)

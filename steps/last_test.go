@@ -28,7 +28,7 @@ const insertEffect = `insert into effects (saga_id, step) values ($1, $2)`
 
 // meteredWorker returns a worker for def on pool with metrics of its own,
 // its Config set by change.
-func meteredWorker(t *testing.T, pool *pgxpool.Pool, def *saga.Definition, change func(*steps.Config)) (*steps.Worker, *metrics.Metrics) {
+func meteredWorker(t testing.TB, pool *pgxpool.Pool, def *saga.Definition, change func(*steps.Config)) (*steps.Worker, *metrics.Metrics) {
 	t.Helper()
 	m, err := metrics.New(prometheus.NewRegistry())
 	require.NoError(t, err)

@@ -719,8 +719,9 @@ func storedReply(ctx context.Context, q interface {
 // Every other way records it in the inbox row.
 //
 // A handler's held-back last statement (and the claim it may carry) leads
-// the batch, before the savepoint; an error of its is returned at once,
-// for run to judge (lastStatement.leads).
+// the batch, in place of the savepoint; an error of its is returned at
+// once, for run to judge (lastStatement.leads), and any other failure as
+// errApplyInOneTrip, for run to run the attempt again.
 func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt, last *lastStatement) error {
 	b := last.batch()
 	if last == nil {

@@ -112,7 +112,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"definition", "step"})
 	m.LastStatementReruns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "last_statement_reruns_total",
-		Help: "Attempts whose last statement (StepContext.ExecLast), held back for the round trip of the step's success, failed there, so that the handler ran again with the statement at once, by definition and step. Each costs about two round trips more than the attempt would have; a rate near the step's failures is expected (a statement that cannot take effect fails, and its error is judged on the second run).",
+		Help: "Attempts whose last statement (StepContext.ExecLast), held back for the round trip of the step's success, failed there, or whose success could not be applied in that round trip (which has no savepoint), so that the handler ran again with the statement at once, by definition and step. Each costs about two round trips more than the attempt would have; a rate near the step's failures is expected (a statement that cannot take effect fails, and its error is judged on the second run).",
 	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
