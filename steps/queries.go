@@ -11,9 +11,7 @@ const (
 	// returns the bound on how long the transaction may sit idle ($6): a
 	// stalled or stopped process must not hold the key forever. One plain
 	// INSERT, so that PostgreSQL starts as few executor nodes as it can.
-	claimKey = `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome)
-values ($1, $2, $3, $4, $5, 'succeeded')
-on conflict (saga_id, step_key) do update set attempt = idemsaga.key_taken(excluded.saga_id, excluded.step_key)
+	claimKey = claimKeyInOneTrip + `
 returning set_config('idle_in_transaction_session_timeout', $6, true)`
 
 	// claimKeyInOneTrip is claimKey for a transaction that ends in the
