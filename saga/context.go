@@ -53,8 +53,8 @@ type StepContext struct {
 // fails, for any reason, nothing of the attempt commits and the worker
 // runs the handler again at once, in a new transaction where ExecLast
 // runs at once and returns the statement's error, for the handler to
-// judge as any other (saga.Permanent, or a retry). A failure at COMMIT (a
-// deferred constraint, a serialization failure) is not the statement's:
+// judge as any other (saga.Permanent, or a retry). A failure at the commit
+// (a deferred constraint, a serialization failure) is not the statement's:
 // as for any step, the attempt ends without an outcome and its command is
 // delivered again. Elsewhere (a step not
 // TxOnly, a compensation, a statement without arguments) it always runs

@@ -47,7 +47,7 @@ type Step struct {
 	// before Forward starts, so code before it may run again. Leave it
 	// false for a step that calls out before its first statement. With
 	// TxOnly, StepContext.ExecLast also sends the handler's last
-	// statement with the step's success and COMMIT: a step of one
+	// statement with the step's success and commit: a step of one
 	// statement is then one round trip, and a duplicate runs the handler
 	// to its end before the claim, in that batch, answers it.
 	TxOnly bool

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,7 +28,10 @@ import (
 // holds for it: PostgreSQL then rolls the implicit transaction back by
 // itself, so a duplicate costs one round trip and leaves nothing to end.
 // That includes a duplicate whose first delivery committed while this
-// claim waited for it.
+// claim waited for it. When the claim, the handler's held-back last
+// statement and the success are the whole transaction, in one batch, BEGIN
+// and COMMIT are left out (inOneTrip): the implicit transaction is then
+// the step's, committed at the batch's Sync.
 type claim struct {
 	cmd    wire.Command
 	policy saga.RetryPolicy
@@ -36,13 +40,15 @@ type claim struct {
 	claimed int64
 	st      stored
 	sent    bool
-	// begun is set once the claim's BEGIN ran: the claim took the key.
+	// begun is set once the claim's BEGIN ran (in one trip, once the
+	// claim itself did): the claim took the key.
 	begun bool
 	// err is the claim's own failure, or one injected after it: nothing
 	// will commit, and the command is to be delivered again.
 	err error
-	// queued is the claim in the batch it was last queued on.
-	queued *pgx.QueuedQuery
+	// queued is the claim in the batch it was last queued on, and begin
+	// the BEGIN after it.
+	queued, begin *pgx.QueuedQuery
 }
 
 func newClaim(cmd wire.Command, policy saga.RetryPolicy) *claim {
@@ -55,18 +61,28 @@ func (c *claim) queue(b *pgx.Batch) {
 	c.sent, c.begun, c.claimed, c.err = true, false, 0, nil
 	c.st = stored{}
 	c.queued = b.Queue(claimKey, pguuid.Of(c.cmd.Key), pguuid.Of(c.cmd.SagaID), c.cmd.Step, c.cmd.Phase, c.cmd.Attempt, idleTimeoutFor(c.policy))
-	b.Queue("begin").Exec(func(pgconn.CommandTag) error { c.begun = true; return nil })
+	c.begin = b.Queue("begin")
+	c.begin.Exec(func(pgconn.CommandTag) error { c.begun = true; return nil })
 }
 
-// inOneTrip turns the claim queued last, not yet sent, into
-// claimKeyInOneTrip: the batch it leads ends the transaction with COMMIT,
-// so no round trip of the transaction leaves it idle, and the idle bound
-// is left out.
-func (c *claim) inOneTrip() {
-	if c.queued != nil && c.queued.SQL == claimKey {
-		c.queued.SQL = claimKeyInOneTrip
-		c.queued.Arguments = c.queued.Arguments[:5]
+// inOneTrip makes b, the batch the claim was last queued on and leads, not
+// yet sent, the whole transaction, for a caller that queues no COMMIT
+// after it: PostgreSQL runs a pipeline up to its one Sync as one implicit
+// transaction, which it commits at the Sync (and a failure there is the
+// batch's error), so BEGIN and COMMIT are left out; and since it arms the
+// idle bound only when it answers a Sync, the claim goes without it
+// (claimKeyInOneTrip). The claim's own completion then tells that it took
+// the key. It reports false, changing nothing, if b is not so led.
+func (c *claim) inOneTrip(b *pgx.Batch) bool {
+	if c.queued == nil || c.queued.SQL != claimKey || len(b.QueuedQueries) < 2 ||
+		b.QueuedQueries[0] != c.queued || b.QueuedQueries[1] != c.begin {
+		return false
 	}
+	c.queued.SQL = claimKeyInOneTrip
+	c.queued.Arguments = c.queued.Arguments[:5]
+	c.queued.Exec(func(pgconn.CommandTag) error { c.begun = true; return nil })
+	b.QueuedQueries = slices.Delete(b.QueuedQueries, 1, 2)
+	return true
 }
 
 // settle judges the claim from err, the error of the batch it led: it

@@ -46,12 +46,12 @@ func (l *lastStatement) batch() *pgx.Batch {
 	return b
 }
 
-// inOneTrip leaves the idle bound out of the claim l carries, if any: the
-// batch it leads is the whole transaction, COMMIT included.
-func (l *lastStatement) inOneTrip() {
-	if l != nil && l.claim != nil {
-		l.claim.inOneTrip()
-	}
+// inOneTrip makes b, the batch l leads with the claim it carries, the
+// whole transaction (claim.inOneTrip): the caller then queues no COMMIT.
+// It reports false, changing nothing, when l carries no claim (the
+// transaction began in an earlier round trip).
+func (l *lastStatement) inOneTrip(b *pgx.Batch) bool {
+	return l != nil && l.claim != nil && l.claim.inOneTrip(b)
 }
 
 // leads reports whether err, the error of a batch that l led, is l's own

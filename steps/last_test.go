@@ -409,11 +409,12 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 
 // TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint reads what a TxOnly
 // step sends. When its claim travels with its held-back last statement,
-// the whole transaction is one batch that ends with COMMIT: the claim
-// carries no idle bound (PostgreSQL arms it only at a Sync), and with an
-// ApplyFunc no savepoint is taken. When a write went before, that write
-// carries the claim, and the bound with it: the transaction then sits
-// between two round trips.
+// the whole transaction is one batch, PostgreSQL's implicit transaction up
+// to the batch's Sync: no BEGIN or COMMIT, no idle bound on the claim
+// (PostgreSQL arms it only at a Sync), and with an ApplyFunc no savepoint.
+// When a write went before, that write carries the claim and BEGIN, and
+// the bound with them (the transaction then sits between two round
+// trips), and the last batch ends with COMMIT.
 func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -451,14 +452,19 @@ func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 			require.Zero(t, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
 
 			sent := trips.SentInBatches()
-			bound, savepoint := false, false
+			bound, savepoint, begin, commit := false, false, false, false
 			for _, sql := range sent {
 				bound = bound || strings.Contains(sql, "idle_in_transaction_session_timeout")
 				savepoint = savepoint || strings.HasPrefix(sql, "savepoint")
+				begin = begin || sql == "begin"
+				commit = commit || sql == "commit"
 			}
 			require.Equal(t, tc.bound, bound, "idle bound in %q", sent)
 			require.False(t, savepoint, "savepoint in %q", sent)
-			require.Equal(t, "commit", sent[len(sent)-1])
+			require.Equal(t, []bool{tc.bound, tc.bound}, []bool{begin, commit}, "BEGIN and COMMIT in %q", sent)
+			if tc.bound {
+				require.Equal(t, "commit", sent[len(sent)-1])
+			}
 		})
 	}
 }
@@ -521,6 +527,53 @@ func TestOneTripApplyFailureRunsTheAttemptAgain(t *testing.T) {
 				require.Equal(t, []string{"guess true", "guess true", "guess false"}, calls,
 					"guessed in the one round trip, guessed after the savepoint, then read")
 			}
+		})
+	}
+}
+
+// TestOneTripCommitFailure: a step sent in one batch commits at the
+// batch's Sync, without COMMIT. A failure there (here a deferred unique
+// constraint) is the batch's error: nothing of the attempt commits, the
+// delivery fails and is to be delivered again, as after a failed COMMIT,
+// and no transaction stays open. With and without an ApplyFunc.
+func TestOneTripCommitFailure(t *testing.T) {
+	t.Parallel()
+	for _, apply := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ApplyFunc %v", apply), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, trips := tracedEffectsDB(t)
+			_, err := pool.Exec(ctx, `alter table effects add constraint effects_once unique (saga_id, step) deferrable initially deferred`)
+			require.NoError(t, err)
+			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(0)})
+			w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) {
+				cfg.Pool = pool
+				if apply {
+					cfg.ApplyFunc = func(_ context.Context, a steps.Apply) (steps.Applied, error) {
+						return steps.Applied{Writes: a.Pending}, nil
+					}
+				}
+			})
+			id := uuid.New()
+			_, err = pool.Exec(ctx, insertEffect, id, "write")
+			require.NoError(t, err)
+
+			trips.Reset()
+			_, err = w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "23505", pgErr.Code)
+			sent := trips.SentInBatches()
+			require.GreaterOrEqual(t, len(sent), 2)
+			require.NotContains(t, sent[0], "idle_in_transaction_session_timeout", "the first batch was the implicit transaction")
+			require.NotEqual(t, "begin", sent[1], "the first batch was the implicit transaction")
+			require.Equal(t, 1, countEffects(t, pool), "the step's effect did not commit")
+			var claimed int
+			require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox where saga_id = $1`, id).Scan(&claimed))
+			require.Zero(t, claimed, "the claim did not commit")
+			var idle int
+			require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
+			require.Zero(t, idle, "no transaction left open")
 		})
 	}
 }

@@ -486,8 +486,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done, last)
 		} else {
 			b := recordResultOf(cmd, result, last.batch())
-			last.inOneTrip()
-			err = w.replyAndCommit(attemptCtx, conn, reply, b, sent)
+			err = w.replyAndCommit(attemptCtx, conn, reply, b, sent, last.inOneTrip(b))
 		}
 		if last.leads(err) {
 			gone := attemptCtx.Err() != nil || conn.Conn().IsClosed()
@@ -605,7 +604,7 @@ func (w *Worker) answerStored(ctx context.Context, conn *pgxpool.Conn, tx *stepT
 	// Another attempt's outcome: answer this one with a reply.
 	b := &pgx.Batch{}
 	b.Queue("begin")
-	return reply, w.replyAndCommit(ctx, conn, reply, b, &done.sent)
+	return reply, w.replyAndCommit(ctx, conn, reply, b, &done.sent, false)
 }
 
 // invoke runs the handler, turning a panic into a retryable error. For a
@@ -738,11 +737,12 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 		case res.Writes != b:
 			return errApplyDroppedPending
 		}
-		// The whole transaction goes in this batch.
-		last.inOneTrip()
 	}
 	if err == nil {
-		err = commitApplied(ctx, conn, res, cmd, reply.Result)
+		// The whole transaction goes in this batch when it holds the
+		// claim, the statement and the writes, unsent.
+		implicit := res.Writes == b && last.inOneTrip(b)
+		err = commitApplied(ctx, conn, res, cmd, reply.Result, implicit)
 	}
 	if last.leads(err) {
 		return err
@@ -764,7 +764,7 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 		if _, err = conn.Exec(ctx, rollbackApply); err == nil {
 			a.Pending, a.Guess = &pgx.Batch{}, false
 			if res, err = w.cfg.ApplyFunc(ctx, a); err == nil {
-				err = commitApplied(ctx, conn, res, cmd, reply.Result)
+				err = commitApplied(ctx, conn, res, cmd, reply.Result, false)
 			}
 		}
 	}
@@ -777,12 +777,13 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 	if _, rerr := conn.Exec(ctx, rollbackApply); rerr != nil {
 		return fmt.Errorf("%w: %w (and the step's own writes could not be saved: %w)", errApplyInStep, err, rerr)
 	}
-	return w.replyAndCommit(ctx, conn, reply, recordResultOf(cmd, reply.Result, nil), &done.sent)
+	return w.replyAndCommit(ctx, conn, reply, recordResultOf(cmd, reply.Result, nil), &done.sent, false)
 }
 
-// commitApplied sends ApplyFunc's writes with COMMIT, and the result into
-// the inbox row unless they applied it as the command foresaw.
-func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied, cmd wire.Command, result json.RawMessage) error {
+// commitApplied sends ApplyFunc's writes with COMMIT (none when implicit:
+// the batch is the whole transaction, committed at its Sync), and the
+// result into the inbox row unless they applied it as the command foresaw.
+func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied, cmd wire.Command, result json.RawMessage, implicit bool) error {
 	writes := res.Writes
 	if writes == nil {
 		writes = &pgx.Batch{}
@@ -790,7 +791,9 @@ func commitApplied(ctx context.Context, conn *pgxpool.Conn, res Applied, cmd wir
 	if !res.Guessed {
 		recordResultOf(cmd, result, writes)
 	}
-	queueCommit(writes)
+	if !implicit {
+		queueCommit(writes)
+	}
 	if err := pgbatch.Run(ctx, conn, writes); err != nil {
 		return err
 	}
@@ -811,15 +814,18 @@ func recordResultOf(cmd wire.Command, result json.RawMessage, b *pgx.Batch) *pgx
 }
 
 // replyAndCommit sends the statements of b (if any), the reply's outbox
-// row and COMMIT, in one round trip.
-func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, sent *[]outbox.Committed) error {
+// row and COMMIT (none when implicit, as in commitApplied), in one round
+// trip.
+func (w *Worker) replyAndCommit(ctx context.Context, conn *pgxpool.Conn, reply wire.Reply, b *pgx.Batch, sent *[]outbox.Committed, implicit bool) error {
 	if b == nil {
 		b = &pgx.Batch{}
 	}
 	if err := w.queueReply(b, reply, sent); err != nil {
 		return err
 	}
-	queueCommit(b)
+	if !implicit {
+		queueCommit(b)
+	}
 	if err := pgbatch.Run(ctx, conn, b); err != nil {
 		return fmt.Errorf("record the outcome and reply: %w", err)
 	}
