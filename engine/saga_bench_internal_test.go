@@ -1,0 +1,101 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+// BenchmarkTransferSaga runs whole transfer sagas, one after another, on
+// one connection: the start, then the debit and the credit as the
+// engine's step workers run them (each applied to its saga in the step's
+// own round trip), the commands handed from one to the next in memory
+// instead of through the broker. Nothing else runs: no relay (the outbox
+// rows stay; the relay deletes them in batches), no reaper, no
+// orchestrator. Under scripts/pg-instructions.sh, the instructions of the
+// one backend over b.N are what the happy path of a saga costs PostgreSQL.
+func BenchmarkTransferSaga(b *testing.B) {
+	ctx := context.Background()
+	shared := testenv.DB(b)
+	if _, err := transfer.Seed(ctx, shared, 2, 1<<50); err != nil {
+		b.Fatal(err)
+	}
+	pcfg := shared.Config().Copy()
+	pcfg.MaxConns, pcfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+
+	def, err := transfer.NewDefinition(saga.RetryPolicy{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := Config{Pool: pool, Definitions: []*saga.Definition{def}, Logger: quiet}
+	if err := cfg.validate(false); err != nil {
+		b.Fatal(err)
+	}
+	c, err := newCore(&cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// What a transaction commits is handed on here, as the engine's
+	// publish after commit would hand it to the broker.
+	var sent []outbox.Committed
+	c.publish = func(rows ...outbox.Committed) { sent = append(sent, rows...) }
+	c.handOff = cfg.RelayHandOff
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet,
+		PublishFunc: c.publish, HandOff: cfg.RelayHandOff, ApplyFunc: c.applyInStep,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl := &Client{c: c}
+	in := transfer.Input{From: 1, To: 2, Amount: 1}
+
+	i := 0
+	for b.Loop() {
+		i++
+		sent = sent[:0]
+		if _, err := cl.Start(ctx, def, fmt.Sprintf("bench-%d", i), in); err != nil {
+			b.Fatal(err)
+		}
+		steps := 0
+		for len(sent) > 0 {
+			row := sent[0]
+			sent = sent[1:]
+			cmd, err := wire.DecodeCommand(row.Payload)
+			if err != nil {
+				b.Fatalf("saga %d: the engine handed on what is not a command (%s): %v", i, row.Subject, err)
+			}
+			if _, err := w.Handle(ctx, cmd); err != nil {
+				b.Fatal(err)
+			}
+			steps++
+		}
+		if steps != 2 {
+			b.Fatalf("saga %d ran %d steps, not the transfer's 2", i, steps)
+		}
+	}
+	var credited int
+	if err := shared.QueryRow(ctx, `select count(*) from idemsaga.sagas where state = $1`, transfer.StateCredited).Scan(&credited); err != nil {
+		b.Fatal(err)
+	}
+	if credited != i {
+		b.Fatalf("%d of %d sagas credited", credited, i)
+	}
+}
