@@ -14,7 +14,8 @@
 # enough iterations (-benchtime Nx, N in the thousands) for them to fade.
 # Needs valgrind and PostgreSQL's server binaries (initdb, postgres); the
 # scratch cluster lives in a temporary folder on PORT (default 5499) and is
-# removed at the end. As root, the server runs as the postgres user.
+# removed at the end (kept, with each backend's callgrind profile, when KEEP
+# is set). As root, the server runs as the postgres user.
 set -euo pipefail
 
 PORT=${PORT:-5499}
@@ -37,7 +38,11 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 stop() {
 	as_owner "$bindir/pg_ctl" -D "$dir/data" stop -m fast >/dev/null 2>&1 || true
-	rm -rf "$dir"
+	if [ -n "${KEEP:-}" ]; then
+		say "kept $dir: callgrind_annotate --inclusive=yes $dir/cg/cg.<pid> reads a backend's profile"
+	else
+		rm -rf "$dir"
+	fi
 }
 trap stop EXIT
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -91,4 +92,27 @@ func TestAuditCatchesAnEffectAppliedTwice(t *testing.T) {
 	rep, err := transfer.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Equal(t, []string{"account 1 holds 90 but its seed and ledger say 100", "account 2 holds 110 but its seed and ledger say 100"}, rep.Differences)
+}
+
+// TestTablesRefuseWhatNoTransferWrites: the rules on the example's tables
+// (migration 004, as domains) hold whatever writes them: no balance goes
+// below zero, and a ledger row's step is one of the transfer's.
+func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 1, 10)
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, sql string }{
+		{"a negative balance", `update transfer.accounts set balance = balance - 11 where id = 1`},
+		{"an unknown step", `insert into transfer.ledger (saga_id, step, account_id, amount) values (gen_random_uuid(), 'gift', 1, 5)`},
+	} {
+		_, err := pool.Exec(ctx, tc.sql)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, tc.name)
+		require.Equal(t, "23514", pgErr.Code, tc.name) // check_violation
+	}
+	var balance int64
+	require.NoError(t, pool.QueryRow(ctx, `select balance from transfer.accounts where id = 1`).Scan(&balance))
+	require.Equal(t, int64(10), balance)
 }
