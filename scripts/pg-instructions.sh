@@ -41,7 +41,11 @@ stop() {
 	if [ -n "${KEEP:-}" ]; then
 		say "kept $dir: callgrind_annotate --inclusive=yes $dir/cg/cg.<pid> reads a backend's profile"
 	else
-		rm -rf "$dir"
+		# Backends under valgrind may still be writing their counts.
+		for _ in 1 2 3 4 5; do
+			rm -rf "$dir" 2>/dev/null && break
+			sleep 1
+		done
 	fi
 }
 trap stop EXIT
