@@ -12,6 +12,7 @@ package pgbatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -23,10 +24,17 @@ type Sender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// ErrAtSync marks the error of a batch whose statements all ran, and
+// which failed after them, at its Sync: where PostgreSQL commits a batch
+// that is an implicit transaction (a deferred constraint, a serialization
+// failure), or a connection that broke there.
+var ErrAtSync = errors.New("the batch failed after its last statement, at its end")
+
 // Run sends b and reads its results in order, running each statement's
-// callback as BatchResults.Close would, and returns the first error. The
-// batch's statements stay in pgx's cache unless that error is one a stale
-// statement can give (keeps).
+// callback as BatchResults.Close would, and returns the first error; an
+// error after every statement ran wraps ErrAtSync. The batch's statements
+// stay in pgx's cache unless a statement's error is one a stale statement
+// can give (keeps). Once it ran, b holds no statements.
 func Run(ctx context.Context, s Sender, b *pgx.Batch) error {
 	br := s.SendBatch(ctx, b)
 	var err error
@@ -40,13 +48,14 @@ func Run(ctx context.Context, s Sender, b *pgx.Batch) error {
 			break
 		}
 	}
-	if keeps(err) {
+	if err == nil || keeps(err) {
 		// Close goes through QueuedQueries to invalidate them; it has
-		// nothing left to run.
+		// nothing left to run. When every statement ran, an error at the
+		// end is not a stale statement's.
 		b.QueuedQueries = nil
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("%w: %w", ErrAtSync, cerr)
 	}
 	return err
 }

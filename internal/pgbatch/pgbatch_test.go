@@ -118,3 +118,44 @@ func TestRunRecoversFromAStaleStatement(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `select count(*) from stale where a = 'x'`).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// TestRunAnErrorAtTheSync: a batch that is an implicit transaction commits
+// at its Sync. A failure there (a deferred unique constraint) comes after
+// every statement ran: Run returns it wrapping ErrAtSync, nothing of the
+// batch commits, and its statements stay prepared (the failure is not a
+// stale statement's).
+func TestRunAnErrorAtTheSync(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := pool.Exec(ctx, `create table once (k int, constraint once_k unique (k) deferrable initially deferred);
+insert into once values (1)`)
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	const insert = `insert into once (k) values ($1)`
+	b := &pgx.Batch{}
+	b.Queue(insert, 2)
+	b.Queue(insert, 1) // runs; the constraint is checked at the commit
+	err = pgbatch.Run(ctx, conn, b)
+	require.ErrorIs(t, err, pgbatch.ErrAtSync)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "no transaction left open")
+
+	var rows, prepared int
+	require.NoError(t, conn.QueryRow(ctx, `select count(*) from once`).Scan(&rows))
+	require.Equal(t, 1, rows, "nothing of the batch committed")
+	require.NoError(t, conn.QueryRow(ctx, `select count(*) from pg_prepared_statements where statement = $1`, insert).Scan(&prepared))
+	require.Equal(t, 1, prepared, "the statement stays prepared")
+
+	// A statement's own error is not at the Sync.
+	b = &pgx.Batch{}
+	b.Queue(`select 1 / $1::int`, 0)
+	err = pgbatch.Run(ctx, conn, b)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, pgbatch.ErrAtSync)
+}
