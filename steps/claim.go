@@ -74,7 +74,7 @@ func (c *claim) queue(b *pgx.Batch) {
 // (claimKeyInOneTrip). The claim's own completion then tells that it took
 // the key. It reports false, changing nothing, if b is not so led.
 func (c *claim) inOneTrip(b *pgx.Batch) bool {
-	if c.queued == nil || c.queued.SQL != claimKey || len(b.QueuedQueries) < 2 ||
+	if c.begun || c.queued == nil || c.queued.SQL != claimKey || len(b.QueuedQueries) < 2 ||
 		b.QueuedQueries[0] != c.queued || b.QueuedQueries[1] != c.begin {
 		return false
 	}

@@ -70,10 +70,16 @@ func (l *lastStatement) leads(err error) bool { return l != nil && err != nil &&
 // once, which reports that error to it.
 func (l *lastStatement) judge(err error, gone bool) error {
 	var pre pgx.ErrPreprocessingBatch
-	if errors.As(err, &pre) && pre.SQL() != l.sql {
-		// One of the worker's own statements: nothing went out, and a
-		// second run would fail the same way.
-		return err
+	if errors.As(err, &pre) {
+		if pre.SQL() != l.sql {
+			// One of the worker's own statements: nothing went out, and
+			// a second run would fail the same way.
+			return err
+		}
+		// The statement itself could not be prepared or encoded
+		// (an undefined table, say): nothing went out, the claim
+		// included, and the error is the handler's to judge.
+		return fmt.Errorf("%w: %w", errLastFailed, err)
 	}
 	var pgErr *pgconn.PgError
 	answered := errors.As(err, &pgErr)

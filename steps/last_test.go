@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgbatch"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/steps"
@@ -414,7 +415,8 @@ func TestExecLastRefusedConcurrently(t *testing.T) {
 // (PostgreSQL arms it only at a Sync), and with an ApplyFunc no savepoint.
 // When a write went before, that write carries the claim and BEGIN, and
 // the bound with them (the transaction then sits between two round
-// trips), and the last batch ends with COMMIT.
+// trips), and the last batch has the savepoint (with an ApplyFunc) and
+// ends with COMMIT.
 func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -450,6 +452,10 @@ func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 			}
 			require.Equal(t, want, countEffects(t, pool))
 			require.Zero(t, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+			var outcome string
+			require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where saga_id = $1`, reply.SagaID).Scan(&outcome))
+			require.Equal(t, "succeeded", outcome, "the claim committed")
+			require.Equal(t, int32(tc.before+1), trips.Batches.Load(), "round trips")
 
 			sent := trips.SentInBatches()
 			bound, savepoint, begin, commit := false, false, false, false
@@ -459,8 +465,9 @@ func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 				begin = begin || sql == "begin"
 				commit = commit || sql == "commit"
 			}
+			require.True(t, strings.HasPrefix(sent[0], "insert into idemsaga.inbox"), "the claim first in %q", sent)
 			require.Equal(t, tc.bound, bound, "idle bound in %q", sent)
-			require.False(t, savepoint, "savepoint in %q", sent)
+			require.Equal(t, tc.bound && tc.apply, savepoint, "savepoint in %q", sent)
 			require.Equal(t, []bool{tc.bound, tc.bound}, []bool{begin, commit}, "BEGIN and COMMIT in %q", sent)
 			if tc.bound {
 				require.Equal(t, "commit", sent[len(sent)-1])
@@ -473,7 +480,7 @@ func TestOneTripStepLeavesOutTheIdleBoundAndTheSavepoint(t *testing.T) {
 // statement there is no savepoint, so a success that cannot be applied as
 // the command foresaw fails the whole round trip. Nothing of it commits;
 // the handler runs again with its statement at once, and the success is
-// then applied after a savepoint, read rather than guessed. The effect is
+// then applied after a savepoint, read rather than guessed again. The effect is
 // there once, also when 16 deliveries of the command race.
 func TestOneTripApplyFailureRunsTheAttemptAgain(t *testing.T) {
 	t.Parallel()
@@ -524,8 +531,8 @@ func TestOneTripApplyFailureRunsTheAttemptAgain(t *testing.T) {
 			if deliveries == 1 {
 				require.Equal(t, 1.0, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
 				require.Equal(t, int32(2), runs.Load(), "the handler ran twice")
-				require.Equal(t, []string{"guess true", "guess true", "guess false"}, calls,
-					"guessed in the one round trip, guessed after the savepoint, then read")
+				require.Equal(t, []string{"guess true", "guess false"}, calls,
+					"guessed in the one round trip, then read after the savepoint")
 			}
 		})
 	}
@@ -545,8 +552,13 @@ func TestOneTripCommitFailure(t *testing.T) {
 			pool, trips := tracedEffectsDB(t)
 			_, err := pool.Exec(ctx, `alter table effects add constraint effects_once unique (saga_id, step) deferrable initially deferred`)
 			require.NoError(t, err)
-			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true, Forward: lastEffect(0)})
-			w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) {
+			var runs atomic.Int32
+			def := saga.MustNew("last", saga.Step{Name: "write", Reaches: "written", TxOnly: true,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					runs.Add(1)
+					return lastEffect(0)(ctx, sc)
+				}})
+			w, m := meteredWorker(t, pool, def, func(cfg *steps.Config) {
 				cfg.Pool = pool
 				if apply {
 					cfg.ApplyFunc = func(_ context.Context, a steps.Apply) (steps.Applied, error) {
@@ -563,6 +575,9 @@ func TestOneTripCommitFailure(t *testing.T) {
 			var pgErr *pgconn.PgError
 			require.ErrorAs(t, err, &pgErr)
 			require.Equal(t, "23505", pgErr.Code)
+			require.ErrorIs(t, err, pgbatch.ErrAtSync, "the failure came at the commit")
+			require.Equal(t, int32(1), runs.Load(), "a failure at the commit is not the handler's to judge")
+			require.Zero(t, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
 			sent := trips.SentInBatches()
 			require.GreaterOrEqual(t, len(sent), 2)
 			require.NotContains(t, sent[0], "idle_in_transaction_session_timeout", "the first batch was the implicit transaction")
@@ -576,4 +591,39 @@ func TestOneTripCommitFailure(t *testing.T) {
 			require.Zero(t, idle, "no transaction left open")
 		})
 	}
+}
+
+// TestHeldBackStatementThatCannotBePrepared: a held-back statement that
+// PostgreSQL cannot prepare (its table does not exist) fails before
+// anything is sent, the claim it carries included. The error is the
+// handler's to judge, as for a statement run at once: here it makes the
+// step fail for good, and the failure is recorded, instead of the claim
+// being reported as failing and the command delivered again forever.
+func TestHeldBackStatementThatCannotBePrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolWith(t, effectsDB(t), func(*pgxpool.Config) {})
+	var seen error
+	def := saga.MustNew("last", saga.Step{
+		Name: "write", Reaches: "written", TxOnly: true,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if err := sc.ExecLast(ctx, `insert into no_such_table (saga_id) values ($1)`, sc.SagaID); err != nil {
+				seen = err
+				return nil, saga.Permanent(err)
+			}
+			return nil, nil
+		},
+	})
+	w, m := meteredWorker(t, pool, def, func(*steps.Config) {})
+	id := uuid.New()
+	reply, err := w.Handle(ctx, command(id, "last", "write", saga.PhaseForward, 1, 1))
+	require.NoError(t, err)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, seen, &pgErr, "the handler saw the statement's error")
+	require.Equal(t, "42P01", pgErr.Code)
+	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
+	require.Equal(t, 1.0, counter(t, m.LastStatementReruns.WithLabelValues("last", "write")))
+	var outcome string
+	require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where saga_id = $1`, id).Scan(&outcome))
+	require.Equal(t, "failed", outcome)
 }

@@ -74,25 +74,26 @@ type Config struct {
 	// orchestrator when it runs the step workers on its own database. Its
 	// part runs after a savepoint: on an error the worker rolls it back and
 	// commits the step with a reply instead, without running the handler
-	// again. After a handler's held-back last statement
-	// (saga.StepContext.ExecLast) there is no savepoint, so that the step
-	// stays one round trip without a subtransaction: on an error nothing
-	// commits, and the worker runs the attempt again at once, the
-	// statement then at once and ApplyFunc's part after a savepoint. See
-	// Apply and Applied.
+	// again. A step that goes in one round trip (its claim travels with
+	// the handler's held-back last statement, saga.StepContext.ExecLast)
+	// has no savepoint, so that it pays no subtransaction: on an error of
+	// a statement nothing commits, and the worker runs the attempt again
+	// at once, the statement then at once and ApplyFunc's part after a
+	// savepoint, without Guess. See Apply and Applied.
 	ApplyFunc func(ctx context.Context, a Apply) (Applied, error)
 }
 
 // Apply is what Config.ApplyFunc gets: a step's success, inside the step's
-// open transaction, after a savepoint (none after a held-back last
-// statement: see Config.ApplyFunc).
+// open transaction, after a savepoint (none in a step that goes in one
+// round trip: see Config.ApplyFunc).
 type Apply struct {
 	// Conn holds the step's transaction.
 	Conn *pgx.Conn
-	// Pending holds the step's statements not yet sent: the savepoint, or
-	// instead the handler's held-back last statement, with the step's
-	// claim and BEGIN when nothing went before it
-	// (saga.StepContext.ExecLast). ApplyFunc sends them before anything
+	// Pending holds the step's statements not yet sent: the savepoint,
+	// and before it the handler's held-back last statement
+	// (saga.StepContext.ExecLast); or, when nothing went before that
+	// statement, the step's claim, BEGIN and the statement, without a
+	// savepoint. ApplyFunc sends them before anything
 	// else, with its own reads, in one round trip, or returns them with
 	// its writes (or returns no writes, and the worker sends them).
 	// Errors of a batch that carried them must wrap the batch's error.
@@ -105,7 +106,7 @@ type Apply struct {
 	// saga or step that moved meanwhile fails the batch. The worker sends
 	// them with COMMIT: one round trip for the whole success. If they fail,
 	// it rolls back to the savepoint and calls ApplyFunc again without
-	// Guess (or, after a held-back statement, runs the attempt again).
+	// Guess (or, without a savepoint, runs the attempt again).
 	Guess bool
 }
 
@@ -130,10 +131,15 @@ var errHandlerEndedTx = errors.New("the handler returned success after ending th
 // leave out Apply.Pending without having sent it.
 var errApplyDroppedPending = errors.New("steps: Config.ApplyFunc returned writes without Apply.Pending, which it had not sent; send Pending first, or queue the writes on it")
 
-// errApplyInOneTrip marks an attempt whose success, applied after a
-// held-back last statement (which leaves no savepoint to roll back to),
-// failed: nothing of it is to commit, and the worker runs it again at
-// once, the statement then at once and the success after a savepoint.
+// errApplyResentPending is returned when ApplyFunc returned as its writes
+// the batch Apply.Pending after sending it.
+var errApplyResentPending = errors.New("steps: Config.ApplyFunc returned Apply.Pending as its writes after sending it; queue the writes on a new batch once Pending is sent")
+
+// errApplyInOneTrip marks an attempt whose success, applied in the step's
+// one round trip (which has no savepoint to roll back to), failed:
+// nothing of it is to commit, and the worker runs it again at once, the
+// statement then at once and the success after a savepoint, read rather
+// than guessed.
 var errApplyInOneTrip = errors.New("the step's success could not be applied in the round trip of its last statement")
 
 // errApplyInStep marks a failed ApplyFunc whose step could not be saved
@@ -328,16 +334,17 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	var done attempt
 	// A TxOnly forward step's claim goes with its first statement.
 	held := cmd.Phase == saga.PhaseForward && step.TxOnly
-	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, false, &done)
+	reply, err := w.run(ctx, cmd, handler, policy, held, redelivered, false, true, &done)
 	if errors.Is(err, errLastFailed) || errors.Is(err, errApplyInOneTrip) {
 		// Nothing of the attempt committed. The handler runs again, its
 		// last statement at once, to judge that statement's error, or to
-		// apply the success after a savepoint.
+		// apply the success after a savepoint (reading the saga: the
+		// guess already failed).
 		w.cfg.Logger.Debug("step worker: the round trip of the step's last statement and its success failed; running the handler again",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
 		w.cfg.Metrics.LastStatementReruns.WithLabelValues(cmd.Definition, cmd.Step).Inc()
 		done = attempt{}
-		reply, err = w.run(ctx, cmd, handler, policy, held, false, true, &done)
+		reply, err = w.run(ctx, cmd, handler, policy, held, false, true, !errors.Is(err, errApplyInOneTrip), &done)
 	}
 	if err != nil {
 		return reply, err
@@ -375,7 +382,7 @@ func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool)
 // ExecLast statement is held back for the success's round trip
 // (lastStatement); if it fails, run returns errLastFailed and handle runs
 // the attempt again with again set, ExecLast then running at once.
-func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held, redelivered, again bool, done *attempt) (wire.Reply, error) {
+func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.HandlerFunc, policy saga.RetryPolicy, held, redelivered, again, guess bool, done *attempt) (wire.Reply, error) {
 	sent := &done.sent
 	reply := wire.Reply{
 		SagaID: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step,
@@ -483,7 +490,7 @@ func (w *Worker) run(ctx context.Context, cmd wire.Command, handler saga.Handler
 		// reply into the outbox, COMMIT.
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		if w.cfg.ApplyFunc != nil {
-			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done, last)
+			err = w.applyAndCommit(attemptCtx, conn, cmd, reply, done, last, guess)
 		} else {
 			b := recordResultOf(cmd, result, last.batch())
 			err = w.replyAndCommit(attemptCtx, conn, reply, b, sent, last.inOneTrip(b))
@@ -718,16 +725,25 @@ func storedReply(ctx context.Context, q interface {
 // Every other way records it in the inbox row.
 //
 // A handler's held-back last statement (and the claim it may carry) leads
-// the batch, in place of the savepoint; an error of its is returned at
-// once, for run to judge (lastStatement.leads), and any other failure as
-// errApplyInOneTrip, for run to run the attempt again.
-func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt, last *lastStatement) error {
+// the batch, before the savepoint; an error of its is returned at once,
+// for run to judge (lastStatement.leads). When it carries the claim the
+// step is one round trip, without a savepoint: a failure of a statement
+// after it is returned as errApplyInOneTrip, for run to run the attempt
+// again; one at the commit, or of an attempt or connection gone, as it
+// is.
+func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wire.Command, reply wire.Reply, done *attempt, last *lastStatement, guess bool) error {
 	b := last.batch()
-	if last == nil {
+	// The step in one round trip (its claim travels with the held-back
+	// statement) takes no savepoint: a subtransaction per step.
+	oneTrip := last != nil && last.claim != nil
+	if !oneTrip {
 		b.Queue(savepointApply)
 	}
-	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: true}
+	a := Apply{Conn: conn.Conn(), Pending: b, Command: cmd, Reply: reply, Guess: guess}
 	res, err := w.cfg.ApplyFunc(ctx, a)
+	if err == nil && last != nil && last.ran && res.Writes == b {
+		return errApplyResentPending
+	}
 	if err == nil && last != nil && !last.ran {
 		// Pending holds the handler's statement (and maybe the claim):
 		// it must go, before anything else, or nothing may commit.
@@ -747,11 +763,15 @@ func (w *Worker) applyAndCommit(ctx context.Context, conn *pgxpool.Conn, cmd wir
 	if last.leads(err) {
 		return err
 	}
-	if err != nil && last != nil {
-		// A held-back statement leaves no savepoint to go back to (it
-		// would cost the step's one round trip a subtransaction): nothing
-		// of the attempt is to commit, and the handler runs again with
-		// its statement at once, then this with the savepoint.
+	if err != nil && oneTrip {
+		// No savepoint to go back to: nothing of the attempt is to
+		// commit. While the attempt and its connection live, and unless
+		// the failure came at the commit, the handler runs again with its
+		// statement at once, then this after a savepoint, reading the
+		// saga; otherwise the attempt ends here, to be delivered again.
+		if ctx.Err() != nil || conn.Conn().IsClosed() || pgconn.Timeout(err) || errors.Is(err, pgbatch.ErrAtSync) {
+			return err
+		}
 		return fmt.Errorf("%w: %w", errApplyInOneTrip, err)
 	}
 	if err != nil && res.Guessed {
