@@ -69,6 +69,8 @@ func FuzzStepKey(f *testing.F) {
 		p1, p2 := phase(fwd1), phase(fwd2)
 
 		k1 := saga.StepKey(id, step1, p1)
+		require.Equal(t, uuid.NewSHA1(saga.KeyNamespace, []byte(id.String()+"\x00"+step1+"\x00"+string(p1))), k1,
+			"the key must stay UUIDv5 of the saga ID's text, step and phase: keys in flight depend on it")
 		require.Equal(t, k1, saga.StepKey(id, step1, p1), "not deterministic")
 		require.Equal(t, uuid.Version(5), k1.Version())
 
@@ -97,4 +99,11 @@ func TestMessageID(t *testing.T) {
 
 	other := saga.StepKey(uuid.MustParse("0190c2a4-7f3e-7b1a-9c2d-4e5f6a7b8c9d"), "charge", saga.PhaseCompensate)
 	require.NotEqual(t, saga.MessageID(key, 1), saga.MessageID(other, 1))
+}
+
+// TestStepKeyAllocatesNothing: the engine derives several keys per step.
+func TestStepKeyAllocatesNothing(t *testing.T) {
+	id := uuid.MustParse("0190c2a4-7f3e-7b1a-9c2d-4e5f6a7b8c9d")
+	allocs := testing.AllocsPerRun(100, func() { _ = saga.StepKey(id, "reserve", saga.PhaseForward) })
+	require.Zero(t, allocs)
 }
