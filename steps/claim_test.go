@@ -199,6 +199,15 @@ func tracedEffectsDB(t *testing.T) (*pgxpool.Pool, *testenv.RoundTrips) {
 	return poolWith(t, effectsDB(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips }), trips
 }
 
+// requireNoOpenTransaction fails the test if a session on pool's database
+// sits idle inside a transaction.
+func requireNoOpenTransaction(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var idle int
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
+	require.Zero(t, idle, "no transaction left open")
+}
+
 // poolWith returns a pool of one connection to shared's database, set by
 // change.
 func poolWith(t testing.TB, shared *pgxpool.Pool, change func(*pgxpool.Config)) *pgxpool.Pool {
@@ -303,9 +312,7 @@ func TestTxOnlyEdgeCases(t *testing.T) {
 			require.True(t, again.Duplicate)
 			require.Equal(t, tc.outcome, again.Outcome)
 			require.Equal(t, tc.effects, countEffects(t, pool), "the duplicate took no effect")
-			var idle string
-			require.NoError(t, pool.QueryRow(ctx, `select count(*)::text from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
-			require.Equal(t, "0", idle, "no transaction left open")
+			requireNoOpenTransaction(t, pool)
 		})
 	}
 }

@@ -181,9 +181,7 @@ func TestExecLastFailureRunsTheHandlerAgain(t *testing.T) {
 				require.Equal(t, wire.OutcomeRetry, reply.Outcome)
 				require.Error(t, err, "a retry leaves the key free")
 			}
-			var idle int
-			require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
-			require.Zero(t, idle, "no transaction left open")
+			requireNoOpenTransaction(t, pool)
 		})
 	}
 }
@@ -586,9 +584,7 @@ func TestOneTripCommitFailure(t *testing.T) {
 			var claimed int
 			require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox where saga_id = $1`, id).Scan(&claimed))
 			require.Zero(t, claimed, "the claim did not commit")
-			var idle int
-			require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%'`).Scan(&idle))
-			require.Zero(t, idle, "no transaction left open")
+			requireNoOpenTransaction(t, pool)
 		})
 	}
 }
