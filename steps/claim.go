@@ -142,7 +142,7 @@ func (c *claim) send(ctx context.Context, conn *pgx.Conn, sql string, args []any
 }
 
 // fromRaise reads the stored outcome a claim's raise carries
-// (idemsaga.key_taken, migration 010): a JSON array of the outcome, the
+// (idemsaga.key_held, migration 012): a JSON array of the outcome, the
 // result, the error text and the attempt, in the error's COLUMN field,
 // which the server log does not record.
 func (st *stored) fromRaise(err error) error {
