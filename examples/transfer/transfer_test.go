@@ -2,6 +2,9 @@ package transfer_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/google/uuid"
@@ -11,7 +14,9 @@ import (
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -115,4 +120,59 @@ func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
 	var balance int64
 	require.NoError(t, pool.QueryRow(ctx, `select balance from transfer.accounts where id = 1`).Scan(&balance))
 	require.Equal(t, int64(10), balance)
+}
+
+// TestStepsRefuseWhatCannotTakeEffect runs the transfer's steps in a step
+// worker against accounts that cannot pay or be paid: each fails for good
+// with the error that says why (the refusal codes of migrations 003 and
+// 005), and changes no balance and writes no ledger row. A debit that can
+// pay takes effect once.
+func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	// Account 3 is frozen; account 9 does not exist.
+	_, err := transfer.Seed(ctx, pool, 3, 100, 3)
+	require.NoError(t, err)
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	run := func(step string, in transfer.Input) wire.Reply {
+		t.Helper()
+		raw, err := json.Marshal(in)
+		require.NoError(t, err)
+		id := uuid.New()
+		reply, err := w.Handle(ctx, wire.Command{SagaID: id, Definition: "transfer", Step: step, Phase: saga.PhaseForward,
+			Key: saga.StepKey(id, step, saga.PhaseForward), Attempt: 1, Input: raw})
+		require.NoError(t, err)
+		return reply
+	}
+	for _, tc := range []struct {
+		name, step string
+		in         transfer.Input
+		want       error
+	}{
+		{"a debit beyond the balance", transfer.StepDeduct, transfer.Input{From: 1, To: 2, Amount: 101}, transfer.ErrInsufficientFunds},
+		{"a debit of a frozen account", transfer.StepDeduct, transfer.Input{From: 3, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
+		{"a debit of a missing account", transfer.StepDeduct, transfer.Input{From: 9, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
+		{"a credit of a frozen account", transfer.StepCredit, transfer.Input{From: 1, To: 3, Amount: 1}, transfer.ErrDestinationMissing},
+		{"a credit of a missing account", transfer.StepCredit, transfer.Input{From: 1, To: 9, Amount: 1}, transfer.ErrDestinationMissing},
+	} {
+		reply := run(tc.step, tc.in)
+		require.Equal(t, wire.OutcomeFailed, reply.Outcome, tc.name)
+		require.Contains(t, reply.Error, tc.want.Error(), tc.name)
+	}
+	var balances []int64
+	var ledger int
+	require.NoError(t, pool.QueryRow(ctx, `select array_agg(balance order by id), (select count(*) from transfer.ledger) from transfer.accounts`).Scan(&balances, &ledger))
+	require.Equal(t, []int64{100, 100, 100}, balances, "no refusal moved money")
+	require.Zero(t, ledger)
+
+	reply := run(transfer.StepDeduct, transfer.Input{From: 1, To: 2, Amount: 100})
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome, reply.Error)
+	require.NoError(t, pool.QueryRow(ctx, `select array_agg(balance order by id), (select count(*) from transfer.ledger) from transfer.accounts`).Scan(&balances, &ledger))
+	require.Equal(t, []int64{0, 100, 100}, balances)
+	require.Equal(t, 1, ledger)
 }
