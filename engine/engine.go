@@ -450,16 +450,9 @@ func checkMigrated(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) er
 		return fmt.Errorf("idemsaga: database unreachable: %w", err)
 	}
 	defer conn.Release()
-	have, err := migrations.Current(ctx, conn.Conn())
+	have, want, err := migrations.Check(ctx, conn.Conn())
 	if err != nil {
-		return fmt.Errorf("idemsaga: read migration version: %w", err)
-	}
-	want, err := migrations.Latest()
-	if err != nil {
-		return err
-	}
-	if have < want {
-		return fmt.Errorf("idemsaga: database schema is at version %d, the engine needs %d: run `worker migrate` first", have, want)
+		return fmt.Errorf("idemsaga: %w", err)
 	}
 	if have > want && log != nil {
 		log.Warn("the database schema is newer than this build: it may misread what newer builds write (see the migrations' notes); replace this process with the newer build",

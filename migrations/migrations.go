@@ -54,6 +54,23 @@ func Current(ctx context.Context, conn *pgx.Conn) (int32, error) {
 	return v, err
 }
 
+// Check reads the engine migration version the database has (have) and
+// the one this build needs (want). It fails when the database lacks some
+// of this build's migrations; have above want means a newer build
+// migrated it, which callers may warn of.
+func Check(ctx context.Context, conn *pgx.Conn) (have, want int32, err error) {
+	if have, err = Current(ctx, conn); err != nil {
+		return 0, 0, fmt.Errorf("read migration version: %w", err)
+	}
+	if want, err = Latest(); err != nil {
+		return have, 0, err
+	}
+	if have < want {
+		return have, want, fmt.Errorf("database schema is at version %d, this build needs %d: run `worker migrate` first", have, want)
+	}
+	return have, want, nil
+}
+
 // Apply applies the numbered .sql files of fsys to schema, recording the
 // version in schema.schema_version. The schema is created when missing.
 // Other packages (such as the transfer example) use it for their own tables.

@@ -21,6 +21,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/pgbatch"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -224,12 +225,27 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.cfg.Consumer == nil {
 		return errors.New("steps: Config.Consumer is required to start the worker")
 	}
-	if err := w.cfg.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("step worker: database unreachable: %w", err)
+	if err := w.checkMigrated(ctx); err != nil {
+		return err
 	}
 	return w.runner.Start(ctx, func(ctx context.Context) {
 		broker.Pool(ctx, w.cfg.Logger, w.cfg.Consumer, w.cfg.Concurrency, w.HandleMsg)
 	})
+}
+
+// checkMigrated fails when the database is unreachable or lacks this
+// build's migrations: the claim calls functions they create, and without
+// them every command would be refused and delivered again, forever.
+func (w *Worker) checkMigrated(ctx context.Context) error {
+	conn, err := w.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("step worker: database unreachable: %w", err)
+	}
+	defer conn.Release()
+	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+		return fmt.Errorf("step worker: %w", err)
+	}
+	return nil
 }
 
 // Stop finishes the commands in hand and returns. Calling it twice is fine.

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -334,4 +335,35 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.Equal(t, wire.OutcomeSucceeded, r2.Outcome)
 	require.False(t, r2.Duplicate)
 	require.Equal(t, int32(2), runs.Load())
+}
+
+// TestStartRefusesADatabaseBehindItsMigrations: a step worker started on a
+// database that lacks this build's migrations (one behind, as in a rolling
+// upgrade that skipped `worker migrate`) fails at Start, saying what to do,
+// and consumes nothing: its claim would call a function that is not there,
+// and every command would be refused and delivered again.
+func TestStartRefusesADatabaseBehindItsMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := pool.Exec(ctx, `update idemsaga.schema_version set version = version - 1`)
+	require.NoError(t, err)
+	var consumed atomic.Bool
+	w, err := steps.New(steps.Config{
+		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Consumer: func(context.Context) (jetstream.Consumer, error) {
+			consumed.Store(true)
+			return nil, errors.New("no broker in this test")
+		},
+	})
+	require.NoError(t, err)
+	require.ErrorContains(t, w.Start(ctx), "run `worker migrate` first")
+	require.NoError(t, w.Stop(ctx), "stopping a worker that never started is fine")
+	require.False(t, consumed.Load(), "nothing consumed")
+
+	_, err = pool.Exec(ctx, `update idemsaga.schema_version set version = version + 1`)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx), "the same worker starts once the database is migrated")
+	require.NoError(t, w.Stop(ctx))
 }
