@@ -5,11 +5,15 @@
 -- duplicate, about half of the 214,000 instructions a duplicate's claim
 -- cost it (measured under callgrind, docs/benchmarks.md, eleventh pass).
 -- The claim's ON CONFLICT DO UPDATE holds the row it met, locked and in
--- its latest committed version, so it now hands that row's columns to
+-- its latest committed version (at READ COMMITTED, the default; at
+-- REPEATABLE READ or SERIALIZABLE a row the claim's snapshot does not see
+-- fails it with 40001, as before), so it now hands that row's columns to
 -- idemsaga.key_held, which raises IDM02 with them as key_taken did. Only a
 -- success whose result is not in the inbox row (one applied to its saga in
 -- its own transaction keeps it in the step's row alone) still reads the
--- step's row, by its primary key.
+-- step's row, by its primary key. key_held is VOLATILE so that this read
+-- takes a snapshot of its own: a duplicate that waited for the first
+-- delivery's commit must see the step's row that commit wrote.
 --
 -- key_taken stays for step workers of older versions. Apply this
 -- migration before running the new ones, whose claim calls key_held.

@@ -330,9 +330,10 @@ func effectsDB(t testing.TB) *pgxpool.Pool {
 // inbox while the first still holds the key waits on it, and when the
 // first commits, answers with what it committed, although its claim's
 // statement began before that commit: the claim's ON CONFLICT DO UPDATE
-// hands idemsaga.key_held the row it met, in its latest committed version.
-// The step's row, where a result applied in its step is kept, is read with
-// a snapshot of its own.
+// hands idemsaga.key_held the row it met, in its latest committed version,
+// with the result recorded after the claim. (A result kept in the step's
+// row, read by key_held with a snapshot of its own, is the engine's
+// TestDuplicateWaitingOnAGuessedSuccess.)
 func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 	t.Parallel()
 	for _, txOnly := range []bool{true, false} {
