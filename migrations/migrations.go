@@ -45,8 +45,14 @@ func Latest() (int32, error) {
 
 // Current returns the applied engine migration version, 0 when none.
 func Current(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	return current(ctx, conn, Schema)
+}
+
+// current returns the migration version Apply recorded in schema, 0 when
+// none.
+func current(ctx context.Context, conn *pgx.Conn, schema string) (int32, error) {
 	var v int32
-	err := conn.QueryRow(ctx, "select version from "+VersionTable).Scan(&v)
+	err := conn.QueryRow(ctx, "select version from "+pgx.Identifier{schema, "schema_version"}.Sanitize()).Scan(&v)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
 		return 0, nil
@@ -59,14 +65,22 @@ func Current(ctx context.Context, conn *pgx.Conn) (int32, error) {
 // of this build's migrations; have above want means a newer build
 // migrated it, which callers may warn of.
 func Check(ctx context.Context, conn *pgx.Conn) (have, want int32, err error) {
-	if have, err = Current(ctx, conn); err != nil {
-		return 0, 0, fmt.Errorf("read migration version: %w", err)
+	return CheckApplied(ctx, conn, Schema, files)
+}
+
+// CheckApplied is Check for the numbered .sql files of fsys, applied to
+// schema by Apply (another package's tables, such as the transfer
+// example's).
+func CheckApplied(ctx context.Context, conn *pgx.Conn, schema string, fsys fs.FS) (have, want int32, err error) {
+	if have, err = current(ctx, conn, schema); err != nil {
+		return 0, 0, fmt.Errorf("read the migration version of schema %s: %w", schema, err)
 	}
-	if want, err = Latest(); err != nil {
-		return have, 0, err
+	names, err := migrate.FindMigrations(fsys)
+	if err != nil {
+		return have, 0, fmt.Errorf("list the migrations of schema %s: %w", schema, err)
 	}
-	if have < want {
-		return have, want, fmt.Errorf("database schema is at version %d, this build needs %d: run `worker migrate` first", have, want)
+	if want = int32(len(names)); have < want {
+		return have, want, fmt.Errorf("database schema %s is at version %d, this build needs %d: run `worker migrate` first", schema, have, want)
 	}
 	return have, want, nil
 }

@@ -221,6 +221,30 @@ func TestWorkerErrorsAreOneLine(t *testing.T) {
 	require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, r.stderr)
 }
 
+// TestRunRefusesTransferTablesBehindTheirMigrations: `worker run` on a
+// database whose transfer tables lack one of this build's migrations
+// stops before it consumes anything, saying what to do (its debits would
+// call a function that is not there); with --migrate it applies them.
+func TestRunRefusesTransferTablesBehindTheirMigrations(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testenv.DBWithURL(t)
+	_, err := pool.Exec(context.Background(), `update transfer.schema_version set version = version - 1`)
+	require.NoError(t, err)
+	r := worker(t, []string{"DATABASE_URL=" + dbURL, "NATS_URL=nats://127.0.0.1:1"}, "run", "--http-addr", "127.0.0.1:0")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "schema transfer")
+	require.Contains(t, r.stderr, "run `worker migrate` first")
+
+	// With --migrate (here from nothing: the version alone cannot be
+	// lowered and applied again) the check passes, and the run goes on to
+	// the broker (none here).
+	_, err = pool.Exec(context.Background(), `drop schema transfer cascade`)
+	require.NoError(t, err)
+	r = worker(t, []string{"DATABASE_URL=" + dbURL, "NATS_URL=nats://127.0.0.1:1"}, "run", "--migrate", "--http-addr", "127.0.0.1:0")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "cannot reach NATS")
+}
+
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	name := "idemsaga_demo_test_" + strings.ToLower(testenv.Name("d")[2:])

@@ -37,3 +37,14 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return transfer.Migrate(ctx, conn.Conn())
 }
+
+// checkTransferMigrated fails when the transfer tables lack this build's
+// migrations (the engine checks its own at start).
+func checkTransferMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
+	}
+	defer conn.Release()
+	return transfer.CheckMigrated(ctx, conn.Conn())
+}

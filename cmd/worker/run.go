@@ -42,6 +42,9 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 			return err
 		}
 	}
+	if err := checkTransferMigrated(ctx, pool); err != nil {
+		return err
+	}
 	nc, err := connectNATS(r.NATSURL, fmt.Sprintf("idemsaga-worker-%d", os.Getpid()))
 	if err != nil {
 		return err

@@ -176,3 +176,23 @@ func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
 	require.Equal(t, []int64{0, 100, 100}, balances)
 	require.Equal(t, 1, ledger)
 }
+
+// TestCheckMigrated: tables that lack one of this build's migrations, or
+// all of them, are refused, saying what to do; migrated, they pass.
+func TestCheckMigrated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	require.NoError(t, transfer.CheckMigrated(ctx, conn.Conn()))
+	_, err = conn.Exec(ctx, `update transfer.schema_version set version = version - 1`)
+	require.NoError(t, err)
+	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "run `worker migrate` first")
+	_, err = conn.Exec(ctx, `drop schema transfer cascade`)
+	require.NoError(t, err)
+	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "run `worker migrate` first")
+	require.NoError(t, transfer.Migrate(ctx, conn.Conn()))
+	require.NoError(t, transfer.CheckMigrated(ctx, conn.Conn()))
+}
