@@ -21,7 +21,7 @@ func definition(t *testing.T, compensable ...bool) *saga.Definition {
 	t.Helper()
 	steps := make([]saga.Step, len(compensable))
 	for i, c := range compensable {
-		steps[i] = saga.Step{Name: fmt.Sprintf("s%d", i), Reaches: saga.State(fmt.Sprintf("r%d", i)), Forward: noop}
+		steps[i] = saga.Step{Name: fmt.Sprintf("s%d", i), Reaches: saga.State(fmt.Sprintf("r%d", i)), Kind: saga.ExternalStep, Forward: noop}
 		if c {
 			steps[i].Compensate = noop
 		}
@@ -52,7 +52,8 @@ func TestPlan(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			def := definition(t, tt.compensable...)
-			plan := compensation.Plan(def, tt.failed)
+			plan, park := compensation.Plan(def, tt.failed, compensation.NotDone)
+			require.False(t, park)
 			require.Equal(t, tt.want, plan)
 			for i := 0; i+1 < len(plan); i++ {
 				require.Equal(t, plan[i+1], compensation.Next(def, plan[i]))
@@ -78,8 +79,8 @@ func TestNext(t *testing.T) {
 func TestPlanPanicsOutOfRange(t *testing.T) {
 	t.Parallel()
 	def := definition(t, true, true)
-	require.Panics(t, func() { compensation.Plan(def, -1) })
-	require.Panics(t, func() { compensation.Plan(def, 2) })
+	require.Panics(t, func() { compensation.Plan(def, -1, compensation.NotDone) })
+	require.Panics(t, func() { compensation.Plan(def, 2, compensation.PossiblyDone) })
 }
 
 func TestPlanProperties(t *testing.T) {
@@ -93,21 +94,38 @@ func TestPlanProperties(t *testing.T) {
 		}
 		def := definition(t, compensable...)
 		failed := r.IntN(n)
-		plan := compensation.Plan(def, failed)
-		desc := fmt.Sprintf("compensable %v failed %d plan %v", compensable, failed, plan)
+		effect := compensation.Effect(r.IntN(2))
+		plan, park := compensation.Plan(def, failed, effect)
+		desc := fmt.Sprintf("compensable %v failed %d effect %d plan %v park %v", compensable, failed, effect, plan, park)
 
-		// Strictly decreasing, below the failed step: the reverse of the
-		// order in which steps completed.
+		// A possibly-done step without a compensation parks, and nothing
+		// is compensated.
+		if effect == compensation.PossiblyDone && !compensable[failed] {
+			require.True(t, park, desc)
+			require.Empty(t, plan, desc)
+			continue
+		}
+		require.False(t, park, desc)
+
+		// Strictly decreasing, from the failed step when it is possibly
+		// done, below it otherwise: the reverse of the order in which
+		// steps started.
+		top := failed
+		if effect == compensation.PossiblyDone {
+			top = failed + 1
+			require.Equal(t, failed, plan[0], desc)
+		}
 		for i := range plan {
-			require.Less(t, plan[i], failed, desc)
+			require.Less(t, plan[i], top, desc)
 		}
 		for i := 1; i < len(plan); i++ {
 			require.Less(t, plan[i], plan[i-1], desc)
 		}
 
-		// Exactly every earlier compensable step.
+		// Exactly every compensable step that started and may have
+		// taken effect.
 		want := map[int]bool{}
-		for i := range failed {
+		for i := range top {
 			if compensable[i] {
 				want[i] = true
 			}
@@ -127,8 +145,12 @@ func TestPlanProperties(t *testing.T) {
 			require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1]), desc)
 		}
 
-		// Walking with Next alone from the failed step visits the plan.
+		// Walking with Next alone from the failed step visits the rest
+		// of the plan.
 		var walk []int
+		if effect == compensation.PossiblyDone {
+			walk = append(walk, failed)
+		}
 		for next := compensation.Next(def, failed); next >= 0; next = compensation.Next(def, next) {
 			walk = append(walk, next)
 		}
@@ -139,17 +161,23 @@ func TestPlanProperties(t *testing.T) {
 func ExamplePlan() {
 	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
 	def := saga.MustNew("transfer",
-		saga.Step{Name: "debit", Reaches: "debited", Forward: noop, Compensate: noop},
-		saga.Step{Name: "audit", Reaches: "audited", Forward: noop},
-		saga.Step{Name: "credit", Reaches: "credited", Forward: noop, Compensate: noop},
+		saga.Step{Name: "debit", Reaches: "debited", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "audit", Reaches: "audited", Kind: saga.DatabaseStep, Forward: noop},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "notify", Reaches: "notified", Kind: saga.ExternalStep, Forward: noop},
 	)
-	// credit failed (the engine has settled it: it took no effect), audit
-	// has nothing to undo, so only debit is compensated.
-	plan := compensation.Plan(def, 2)
-	fmt.Println(plan)
+	// charge was refused (it took no effect), audit has nothing to undo,
+	// so only debit is compensated.
+	fmt.Println(compensation.Plan(def, 2, compensation.NotDone))
+	// charge timed out: it may have charged, so its refund comes first.
+	fmt.Println(compensation.Plan(def, 2, compensation.PossiblyDone))
+	// notify timed out and cannot be undone: the saga parks.
+	fmt.Println(compensation.Plan(def, 3, compensation.PossiblyDone))
 	fmt.Println(compensation.Next(def, 2), compensation.Next(def, 0))
 
 	// Output:
-	// [0]
+	// [0] false
+	// [2 0] false
+	// [] true
 	// 0 -1
 }

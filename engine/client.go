@@ -113,7 +113,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		hash     []byte
 		state    *string
 	)
-	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], []byte(canonical),
+	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
 		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
@@ -221,26 +221,30 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 }
 
 func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
-	rows, err := cl.c.pool.Query(ctx, selectSteps, sg.ID)
+	rows, err := cl.c.pool.Query(ctx, selectSteps, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	defer rows.Close()
+	def, _ := cl.c.definition(sg.Definition)
 	sg.Steps = sg.Steps[:0]
 	for rows.Next() {
 		var s saga.StepExecution
 		var phase, status string
-		if err := rows.Scan(&s.Step, &phase, &s.Index, &s.Key, &status, &s.Attempt, &s.LeaseUntil,
+		if err := rows.Scan(&s.Step, &phase, &s.Index, &s.Key, &status, &s.Attempt, &s.PossiblyDone, &s.LeaseUntil,
 			&s.NextAttemptAt, &s.LastError, &s.Result, &s.CreatedAt, &s.UpdatedAt); err != nil {
 			return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 		}
 		s.Phase, s.Status = saga.Phase(phase), saga.StepStatus(status)
+		if def != nil && s.Index < def.Len() {
+			s.Kind = def.Step(s.Index).Kind.String()
+		}
 		sg.Steps = append(sg.Steps, s)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
-	arows, err := cl.c.pool.Query(ctx, selectAttempts, sg.ID)
+	arows, err := cl.c.pool.Query(ctx, selectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}

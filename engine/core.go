@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/compensation"
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -20,11 +22,8 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// errAlreadyApplied reports a transition whose target state the saga is
-// already in: a duplicate, to be treated as success.
-var errAlreadyApplied = errors.New("idemsaga: transition already applied")
-
-// core is what the client, the orchestrator and the reaper share.
+// core is what the client, the orchestrator, the reaper and the engine's
+// own step workers share.
 type core struct {
 	pool       *pgxpool.Pool
 	defs       map[string]*saga.Definition
@@ -57,6 +56,19 @@ func (c *core) definition(name string) (*saga.Definition, error) {
 	return d, nil
 }
 
+// stepOf returns a saga's definition and the index of its named step.
+func (c *core) stepOf(definition, step string) (*saga.Definition, int, error) {
+	def, err := c.definition(definition)
+	if err != nil {
+		return nil, 0, err
+	}
+	idx := def.StepIndex(step)
+	if idx < 0 {
+		return nil, 0, fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", definition, step)
+	}
+	return def, idx, nil
+}
+
 func (c *core) woke() {
 	if c.notify != nil {
 		c.notify()
@@ -87,35 +99,45 @@ func (c *core) sent(rows []outbox.Committed) {
 
 // effects are observed after a transaction commits.
 type effects struct {
-	finished []finished
+	// moves holds the moves applied, with when their saga started.
+	moves   []*attempt.Move
+	created []*time.Time
 	// retries holds (definition, step, phase) of retries scheduled.
 	retries [][3]string
 	// sent holds the outbox rows the transaction wrote.
 	sent []outbox.Committed
 }
 
-type finished struct {
-	id         uuid.UUID
-	state      saga.State
-	definition string
-	outcome    string
-	// created is the saga's start, read at emit: a success applied
-	// without reading the saga first learns it from its lock statement.
-	created *time.Time
+// moved records a move queued on a transaction.
+func (fx *effects) moved(m *attempt.Move) *time.Time {
+	t := new(time.Time)
+	fx.moves, fx.created = append(fx.moves, m), append(fx.created, t)
+	return t
 }
 
 func (c *core) emit(fx *effects) {
 	for _, r := range fx.retries {
 		c.metrics.RetriesScheduled.WithLabelValues(r[0], r[1], r[2]).Inc()
 	}
-	for _, f := range fx.finished {
-		c.metrics.SagasFinished.WithLabelValues(f.definition, f.outcome).Inc()
-		c.metrics.SagaDuration.WithLabelValues(f.definition, f.outcome).Observe(time.Since(*f.created).Seconds())
-		if c.onFinished != nil {
-			c.onFinished(f.id, f.definition, f.state)
-		}
+	for i, m := range fx.moves {
+		c.Moved(m, *fx.created[i])
 	}
 	c.sent(fx.sent)
+}
+
+// Moved reports a move that committed: a saga that finished is counted,
+// timed and handed to Config.OnFinishedFunc (attempt.Mover).
+func (c *core) Moved(m *attempt.Move, created time.Time) {
+	if !m.Finished {
+		return
+	}
+	c.metrics.SagasFinished.WithLabelValues(m.Definition, m.Outcome).Inc()
+	if !created.IsZero() {
+		c.metrics.SagaDuration.WithLabelValues(m.Definition, m.Outcome).Observe(time.Since(created).Seconds())
+	}
+	if c.onFinished != nil {
+		c.onFinished(m.Saga, m.Definition, m.To)
+	}
 }
 
 type queryer interface {
@@ -143,72 +165,7 @@ func loadSaga(ctx context.Context, q queryer, id uuid.UUID, lock bool) (*saga.In
 	if lock {
 		sql = selectSagaByIDLocked
 	}
-	return scanSaga(q.QueryRow(ctx, sql, id))
-}
-
-// transition moves sg from its current state and version to `to`, in one
-// conditional update queued on tx. When no row matches, the flush fails
-// with the reason (checkError): already there (errAlreadyApplied), moved
-// elsewhere (saga.ErrConflict), gone (saga.ErrNotFound). sg is updated in place at
-// once, so that later writes of the same transaction see the new state;
-// if the flush fails the caller rolls back and drops sg.
-func (c *core) transition(tx *txn, sg *saga.Instance, to saga.State, fin bool, errText *string, resultStep *string, result json.RawMessage, fx *effects) error {
-	def, err := c.definition(sg.Definition)
-	if err != nil {
-		return err
-	}
-	if !def.CanTransition(sg.State, to) {
-		return fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, to)
-	}
-	id := sg.ID
-	tx.queue(transitionSaga, func(row pgx.Row) error {
-		var ok int
-		if err := row.Scan(&ok, &sg.CreatedAt); err != nil {
-			return fmt.Errorf("transition saga %s to %q: %w", id, to, err)
-		}
-		return nil
-	}, pguuid.Of(sg.ID), sg.State, to, fin, errText, resultStep, nullJSON(result), sg.Version)
-	moved(sg, to, fin, resultStep, result, fx)
-	return nil
-}
-
-// moved updates sg in place for a transition queued, so that later writes
-// of the same transaction see the new state.
-func moved(sg *saga.Instance, to saga.State, fin bool, resultStep *string, result json.RawMessage, fx *effects) {
-	sg.State, sg.Version = to, sg.Version+1
-	if resultStep != nil {
-		if sg.Results == nil {
-			sg.Results = map[string]json.RawMessage{}
-		}
-		if len(result) == 0 {
-			result = json.RawMessage("null")
-		}
-		sg.Results[*resultStep] = result
-	}
-	if fin {
-		outcome := "completed"
-		if to == saga.StateCompensated || to == saga.StateFailed {
-			outcome = string(to)
-		}
-		fx.finished = append(fx.finished, finished{id: sg.ID, state: to, definition: sg.Definition, outcome: outcome, created: &sg.CreatedAt})
-	}
-}
-
-// classifyMiss explains a conditional update that touched no row.
-func classifyMiss(ctx context.Context, q queryer, id uuid.UUID, to saga.State) error {
-	var state string
-	var version int64
-	err := q.QueryRow(ctx, probeSaga, id).Scan(&state, &version)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
-	case err != nil:
-		return fmt.Errorf("re-read saga %s: %w", id, err)
-	case saga.State(state) == to:
-		return errAlreadyApplied
-	default:
-		return fmt.Errorf("%w: saga %s is now %q at version %d", saga.ErrConflict, id, state, version)
-	}
+	return scanSaga(q.QueryRow(ctx, sql, pguuid.Of(id)))
 }
 
 func (c *core) leaseMillis(p saga.RetryPolicy) int64 {
@@ -222,7 +179,10 @@ func policyOf(def *saga.Definition, idx int, phase saga.Phase) saga.RetryPolicy 
 	return def.Step(idx).Retry
 }
 
-// commandMessage encodes the command of one attempt.
+// commandMessage encodes the command of one attempt. sg is the saga as the
+// transaction that writes the command leaves it: the command carries its
+// state and version, so that a success can be applied in its step without
+// a read.
 func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) (subject, msgID string, payload []byte, err error) {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
@@ -238,207 +198,208 @@ func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, 
 	return c.subjects.Command(sg.Definition, step.Name), "c-" + saga.MessageID(key, attempt), payload, nil
 }
 
-// command queues the outbox row of one attempt.
-func (c *core) command(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) error {
-	subject, msgID, payload, err := c.commandMessage(sg, def, idx, phase, attempt)
+// dispatch describes attempt 1 of step idx in the given phase, its command
+// written from after, the saga as the dispatching move leaves it.
+func (c *core) dispatch(after *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (*attempt.Dispatch, error) {
+	subject, msgID, payload, err := c.commandMessage(after, def, idx, phase, 1)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	tx.queue(insertCommand, func(row pgx.Row) error {
-		var id int64
-		if err := row.Scan(&id); err != nil {
-			return fmt.Errorf("outbox: insert command %s: %w", msgID, err)
-		}
-		tx.sent = append(tx.sent, outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload})
-		return nil
-	}, subject, msgID, payload, pguuid.Of(sg.ID), c.handOffArg())
-	return nil
+	name := def.Step(idx).Name
+	return &attempt.Dispatch{
+		Step: name, Phase: phase, Index: idx, Key: saga.StepKey(after.ID, name, phase),
+		LeaseMillis: c.leaseMillis(policyOf(def, idx, phase)), Subject: subject, MsgID: msgID, Payload: payload,
+	}, nil
 }
 
-// dispatch queues attempt 1 of a step with its command. If the step
-// exists already, its command is already out and nothing is written.
-func (c *core) dispatch(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) error {
+// moveFrom starts a move of sg, as it is now, to `to`; after is sg as the
+// move leaves it, for the next command.
+func moveFrom(sg *saga.Instance, to saga.State, step string, phase saga.Phase, attemptNo int) (*attempt.Move, *saga.Instance) {
+	m := &attempt.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: to,
+		Step: step, Phase: phase, Attempt: attemptNo}
+	after := *sg
+	after.State, after.Version = to, sg.Version+1
+	return m, &after
+}
+
+// finish marks m as finishing its saga in state to.
+func finish(m *attempt.Move, outcome string) {
+	m.Finished, m.Outcome = true, outcome
+}
+
+// successMove is the move of a step's success: a forward step moves the
+// saga to its state and dispatches the next (or finishes the saga); a
+// compensation dispatches the next compensation (or ends compensated).
+func (c *core) successMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, result json.RawMessage) (*attempt.Move, error) {
 	step := def.Step(idx)
-	key := saga.StepKey(sg.ID, step.Name, phase)
-	subject, msgID, payload, err := c.commandMessage(sg, def, idx, phase, 1)
-	if err != nil {
-		return err
-	}
-	id := sg.ID
-	tx.queue(dispatchStep, func(row pgx.Row) error {
-		var out *int64
-		if err := row.Scan(&out); err != nil {
-			return fmt.Errorf("dispatch step %q (%s) of saga %s: %w", step.Name, phase, id, err)
-		}
-		if out != nil {
-			tx.sent = append(tx.sent, outbox.Committed{ID: *out, Subject: subject, MsgID: msgID, Payload: payload})
-		}
-		return nil
-	}, pguuid.Of(sg.ID), step.Name, phase, idx, pguuid.Of(key), c.leaseMillis(policyOf(def, idx, phase)), subject, msgID, payload, c.handOffArg())
-	return nil
-}
-
-// redispatch starts the next attempt of a step, fenced by the attempt the
-// caller saw. It reports false when another writer moved the step first.
-func (c *core) redispatch(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) (bool, error) {
-	id := stepID{sg.ID, def.Step(idx).Name, phase}
-	q, err := tx.read(ctx)
-	if err != nil {
-		return false, err
-	}
-	var attempt int
-	err = q.QueryRow(ctx, redispatchStep, id.args(seenAttempt, c.leaseMillis(policyOf(def, idx, phase)))...).Scan(&attempt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("redispatch: %w", err)
-	}
-	return true, c.command(tx, sg, def, idx, phase, attempt)
-}
-
-// succeed records a step's success and moves the saga on: to the next
-// forward step or the final state, or to the next compensation.
-func (c *core) succeed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, result json.RawMessage, fx *effects) error {
-	id := stepID{sg.ID, def.Step(idx).Name, phase}
 	if phase == saga.PhaseCompensate {
-		c.finishStep(tx, id, attempt, saga.StepSucceeded, result, "")
-		return c.compensateNext(tx, sg, def, idx, fx)
-	}
-	step := def.Step(idx)
-	last := idx == def.Len()-1
-	// The saga, then the step: the order every writer locks them in. A
-	// success applied without reading the saga first (guessInStep) takes
-	// the saga's lock here.
-	if err := c.transition(tx, sg, step.Reaches, last, nil, &step.Name, result, fx); err != nil {
-		return err
-	}
-	c.finishStep(tx, id, attempt, saga.StepSucceeded, result, "")
-	if last {
-		return nil
-	}
-	return c.dispatch(tx, sg, def, idx+1, saga.PhaseForward)
-}
-
-// succeedGuessed queues a forward step's success as one statement
-// (succeedForward, or succeedLast), for a saga assumed to be where sg says: its state and
-// version fence the transition, and the attempt fences the step. A saga or
-// step that moved meanwhile fails the statement.
-func (c *core) succeedGuessed(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, attempt int, result json.RawMessage, fx *effects) error {
-	step := def.Step(idx)
-	last := idx == def.Len()-1
-	if !def.CanTransition(sg.State, step.Reaches) {
-		return fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, step.Reaches)
-	}
-	args := []any{pguuid.Of(sg.ID), string(sg.State), string(step.Reaches), last, step.Name, nullJSON(result), sg.Version, attempt}
-	moved(sg, step.Reaches, last, &step.Name, result, fx)
-	var subject, msgID string
-	var payload []byte
-	sql := succeedLast
-	if !last {
-		sql = succeedForward
-		next := def.Step(idx + 1)
+		next := compensation.Next(def, idx)
+		to := saga.StateCompensating
+		if next < 0 {
+			to = saga.StateCompensated
+		}
+		if sg.State != saga.StateCompensating {
+			return nil, fmt.Errorf("idemsaga: saga %s is %q, not compensating; it cannot take the compensation of step %q", sg.ID, sg.State, step.Name)
+		}
+		m, after := moveFrom(sg, to, step.Name, phase, attemptNo)
+		m.Status, m.StepResult = saga.StepSucceeded, result
+		if next < 0 {
+			finish(m, string(saga.StateCompensated))
+			return m, nil
+		}
 		var err error
-		if subject, msgID, payload, err = c.commandMessage(sg, def, idx+1, saga.PhaseForward, 1); err != nil {
-			return err
-		}
-		args = append(args, next.Name, idx+1, pguuid.Of(saga.StepKey(sg.ID, next.Name, saga.PhaseForward)),
-			c.leaseMillis(policyOf(def, idx+1, saga.PhaseForward)), subject, msgID, payload, c.handOffArg())
+		m.Next, err = c.dispatch(after, def, next, saga.PhaseCompensate)
+		return m, err
 	}
-	id := sg.ID
-	tx.queue(sql, func(row pgx.Row) error {
-		var ok int
-		var out *int64
-		if err := row.Scan(&ok, &sg.CreatedAt, &out); err != nil {
-			return fmt.Errorf("apply the success of step %q to saga %s: %w", step.Name, id, err)
+	if !def.CanTransition(sg.State, step.Reaches) {
+		return nil, fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, step.Reaches)
+	}
+	m, after := moveFrom(sg, step.Reaches, step.Name, phase, attemptNo)
+	m.Status, m.StepResult = saga.StepSucceeded, result
+	m.ResultStep, m.Result = step.Name, result
+	if idx == def.Len()-1 {
+		finish(m, "completed")
+		return m, nil
+	}
+	after.Results = maps.Clone(sg.Results)
+	if after.Results == nil {
+		after.Results = map[string]json.RawMessage{}
+	}
+	if len(result) == 0 {
+		result = json.RawMessage("null")
+	}
+	after.Results[step.Name] = result
+	var err error
+	m.Next, err = c.dispatch(after, def, idx+1, saga.PhaseForward)
+	return m, err
+}
+
+// failureMove is the move of a step given up with reason: a forward step
+// compensates the steps before it in reverse order, itself first when it
+// is possibly done; a possibly-done step without a compensation parks the
+// saga; a compensation that cannot finish ends the saga failed.
+func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, effect compensation.Effect) (*attempt.Move, error) {
+	step := def.Step(idx)
+	key := saga.StepKey(sg.ID, step.Name, phase)
+	possibly := effect == compensation.PossiblyDone
+	if phase == saga.PhaseCompensate {
+		if sg.State != saga.StateCompensating {
+			return nil, fmt.Errorf("idemsaga: saga %s is %q, not compensating; it cannot fail the compensation of step %q", sg.ID, sg.State, step.Name)
 		}
-		if out != nil {
-			tx.sent = append(tx.sent, outbox.Committed{ID: *out, Subject: subject, MsgID: msgID, Payload: payload})
+		m, _ := moveFrom(sg, saga.StateFailed, step.Name, phase, attemptNo)
+		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, possibly
+		how := ""
+		if possibly {
+			how = " (it may have taken effect: an attempt's outcome is unknown)"
 		}
-		return nil
-	}, args...)
+		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `worker retry %s`", step.Name, key, how, reason, sg.ID)
+		finish(m, string(saga.StateFailed))
+		return m, nil
+	}
+	if !def.CanTransition(sg.State, saga.StateCompensating) {
+		return nil, fmt.Errorf("idemsaga: saga %s cannot start compensating from %q", sg.ID, sg.State)
+	}
+	plan, park := compensation.Plan(def, idx, effect)
+	if park {
+		m, _ := moveFrom(sg, saga.StateParked, step.Name, phase, attemptNo)
+		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, true
+		m.Error = fmt.Sprintf("step %q may have taken effect at the other system (an attempt's outcome is unknown; its key is %s) and has no compensation, so nothing was undone: %s; "+
+			"check the other system under that key, then retry the step with `worker retry %s` (the same key: the other system answers with what it did), "+
+			"or, if it did not take effect, compensate the steps before it with `worker cancel %s`", step.Name, key, reason, sg.ID, sg.ID)
+		finish(m, string(saga.StateParked))
+		return m, nil
+	}
+	to := saga.StateCompensating
+	if len(plan) == 0 {
+		to = saga.StateCompensated
+	}
+	m, after := moveFrom(sg, to, step.Name, phase, attemptNo)
+	m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, possibly
+	m.Error = fmt.Sprintf("step %q failed: %s", step.Name, reason)
+	if possibly {
+		m.Error = fmt.Sprintf("step %q (key %s) was given up and may have taken effect: %s; it is compensated first", step.Name, key, reason)
+	}
+	if len(plan) == 0 {
+		finish(m, string(saga.StateCompensated))
+		return m, nil
+	}
+	after.State = saga.StateCompensating
+	var err error
+	m.Next, err = c.dispatch(after, def, plan[0], saga.PhaseCompensate)
+	return m, err
+}
+
+// exhausted is the reason of a step whose attempts ran out.
+func exhausted(attempts int, last string) string {
+	return fmt.Sprintf("%d attempts exhausted; last error: %s", attempts, last)
+}
+
+// settled is what the inbox holds for a step the engine gives up.
+type settled struct {
+	outcome string
+	unknown bool
+	result  []byte
+}
+
+// settle fences a step's key in the inbox, in tx (which holds the saga's
+// lock): a tombstone unless the key holds a final outcome, so no delivery
+// can take effect after tx commits; and it reads what the key holds. A key
+// held by an attempt still running returns attempt.ErrBusy, without
+// waiting on it: that attempt may be waiting on the saga tx holds.
+func (c *core) settle(ctx context.Context, tx *attempt.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+	key := saga.StepKey(sagaID, step, phase)
+	var got bool
+	var s settled
+	tx.Queue(settleTombstone, func(row pgx.Row) error { return row.Scan(&got) },
+		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), attempt.LockID(key))
+	found := true
+	tx.Queue(settleRead, func(row pgx.Row) error {
+		err := row.Scan(&s.outcome, &s.unknown, &s.result)
+		if errors.Is(err, pgx.ErrNoRows) {
+			found = false
+			return nil
+		}
+		return err
+	}, pguuid.Of(sagaID), pguuid.Of(key))
+	if err := tx.Flush(ctx); err != nil {
+		return s, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step, phase, sagaID, err)
+	}
+	if !got {
+		return s, fmt.Errorf("settle step %q (%s) of saga %s: %w", step, phase, sagaID, attempt.ErrBusy)
+	}
+	if !found {
+		return s, fmt.Errorf("settle step %q (%s) of saga %s: the inbox holds nothing for its key after the tombstone", step, phase, sagaID)
+	}
+	return s, nil
+}
+
+// giveUp settles a step the engine gives up and queues the move that
+// follows: a success found in the inbox is applied; otherwise the step
+// failed, possibly done when the inbox or the step's row says so.
+func (c *core) giveUp(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
+	step := def.Step(idx)
+	s, err := c.settle(ctx, tx, sg.ID, step.Name, phase)
+	if err != nil {
+		return err
+	}
+	var m *attempt.Move
+	if s.outcome == "succeeded" {
+		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attemptNo)
+		m, err = c.successMove(sg, def, idx, phase, attemptNo, s.result)
+	} else {
+		effect := compensation.NotDone
+		if possiblyDone || s.unknown {
+			effect = compensation.PossiblyDone
+		}
+		m, err = c.failureMove(sg, def, idx, phase, attemptNo, reason, effect)
+	}
+	if err != nil {
+		return err
+	}
+	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	return nil
 }
 
-// abandon gives a step up (a permanent failure, retries exhausted, or the
-// last lease expired with no reply). It first settles the step through the
-// inbox: a tombstone under its key makes every later delivery of its
-// command a no-op, and whatever the inbox already holds is the truth. If
-// the step did take effect (a success whose reply was lost, or is still on
-// its way), it is applied as a success; otherwise a forward step starts
-// compensation of the steps before it and a compensation ends the saga in
-// StateFailed.
-func (c *core) abandon(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, reason string, fx *effects) error {
-	step := def.Step(idx)
-	outcome, result, err := c.settle(ctx, tx, sg, def, idx, phase)
-	if err != nil {
-		return err
-	}
-	if outcome == "succeeded" {
-		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attempt)
-		return c.succeed(tx, sg, def, idx, phase, attempt, result, fx)
-	}
-	c.finishStep(tx, stepID{sg.ID, step.Name, phase}, attempt, saga.StepFailed, nil, reason)
-	if phase == saga.PhaseCompensate {
-		return c.giveUp(tx, sg, def, idx, reason, fx)
-	}
-	return c.compensate(tx, sg, def, idx, reason, fx)
-}
-
-// settle tombstones a step's key in the inbox (so no delivery can take
-// effect after this transaction) and returns what the inbox holds for it:
-// "succeeded" with the result if the step did take effect.
-func (c *core) settle(ctx context.Context, tx *txn, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (string, []byte, error) {
-	step := def.Step(idx)
-	key := saga.StepKey(sg.ID, step.Name, phase)
-	q, err := tx.read(ctx)
-	if err != nil {
-		return "", nil, err
-	}
-	b := &pgx.Batch{}
-	b.Queue(settleLockTimeout)
-	b.Queue(settleTombstone, key, sg.ID, step.Name, phase)
-	var outcome string
-	var result []byte
-	b.Queue(settleRead, sg.ID, key).QueryRow(func(row pgx.Row) error { return row.Scan(&outcome, &result) })
-	if err := q.SendBatch(ctx, b).Close(); err != nil {
-		return "", nil, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step.Name, phase, sg.ID, err)
-	}
-	return outcome, result, nil
-}
-
-// compensate starts rolling back after forward step failedIdx failed and
-// was settled as not having taken effect.
-func (c *core) compensate(tx *txn, sg *saga.Instance, def *saga.Definition, failedIdx int, reason string, fx *effects) error {
-	msg := fmt.Sprintf("step %q failed: %s", def.Step(failedIdx).Name, reason)
-	if err := c.transition(tx, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
-		return err
-	}
-	plan := compensation.Plan(def, failedIdx)
-	if len(plan) == 0 {
-		return c.transition(tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
-	}
-	return c.dispatch(tx, sg, def, plan[0], saga.PhaseCompensate)
-}
-
-// compensateNext continues the rollback after step doneIdx was compensated.
-func (c *core) compensateNext(tx *txn, sg *saga.Instance, def *saga.Definition, doneIdx int, fx *effects) error {
-	next := compensation.Next(def, doneIdx)
-	if next < 0 {
-		return c.transition(tx, sg, saga.StateCompensated, true, nil, nil, nil, fx)
-	}
-	return c.dispatch(tx, sg, def, next, saga.PhaseCompensate)
-}
-
-// giveUp ends a saga whose compensation cannot finish.
-func (c *core) giveUp(tx *txn, sg *saga.Instance, def *saga.Definition, idx int, reason string, fx *effects) error {
-	msg := fmt.Sprintf("compensation of step %q cannot finish: %s; a person must repair the effects and then retry or close the saga", def.Step(idx).Name, reason)
-	return c.transition(tx, sg, saga.StateFailed, true, &msg, nil, nil, fx)
-}
-
-func nullJSON(b json.RawMessage) any {
-	if len(b) == 0 {
-		return nil
-	}
-	return []byte(b)
+func outboxCommitted(id int64, subject, msgID string, payload []byte) outbox.Committed {
+	return outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
@@ -229,9 +230,12 @@ type Engine struct {
 	js       jetstream.JetStream
 	subjects wire.Subjects
 	relay    *outbox.Relay
-	worker   *steps.Worker
+	steps    *attempt.Runner
 	cleaner  *Cleaner
-	runner   lifecycle.Runner
+	// stepRunner runs the step workers, runner the orchestrator and the
+	// reaper: Stop drains the steps first.
+	stepRunner lifecycle.Runner
+	runner     lifecycle.Runner
 
 	mu      sync.Mutex
 	started bool
@@ -282,16 +286,14 @@ func New(cfg Config) (*Engine, error) {
 			return nil, err
 		}
 	}
-	e.worker, err = steps.New(steps.Config{
-		Pool: cfg.Pool, Consumer: e.consumerFunc("_steps", e.subjects.AllCommands()), Subjects: e.subjects,
-		Definitions: cfg.Definitions, Concurrency: cfg.StepConcurrency, Logger: cfg.Logger, Metrics: m,
-		PublishFunc: e.relay.Publish, HandOff: cfg.RelayHandOff,
-		// The step workers share the engine's database: a success moves
-		// its saga on in the step's own transaction.
-		ApplyFunc: c.applyInStep,
+	// The engine's own step workers share its database: an outcome moves
+	// its saga on in the step's own transaction.
+	e.steps, err = attempt.New(attempt.Config{
+		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
+		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("idemsaga: %w", err)
 	}
 	return e, nil
 }
@@ -332,11 +334,12 @@ func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) 
 	return e.c.ApplyReply(ctx, r)
 }
 
-// HandleCommand runs one step command as the engine's step workers do: a
-// success moves the saga on in the step's own transaction, anything else
-// is answered with a reply in the outbox. Exposed for tools and tests.
+// HandleCommand runs one step command as the engine's step workers do: an
+// outcome moves the saga on in the step's own transaction when it can,
+// anything else is answered with a reply in the outbox. Exposed for tools
+// and tests.
 func (e *Engine) HandleCommand(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
-	return e.worker.Handle(ctx, cmd)
+	return e.steps.Handle(ctx, cmd, false)
 }
 
 // ReapOnce runs one pass of the reaper; exposed for tools and tests.
@@ -357,7 +360,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
-	if err := checkMigrated(ctx, e.cfg.Pool, e.cfg.Logger); err != nil {
+	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
 		return err
 	}
 	if e.cfg.NATS.Opts.MaxReconnect >= 0 {
@@ -376,16 +379,17 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.relay.Start(ctx); err != nil {
 		return err
 	}
-	if err := e.worker.Start(ctx); err != nil {
-		_ = e.relay.Stop(ctx)
-		return err
-	}
 	if e.cleaner != nil {
 		if err := e.cleaner.Start(ctx); err != nil {
-			_ = e.worker.Stop(ctx)
 			_ = e.relay.Stop(ctx)
 			return err
 		}
+	}
+	commands := e.consumerFunc("_steps", e.subjects.AllCommands())
+	if err := e.stepRunner.Start(ctx, func(ctx context.Context) {
+		broker.Pool(ctx, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
+	}); err != nil {
+		return err
 	}
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
@@ -431,7 +435,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	if e.cleaner != nil {
 		errs = append(errs, e.cleaner.Stop(ctx))
 	}
-	errs = append(errs, e.worker.Stop(ctx))
+	errs = append(errs, e.stepRunner.Stop(ctx))
 	errs = append(errs, e.runner.Stop(ctx))
 	if e.relay.Running() {
 		if _, err := e.relay.RelayOnce(ctx); err != nil && ctx.Err() == nil {
@@ -442,21 +446,15 @@ func (e *Engine) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// checkMigrated fails when the database lacks this build's migrations,
-// and warns on log (if not nil) when it has newer ones.
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+// checkMigrated fails when the database's schema is not this build's.
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: database unreachable: %w", err)
 	}
 	defer conn.Release()
-	have, want, err := migrations.Check(ctx, conn.Conn())
-	if err != nil {
+	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
 		return fmt.Errorf("idemsaga: %w", err)
-	}
-	if have > want && log != nil {
-		log.Warn("the database schema is newer than this build: it may misread what newer builds write (see the migrations' notes); replace this process with the newer build",
-			"schema_version", have, "build_version", want)
 	}
 	return nil
 }

@@ -41,7 +41,7 @@ func TestRetriesWaitForDueTimeThenSucceed(t *testing.T) {
 	_, err := pool.Exec(ctx, `create table effects (saga_id uuid, step text, phase text)`)
 	require.NoError(t, err)
 	def := saga.MustNew("flaky",
-		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", func(attempt int) error {
+		saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "a_done", Forward: recorder("a", func(attempt int) error {
 			if attempt < 3 {
 				return errors.New("service unavailable")
 			}
@@ -74,10 +74,10 @@ func TestExhaustedRetriesCompensateInReverse(t *testing.T) {
 	require.NoError(t, err)
 	quick := saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, Timeout: 5 * time.Second}
 	def := saga.MustNew("three",
-		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Compensate: recorder("a", nil), Retry: quick},
-		saga.Step{Name: "b", Reaches: "b_done", Forward: recorder("b", nil), Retry: quick}, // nothing to undo
-		saga.Step{Name: "c", Reaches: "c_done", Forward: recorder("c", nil), Compensate: recorder("c", nil), Retry: quick},
-		saga.Step{Name: "d", Reaches: "d_done", Forward: recorder("d", func(int) error { return errors.New("always down") }), Retry: quick},
+		saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Compensate: recorder("a", nil), Retry: quick},
+		saga.Step{Kind: saga.DatabaseStep, Name: "b", Reaches: "b_done", Forward: recorder("b", nil), Retry: quick}, // nothing to undo
+		saga.Step{Kind: saga.DatabaseStep, Name: "c", Reaches: "c_done", Forward: recorder("c", nil), Compensate: recorder("c", nil), Retry: quick},
+		saga.Step{Kind: saga.DatabaseStep, Name: "d", Reaches: "d_done", Forward: recorder("d", func(int) error { return errors.New("always down") }), Retry: quick},
 	)
 	e := startEngine(t, pool, nc, testenv.Name("EXH"), []*saga.Definition{def})
 	res, err := e.Client().Start(ctx, def, "k", map[string]int{})
@@ -111,9 +111,9 @@ func TestCompensationThatCannotFinishEndsFailed(t *testing.T) {
 	require.NoError(t, err)
 	quick := saga.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond}
 	def := saga.MustNew("stuck",
-		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Retry: quick, CompensateRetry: quick,
+		saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Retry: quick, CompensateRetry: quick,
 			Compensate: recorder("a", func(int) error { return errors.New("refund service rejects the call") })},
-		saga.Step{Name: "b", Reaches: "b_done", Forward: recorder("b", func(int) error { return saga.Permanent(errors.New("declined")) }), Retry: quick},
+		saga.Step{Kind: saga.DatabaseStep, Name: "b", Reaches: "b_done", Forward: recorder("b", func(int) error { return saga.Permanent(errors.New("declined")) }), Retry: quick},
 	)
 	e := startEngine(t, pool, nc, testenv.Name("STUCK"), []*saga.Definition{def})
 	res, err := e.Client().Start(ctx, def, "k", map[string]int{})
@@ -155,8 +155,8 @@ func TestUnknownOutcomeIsTombstonedAndCompensated(t *testing.T) {
 	roomy := policy
 	roomy.Timeout = 10 * time.Second
 	def := saga.MustNew("hang",
-		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Compensate: recorder("a", nil), Retry: policy, CompensateRetry: roomy},
-		saga.Step{Name: "b", Reaches: "b_done", Forward: hang, Retry: policy, CompensateRetry: policy},
+		saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Compensate: recorder("a", nil), Retry: policy, CompensateRetry: roomy},
+		saga.Step{Kind: saga.DatabaseStep, Name: "b", Reaches: "b_done", Forward: hang, Retry: policy, CompensateRetry: policy},
 	)
 	var once sync.Once
 	wake := func() { once.Do(func() { close(release) }) }

@@ -7,12 +7,19 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/saga"
 )
+
+// stepID names a step row by its primary key, (saga, step, phase).
+type stepID struct {
+	saga  uuid.UUID
+	step  string
+	phase saga.Phase
+}
 
 // ReapOnce dispatches the retries that are due and takes over the steps
 // whose lease expired, at most limit of each. It returns how many steps it
@@ -37,7 +44,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 		})
 	}
 	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
-		return 0, fmt.Errorf("find due steps: %w", err)
+		return 0, fmt.Errorf("find due steps: %w", attempt.Interpret(err))
 	}
 	moved := 0
 	var firstErr error
@@ -54,38 +61,43 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 }
 
 func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
-	tx, err := c.pool.Begin(ctx)
+	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
+		return false, fmt.Errorf("acquire a connection: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer conn.Release()
+	tx := attempt.Begin(conn.Conn())
+	defer tx.Rollback(ctx)
 
-	var sagaID uuid.UUID
-	err = tx.QueryRow(ctx, lockSagaOfStep, pguuid.Of(id.saga)).Scan(&sagaID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil // another process holds the saga, or it is gone
-	}
-	if err != nil {
-		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
-	}
+	// First round trip: lock the saga (skipping one another process
+	// holds) and read the step.
+	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired bool
-	err = tx.QueryRow(ctx, selectStepForReap, id.args()...).Scan(&st.index, &phase, &status, &st.attempt, &due, &expired)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil // gone since we looked
+	var due, expired, found bool
+	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
+		var err error
+		sg, err = scanSaga(row)
+		if errors.Is(err, saga.ErrNotFound) {
+			return nil
+		}
+		return err
+	}, pguuid.Of(id.saga))
+	tx.Queue(selectStepForReap, func(row pgx.Row) error {
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	}, pguuid.Of(id.saga), id.step, string(id.phase))
+	if err := tx.Flush(ctx); err != nil {
+		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
-	if err != nil {
-		return false, fmt.Errorf("read step %q (%s) of saga %s: %w", id.step, id.phase, id.saga, err)
+	if sg == nil || !found || !due && !expired {
+		return false, nil // held by another process, gone, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
-	if !due && !expired {
-		return false, nil // moved on since we looked
-	}
-	sg, err := loadSaga(ctx, tx, sagaID, false)
-	if err != nil {
-		return false, err
-	}
 	def, err := c.definition(sg.Definition)
 	if err != nil {
 		return false, err
@@ -93,14 +105,12 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	step := def.Step(st.index)
 	policy := policyOf(def, st.index, st.phase)
 	fx := &effects{}
-	t := newTxn(tx)
 
 	switch {
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next
 		// attempt goes out with the same key.
-		ok, err := c.redispatch(ctx, t, sg, def, st.index, st.phase, st.attempt)
-		if err != nil || !ok {
+		if err := c.redispatch(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
 			return false, err
 		}
 		if expired {
@@ -108,13 +118,13 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 			c.log.Info("lease expired; step dispatched again", "saga_id", sg.ID, "step", step.Name, "phase", st.phase, "attempt", st.attempt+1)
 		}
 	default:
-		// The last attempt's lease expired with no reply: the outcome is
+		// The last attempt's lease expired with no reply: its outcome is
 		// unknown. Settle it through the inbox (tombstone, then read) and
 		// give it up, or apply it if it did take effect.
 		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
-		if err := c.abandon(ctx, t, sg, def, st.index, st.phase, st.attempt, reason, fx); err != nil {
-			if isLockTimeout(err) {
-				return false, nil // a worker still holds the key; decide on a later pass
+		if err := c.giveUp(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, st.possiblyDone, fx); err != nil {
+			if errors.Is(err, attempt.ErrBusy) {
+				return false, nil // an attempt still holds the key; decide on a later pass
 			}
 			return false, err
 		}
@@ -123,16 +133,38 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	if err := failpoint.Inject(failpoint.LeaseTakeover); err != nil {
 		return false, err
 	}
-	if err := t.commit(ctx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
-	fx.sent = t.sent
+	fx.sent = tx.Published()
 	c.emit(fx)
 	return true, nil
 }
 
-// isLockTimeout reports a lock_timeout expiry (SQLSTATE 55P03).
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+// redispatch queues the next attempt of a step, fenced by the attempt seen,
+// and its command, written as the saga will be after tx (its version
+// bumped).
+func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
+	after := *sg
+	after.Version++
+	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, seenAttempt+1)
+	if err != nil {
+		return err
+	}
+	name := def.Step(idx).Name
+	tx.Queue(redispatchStep, func(row pgx.Row) error {
+		var next *int
+		var outboxID *int64
+		var invariant *int
+		if err := row.Scan(&next, &outboxID, &invariant); err != nil {
+			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
+		}
+		if next == nil || outboxID == nil {
+			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
+		}
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		return nil
+	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
+		subject, msgID, payload, c.handOffArg())
+	return nil
 }

@@ -53,13 +53,30 @@ where s.state = 'credited' and s.finished_at is not null
   and not exists (select 1 from idemsaga.steps st where st.saga_id = s.id and st.status = 'failed')
 order by s.id desc limit 1)`)
 
-	// A step whose saga is gone (no foreign key guards it, migration 009).
-	plant(`insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt)
-values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_random_uuid(), 'succeeded', 1)`)
+	// A compensated saga whose failed step may have taken effect at
+	// another system (an attempt's outcome was unknown) and was never
+	// compensated: the charge the issue found left behind.
+	plant(`update idemsaga.steps set possibly_done = true where ctid = (select st.ctid from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
+where s.state = 'compensated' and st.step = 'credit' and st.phase = 'forward' order by s.id limit 1)`)
+	// A parked saga: a step that may have taken effect has no compensation.
+	plant(`update idemsaga.sagas set state = 'parked', error = 'step notify may have taken effect' where id = (select s.id from idemsaga.sagas s
+where s.state = 'credited' and not exists (select 1 from idemsaga.steps st where st.saga_id = s.id and st.status = 'failed')
+order by s.id limit 1)`)
 
-	// A status no engine writes (no CHECK guards it, migration 011).
-	plant(`update idemsaga.steps set status = 'dispatchd' where ctid = (select st.ctid from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
-where s.state = 'compensated' and st.phase = 'compensate' limit 1)`)
+	// What the schema guards itself cannot be planted: a step whose saga
+	// is gone, a status or an outcome no engine writes.
+	for _, sql := range []string{
+		`insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt)
+values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_random_uuid(), 'succeeded', 1)`,
+		`update idemsaga.steps set status = 'dispatchd' where ctid = (select ctid from idemsaga.steps limit 1)`,
+		`update idemsaga.inbox set outcome = 'done' where ctid = (select ctid from idemsaga.inbox limit 1)`,
+		`update idemsaga.steps set phase = 'backward' where ctid = (select ctid from idemsaga.steps limit 1)`,
+		`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome) values (gen_random_uuid(), gen_random_uuid(), 'x', 'forward', 1, 'succeeded')`,
+		`update idemsaga.sagas set state = 'not a state' where id = (select id from idemsaga.sagas limit 1)`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.Error(t, err, sql)
+	}
 
 	diffs, err = engine.Reconcile(ctx, pool, defs, time.Second)
 	require.NoError(t, err)
@@ -73,8 +90,9 @@ where s.state = 'compensated' and st.phase = 'compensate' limit 1)`)
 	require.Contains(t, all, "running (state compensated) with no step in flight: stuck")
 	require.Contains(t, all, "3 failed publishes, last: maximum payload exceeded")
 	require.Contains(t, all, "failed and needs a person: refund rejected")
-	require.Contains(t, all, "step or attempt without its saga: step ghost/forward")
-	require.Contains(t, all, "status 'dispatchd'")
+	require.Contains(t, all, "compensated, but a step that may have taken effect was not compensated: credit (key ")
+	require.Contains(t, all, "no compensation ran")
+	require.Contains(t, all, "parked and needs a person: step notify may have taken effect")
 	for _, d := range diffs {
 		if !strings.Contains(d.What, "outbox row") {
 			require.NotNil(t, d.SagaID, "every saga difference names its saga: %s", d)

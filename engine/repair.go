@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/compensation"
+	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -16,155 +19,317 @@ import (
 // does not allow the repair asked for.
 var ErrStateForbids = errors.New("idemsaga: the saga's state does not allow this")
 
-// Retry resumes a saga in StateFailed from where it stopped: the
-// compensation that could not finish is dispatched again with the same
-// step key and the next attempt, and the saga is compensating again. Use it
-// after a person repaired what made the compensation fail. The step's
-// earlier failure or tombstone is cleared from the inbox in the same
-// transaction, so the retried attempt runs; every other step key keeps its
-// record, so nothing that took effect runs twice.
+// repairBusyWait bounds how long a repair waits for an attempt that holds
+// the key of the step it settles.
+const repairBusyWait = 10 * time.Second
+
+// Retry resumes a saga that stopped for a person, from where it stopped,
+// with the same step keys:
+//
+//   - StateFailed: the compensation that could not finish is dispatched
+//     again at its next attempt, and the saga is compensating again.
+//   - StateParked: the forward step that may have taken effect is
+//     dispatched again at its next attempt, under its key, so the other
+//     system answers with what it did; the saga is back where it was when
+//     the step ran. It stays possibly done, so if it is given up again the
+//     saga parks again.
+//
+// Use it after a person checked or repaired the other system. The step's
+// failure or tombstone is cleared from the inbox in the same transaction,
+// so the retried attempt runs; every other step key keeps its record, so
+// nothing that took effect runs twice.
 func (cl *Client) Retry(ctx context.Context, id uuid.UUID) error {
 	c := cl.c
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	sg, err := loadSaga(ctx, tx, id, true)
-	if err != nil {
-		return err
-	}
-	if sg.State != saga.StateFailed {
-		return fmt.Errorf("%w: saga %s is %q; only a failed saga can be retried (cancel a running one instead)", ErrStateForbids, id, sg.State)
-	}
-	def, err := c.definition(sg.Definition)
-	if err != nil {
-		return err
-	}
-	var step string
-	var idx, attempt int
-	err = tx.QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
-where saga_id = $1 and phase = 'compensate' and status = 'failed' order by updated_at desc limit 1`, id).Scan(&step, &idx, &attempt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: saga %s failed without a failed compensation to resume; inspect it with `worker show`", ErrStateForbids, id)
-	}
-	if err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-	}
-	key := saga.StepKey(id, step, saga.PhaseCompensate)
-	if _, err := tx.Exec(ctx, `delete from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone')`, id, key); err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
-	}
-	var next int
-	sid := stepID{id, step, saga.PhaseCompensate}
-	if err := tx.QueryRow(ctx, retryFailedStep, sid.args(attempt, c.leaseMillis(policyOf(def, idx, saga.PhaseCompensate)))...).Scan(&next); err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-	}
-	t := newTxn(tx)
-	// The command carries the saga as this transaction leaves it.
-	resumed := *sg
-	resumed.State, resumed.Version = saga.StateCompensating, sg.Version+1
-	if err := c.command(t, &resumed, def, idx, saga.PhaseCompensate, next); err != nil {
-		return err
-	}
-	if err := t.flush(ctx); err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-	}
-	tag, err := tx.Exec(ctx, `update idemsaga.sagas set state = 'compensating', finished_at = null, version = version + 1, updated_at = now()
-where id = $1 and state = 'failed' and version = $2`, id, sg.Version)
-	if err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return classifyMiss(ctx, tx, id, saga.StateCompensating)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemsaga: retry saga %s: commit: %w", id, err)
-	}
-	c.sent(t.sent)
-	return nil
-}
-
-// Cancel stops a running saga and compensates what it completed. The step
-// in flight is settled through the inbox first (a tombstone under its key,
-// then what the inbox holds): if it already took effect it counts as
-// completed and is compensated too; if not, no late delivery can make it
-// take effect. A saga already compensating or finished is refused.
-func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
-	c := cl.c
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("idemsaga: cancel saga %s: %w", id, err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	sg, err := loadSaga(ctx, tx, id, true)
-	if err != nil {
-		return err
-	}
-	if sg.Finished() || sg.State == saga.StateCompensating {
-		return fmt.Errorf("%w: saga %s is %q; only a running saga that is not compensating can be cancelled", ErrStateForbids, id, sg.State)
-	}
-	def, err := c.definition(sg.Definition)
-	if err != nil {
-		return err
-	}
-	var step string
-	var idx, attempt int
-	err = tx.QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
-where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying') for update`, id).Scan(&step, &idx, &attempt)
-	if err != nil {
-		return fmt.Errorf("idemsaga: cancel saga %s: find the step in flight: %w", id, err)
-	}
-	t := newTxn(tx)
-	outcome, result, err := c.settle(ctx, t, sg, def, idx, saga.PhaseForward)
-	if err != nil {
-		return err
-	}
-	fx := &effects{}
-	sid := stepID{id, step, saga.PhaseForward}
-	completed := idx
-	if outcome == "succeeded" {
-		if idx == def.Len()-1 {
-			// It completed the saga: apply that; there is nothing to cancel.
-			if err := c.succeed(t, sg, def, idx, saga.PhaseForward, attempt, result, fx); err != nil {
-				return err
-			}
-			if err := t.commit(ctx); err != nil {
-				return err
-			}
-			fx.sent = t.sent
-			c.emit(fx)
-			return fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
+	return c.withSagaLocked(ctx, id, "retry", func(tx *attempt.Tx, sg *saga.Instance) error {
+		var phase saga.Phase
+		switch sg.State {
+		case saga.StateFailed:
+			phase = saga.PhaseCompensate
+		case saga.StateParked:
+			phase = saga.PhaseForward
+		default:
+			return fmt.Errorf("%w: saga %s is %q; only a failed or parked saga can be retried (cancel a running one instead)", ErrStateForbids, id, sg.State)
 		}
-		c.finishStep(t, sid, attempt, saga.StepSucceeded, result, "")
-		st := def.Step(idx)
-		if err := c.transition(t, sg, st.Reaches, false, nil, &st.Name, result, fx); err != nil {
+		def, err := c.definition(sg.Definition)
+		if err != nil {
 			return err
 		}
-		completed = idx + 1
-	} else {
-		c.finishStep(t, sid, attempt, saga.StepFailed, nil, "cancelled")
-	}
+		var step string
+		var idx, attemptNo int
+		err = tx.Conn().QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
+where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(id), string(phase)).Scan(&step, &idx, &attemptNo)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: saga %s is %s without a failed %s step to resume; inspect it with `worker show %s`", ErrStateForbids, id, sg.State, phase, id)
+		}
+		if err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
+		}
+		key := saga.StepKey(id, step, phase)
+		// A database step's key holds its failure, cleared; an external
+		// step's keeps what it knows (an unknown outcome stays unknown) as
+		// a key the next attempt may claim.
+		if _, err := tx.Conn().Exec(ctx, `with x as (
+  delete from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone') and not unknown
+  returning 1
+)
+update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone') and unknown`,
+			pguuid.Of(id), pguuid.Of(key)); err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
+		}
+		var next int
+		if err := tx.Conn().QueryRow(ctx, retryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
+			c.leaseMillis(policyOf(def, idx, phase))).Scan(&next); err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
+		}
+		resumed := *sg
+		resumed.State, resumed.Version = saga.StateCompensating, sg.Version+1
+		if phase == saga.PhaseForward {
+			resumed.State = def.StateBefore(idx)
+		}
+		subject, msgID, payload, err := c.commandMessage(&resumed, def, idx, phase, next)
+		if err != nil {
+			return err
+		}
+		var outboxID int64
+		if err := tx.Conn().QueryRow(ctx, `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond') returning id`,
+			subject, msgID, payload, pguuid.Of(id), c.handOffArg()).Scan(&outboxID); err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
+		}
+		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload))
+		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = now()
+where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
+		if err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("idemsaga: retry saga %s: %w", id, attempt.ErrInvariant)
+		}
+		return nil
+	}, nil)
+}
+
+// Cancel stops a saga and compensates what it completed.
+//
+// For a running saga that is not compensating, the step in flight is
+// settled through the inbox first (a tombstone under its key, then what
+// the inbox holds): if it took effect it counts as completed and is
+// compensated too; if it may have (an external call whose outcome is
+// unknown), it is compensated first, or the saga parks when it has no
+// compensation; otherwise no late delivery can make it take effect.
+//
+// For a parked saga, the step that may have taken effect is taken as not
+// having done so (a person checked the other system, or undid it by
+// hand), and the steps before it are compensated.
+//
+// A saga already compensating or finished is refused.
+func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
+	c := cl.c
 	msg := "cancelled by an operator"
 	if reason != "" {
 		msg += ": " + reason
 	}
-	if err := c.transition(t, sg, saga.StateCompensating, false, &msg, nil, nil, fx); err != nil {
-		return err
-	}
-	plan := compensation.Plan(def, completed)
+	fx := &effects{}
+	return c.withSagaLocked(ctx, id, "cancel", func(tx *attempt.Tx, sg *saga.Instance) error {
+		fx = &effects{}
+		if sg.State == saga.StateParked {
+			return c.cancelParked(ctx, tx, sg, msg, fx)
+		}
+		if sg.Finished() || sg.State == saga.StateCompensating {
+			return fmt.Errorf("%w: saga %s is %q; only a running saga that is not compensating, or a parked one, can be cancelled", ErrStateForbids, id, sg.State)
+		}
+		def, err := c.definition(sg.Definition)
+		if err != nil {
+			return err
+		}
+		var step string
+		var idx, attemptNo int
+		var possiblyDone bool
+		err = tx.Conn().QueryRow(ctx, `select step, step_index, attempt, possibly_done from idemsaga.steps
+where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying')`, pguuid.Of(id)).Scan(&step, &idx, &attemptNo, &possiblyDone)
+		if err != nil {
+			return fmt.Errorf("idemsaga: cancel saga %s: find the step in flight: %w", id, err)
+		}
+		s, err := c.settle(ctx, tx, id, step, saga.PhaseForward)
+		if err != nil {
+			return err
+		}
+		var m *attempt.Move
+		switch {
+		case s.outcome == "succeeded" && idx == def.Len()-1:
+			// It completed the saga: apply that; there is nothing to cancel.
+			m, err = c.successMove(sg, def, idx, saga.PhaseForward, attemptNo, s.result)
+			if err == nil {
+				err = fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
+			}
+			if m != nil {
+				attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+			}
+			return errCommitted{err}
+		case s.outcome == "succeeded":
+			// It completed: the steps up to it are compensated.
+			m, err = c.cancelMove(sg, def, idx, attemptNo, msg, s.result)
+		default:
+			effect := compensation.NotDone
+			if possiblyDone || s.unknown {
+				effect = compensation.PossiblyDone
+			}
+			m, err = c.failureMove(sg, def, idx, saga.PhaseForward, attemptNo, msg, effect)
+			if err == nil && m.To != saga.StateParked {
+				m.Error = msg
+			}
+		}
+		if err != nil {
+			return err
+		}
+		attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		return nil
+	}, func() { c.emit(fx) })
+}
+
+// cancelMove is the move that cancels a saga whose step idx completed
+// when it was settled: the step succeeds, and the saga compensates it and
+// the steps before it.
+func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, msg string, result []byte) (*attempt.Move, error) {
+	plan, _ := compensation.Plan(def, idx+1, compensation.NotDone)
+	to := saga.StateCompensating
 	if len(plan) == 0 {
-		err = c.transition(t, sg, saga.StateCompensated, true, nil, nil, nil, fx)
-	} else {
-		err = c.dispatch(t, sg, def, plan[0], saga.PhaseCompensate)
+		to = saga.StateCompensated
 	}
+	step := def.Step(idx)
+	m, after := moveFrom(sg, to, step.Name, saga.PhaseForward, attemptNo)
+	m.Status, m.StepResult, m.ResultStep, m.Result, m.Error = saga.StepSucceeded, result, step.Name, result, msg
+	if len(plan) == 0 {
+		finish(m, string(saga.StateCompensated))
+		return m, nil
+	}
+	after.State = saga.StateCompensating
+	var err error
+	m.Next, err = c.dispatch(after, def, plan[0], saga.PhaseCompensate)
+	return m, err
+}
+
+// cancelParked compensates the steps before a parked saga's step.
+func (c *core) cancelParked(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, msg string, fx *effects) error {
+	def, err := c.definition(sg.Definition)
 	if err != nil {
 		return err
 	}
-	if err := t.commit(ctx); err != nil {
-		return fmt.Errorf("idemsaga: cancel saga %s: commit: %w", id, err)
+	var step string
+	var idx int
+	err = tx.Conn().QueryRow(ctx, `select step, step_index from idemsaga.steps
+where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(sg.ID)).Scan(&step, &idx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: cancel saga %s: find its parked step: %w", sg.ID, err)
 	}
-	fx.sent = t.sent
-	c.emit(fx)
+	plan, _ := compensation.Plan(def, idx, compensation.NotDone)
+	to := saga.StateCompensating
+	if len(plan) == 0 {
+		to = saga.StateCompensated
+	}
+	after := *sg
+	after.State, after.Version = saga.StateCompensating, sg.Version+1
+	var outboxID *int64
+	var subject, msgID string
+	var payload []byte
+	if len(plan) > 0 {
+		if subject, msgID, payload, err = c.commandMessage(&after, def, plan[0], saga.PhaseCompensate, 1); err != nil {
+			return err
+		}
+		first := def.Step(plan[0]).Name
+		if err := tx.Conn().QueryRow(ctx, `with st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  values ($1, $2, 'compensate', $3, $4, 'dispatched', 1, now() + $5 * interval '1 millisecond', now())
+  on conflict (saga_id, step, phase) do nothing
+  returning saga_id
+)
+insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond' from st returning id`,
+			pguuid.Of(sg.ID), first, plan[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
+			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg()).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
+		}
+	}
+	if outboxID != nil {
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+	}
+	var created time.Time
+	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = now(),
+  finished_at = case when $5::bool then now() end
+where id = $1 and version = $2 returning created_at`,
+		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(plan) == 0).Scan(&created); err != nil {
+		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
+	}
+	if len(plan) == 0 {
+		m := &attempt.Move{Saga: sg.ID, Definition: sg.Definition, To: to, Finished: true, Outcome: string(saga.StateCompensated)}
+		*fx.moved(m) = created
+	}
+	_ = step
+	return nil
+}
+
+// errCommitted wraps the error of a repair whose writes are to commit
+// anyway.
+type errCommitted struct{ err error }
+
+func (e errCommitted) Error() string { return e.err.Error() }
+func (e errCommitted) Unwrap() error { return e.err }
+
+// withSagaLocked runs fn in a transaction that holds saga id's lock, and
+// commits what it queued unless it returns an error (but an errCommitted,
+// which is returned after the commit). A key held by an attempt still
+// running (attempt.ErrBusy) is waited out, each time in a new
+// transaction, up to repairBusyWait. after, if not nil, runs after a
+// commit.
+func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) error {
+	deadline := time.Now().Add(repairBusyWait)
+	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
+		err := c.lockedOnce(ctx, id, what, fn, after)
+		if !errors.Is(err, attempt.ErrBusy) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, ctx.Err())
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) error {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+	}
+	defer conn.Release()
+	tx := attempt.Begin(conn.Conn())
+	defer tx.Rollback(ctx)
+	var sg *saga.Instance
+	tx.Queue(selectSagaByIDLocked, func(row pgx.Row) error {
+		var err error
+		sg, err = scanSaga(row)
+		return err
+	}, pguuid.Of(id))
+	if err := tx.Flush(ctx); err != nil {
+		if errors.Is(err, saga.ErrNotFound) {
+			return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
+		}
+		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+	}
+	ferr := fn(tx, sg)
+	var committed errCommitted
+	if ferr != nil && !errors.As(ferr, &committed) {
+		return ferr
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+	}
+	c.sent(tx.Published())
+	if after != nil {
+		after()
+	}
+	if ferr != nil {
+		return committed.err
+	}
 	return nil
 }

@@ -96,14 +96,14 @@ func TestRetryFailedSaga(t *testing.T) {
 	var repaired atomic.Bool
 	quick := saga.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond}
 	def := saga.MustNew("repair",
-		saga.Step{Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Retry: quick, CompensateRetry: quick,
+		saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "a_done", Forward: recorder("a", nil), Retry: quick, CompensateRetry: quick,
 			Compensate: recorder("a", func(int) error {
 				if !repaired.Load() {
 					return errors.New("refund service is down")
 				}
 				return nil
 			})},
-		saga.Step{Name: "b", Reaches: "b_done", Forward: recorder("b", func(int) error { return saga.Permanent(errors.New("declined")) }), Retry: quick},
+		saga.Step{Kind: saga.DatabaseStep, Name: "b", Reaches: "b_done", Forward: recorder("b", func(int) error { return saga.Permanent(errors.New("declined")) }), Retry: quick},
 	)
 	e := startEngine(t, pool, nc, testenv.Name("RETRY"), []*saga.Definition{def})
 	cl := e.Client()

@@ -173,10 +173,10 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	// Every outbox row was published at least once: we saw all of them.
 	require.GreaterOrEqual(t, len(replay), outboxRows, "captured %d messages for %d outbox rows", len(replay), outboxRows)
 	// Each saga took a deduct and a credit, or a deduct, a credit and a
-	// refund, each with its command. A success moves its saga on in the
-	// step's own transaction; a failure goes back as a reply.
-	require.GreaterOrEqual(t, commands, 2*n)
-	require.GreaterOrEqual(t, replies, compensated)
+	// refund, each with its command. A database step's outcome moves its
+	// saga on in the step's own transaction; replies are rare (a saga that
+	// moved under a step).
+	require.GreaterOrEqual(t, commands, 2*n+compensated)
 	t.Logf("replaying %d commands and %d replies (outbox rows: %d)", commands, replies, outboxRows)
 
 	inboxBefore := stepDuplicates(t, reg)

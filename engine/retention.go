@@ -14,7 +14,6 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
-	"github.com/idemsaga/idemsaga/saga"
 )
 
 // Defaults of RetentionConfig.
@@ -22,9 +21,6 @@ const (
 	// FinishedSagasDefault keeps a finished saga, its steps and its inbox
 	// rows for 7 days after it finished: the replay window.
 	FinishedSagasDefault = 7 * 24 * time.Hour
-	// InboxDefault keeps an inbox row for 7 days after it was written, and
-	// in any case for as long as its saga exists.
-	InboxDefault = 7 * 24 * time.Hour
 	// PublishedOutboxDefault (0) deletes an outbox row as soon as the
 	// broker acknowledged it, in the relay's own transaction.
 	PublishedOutboxDefault time.Duration = 0
@@ -42,7 +38,7 @@ const markedOutboxWindow = time.Hour
 
 // Bounds checked by RetentionConfig.validate.
 const (
-	// minRecordWindow is the shortest FinishedSagas or Inbox accepted: a
+	// minRecordWindow is the shortest FinishedSagas accepted: a
 	// window shorter than the time a command can wait in the broker would
 	// let a late delivery run a step a second time.
 	minRecordWindow = time.Hour
@@ -60,11 +56,10 @@ const (
 //   - A saga is deleted only once it is finished (finished_at set) and
 //     older than FinishedSagas, never while it runs, never while one of its
 //     steps is still dispatched or waiting for a retry, and never in
-//     saga.StateFailed unless DeleteFailed is set. Its steps and their
-//     attempts go in the same transaction.
-//   - An inbox row is deleted only in the transaction that deletes its saga
-//     or after its saga is gone, and only once it is older than Inbox. It
-//     is never deleted while its saga exists, finished or not.
+//     saga.StateFailed or saga.StateParked (it needs a person) unless
+//     DeleteFailed is set. Its steps, their attempts and its inbox rows go
+//     in the same transaction (the schema's foreign keys cascade), so a
+//     saga's dedup records never outlive it or die before it.
 //   - A published outbox row is deleted by the relay at once, or, if
 //     PublishedOutbox is set, marked and deleted by the cleaner once it is
 //     older than that (an hour for rows marked while PublishedOutbox is
@@ -75,21 +70,16 @@ const (
 // the same key creates a new saga, with a new ID and so new step keys.
 // FinishedSagas is therefore the replay window: the time during which a
 // duplicate request, a redelivered command or an operator's replay is
-// recognised. Both windows must exceed the longest time a command can stay
-// in the broker (a consumer backlog during an outage, say): a command
-// delivered after its inbox row is gone would run its step again.
+// recognised. It must exceed the longest time a command can stay in the
+// broker (a consumer backlog during an outage, say). A command delivered
+// after its saga is gone finds no saga to claim a key of, and is dropped
+// with a warning: it never runs its step again.
 type RetentionConfig struct {
 	// FinishedSagas is how long a finished saga, its steps and its inbox
 	// rows are kept after finished_at. It is the replay window: within it a
 	// start with the same key returns the same saga; past it, the key starts
 	// a new one. At least one hour. Defaults to FinishedSagasDefault.
 	FinishedSagas time.Duration
-	// Inbox is how long an inbox row (a processed step key) is kept after it
-	// was written. A row is never deleted while its saga exists, so Inbox
-	// cannot shorten FinishedSagas and must be at least as long; a longer
-	// Inbox keeps the rows of deleted sagas, so a late delivery of one of
-	// their commands is still absorbed. Defaults to InboxDefault.
-	Inbox time.Duration
 	// PublishedOutbox is how long a published outbox row is kept after
 	// published_at. 0 (the default) keeps none: the relay deletes each row
 	// in the transaction that saw the broker's ack, which costs the least
@@ -109,11 +99,12 @@ type RetentionConfig struct {
 	// Interval is the pause between two cleaning passes of a started
 	// Cleaner. Defaults to RetentionIntervalDefault.
 	Interval time.Duration
-	// DeleteFailed lets the Cleaner delete sagas in saga.StateFailed once
-	// past FinishedSagas. Such a saga needs a person (its compensation could
-	// not finish) and Client.Retry resumes it from its step and inbox
-	// records, so by default it is kept, with those records, however old.
-	// A retried saga is running again and is never deleted.
+	// DeleteFailed lets the Cleaner delete sagas in saga.StateFailed or
+	// saga.StateParked once past FinishedSagas. Such a saga needs a person
+	// (its compensation could not finish, or a step that may have taken
+	// effect has no compensation) and Client.Retry resumes it from its step
+	// and inbox records, so by default it is kept, with those records,
+	// however old. A retried saga is running again and is never deleted.
 	DeleteFailed bool
 }
 
@@ -121,7 +112,7 @@ func (c *RetentionConfig) validate() error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
-	}{{"FinishedSagas", c.FinishedSagas}, {"Inbox", c.Inbox}, {"PublishedOutbox", c.PublishedOutbox}, {"Interval", c.Interval}} {
+	}{{"FinishedSagas", c.FinishedSagas}, {"PublishedOutbox", c.PublishedOutbox}, {"Interval", c.Interval}} {
 		if f.d < 0 {
 			return fmt.Errorf("idemsaga: RetentionConfig.%s is %s; use a positive duration, or 0 for the default", f.name, f.d)
 		}
@@ -132,9 +123,6 @@ func (c *RetentionConfig) validate() error {
 	if c.FinishedSagas == 0 {
 		c.FinishedSagas = FinishedSagasDefault
 	}
-	if c.Inbox == 0 {
-		c.Inbox = InboxDefault
-	}
 	if c.BatchSize == 0 {
 		c.BatchSize = RetentionBatchSizeDefault
 	}
@@ -144,8 +132,6 @@ func (c *RetentionConfig) validate() error {
 	switch {
 	case c.FinishedSagas < minRecordWindow:
 		return fmt.Errorf("idemsaga: RetentionConfig.FinishedSagas is %s, under the %s minimum: it is the replay window, and a command delivered after it could run its step again", c.FinishedSagas, minRecordWindow)
-	case c.Inbox < c.FinishedSagas:
-		return fmt.Errorf("idemsaga: RetentionConfig.Inbox (%s) is shorter than RetentionConfig.FinishedSagas (%s): inbox rows live at least as long as their saga; raise Inbox to at least FinishedSagas", c.Inbox, c.FinishedSagas)
 	case c.PublishedOutbox > 0 && c.PublishedOutbox <= broker.DuplicateWindowDefault:
 		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; it must exceed the broker's %s dedup window, or be 0 to delete rows as soon as they are published", c.PublishedOutbox, broker.DuplicateWindowDefault)
 	case c.BatchSize > maxRetentionBatch:
@@ -167,7 +153,7 @@ const (
 	// finished: that message may still be delivered.
 	claimFinishedSagas = `select s.id from idemsaga.sagas s
 where s.finished_at < now() - $1 * interval '1 millisecond'
-  and (s.state <> $3 or $4::bool)
+  and (s.state not in ('failed', 'parked') or $3::bool)
   and not exists (
     select 1 from idemsaga.steps st
     where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))
@@ -178,32 +164,12 @@ order by s.finished_at
 limit $2
 for update of s skip locked`
 
-	// The statements that delete one batch of sagas, in one transaction. Inbox
-	// rows younger than the inbox window stay, without their saga, until
-	// deleteOrphanInbox takes them.
-	deleteSagaInbox = `delete from idemsaga.inbox
-where saga_id = any($1) and created_at < now() - $2 * interval '1 millisecond'`
-	// keepResults copies into the inbox rows that outlive their saga the
-	// results they leave in the step's row (a success applied in its step),
-	// before the steps go: a late delivery is answered with its result.
-	keepResults = `update idemsaga.inbox i set result = st.result
-from idemsaga.steps st
-where i.saga_id = any($1) and i.outcome = 'succeeded' and i.result is null
-  and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'
-  and st.result is not null`
-	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
+	// The statements that delete one batch of sagas, in one transaction,
+	// children first (the foreign keys would cascade, one row at a time).
+	deleteSagaInbox    = `delete from idemsaga.inbox where saga_id = any($1)`
 	deleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
+	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
 	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
-
-	// deleteOrphanInbox deletes inbox rows past the window whose saga is
-	// gone. A row whose saga exists, in any state, is never touched.
-	deleteOrphanInbox = `delete from idemsaga.inbox where (saga_id, step_key) in (
-  select i.saga_id, i.step_key from idemsaga.inbox i
-  where i.created_at < now() - $1 * interval '1 millisecond'
-    and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)
-  order by i.created_at
-  limit $2
-  for update of i skip locked)`
 
 	// deleteExpiredHTTPKeys deletes stored HTTP answers past their own
 	// expires_at (the HTTP API's key TTL); $1 is unused slack (0).
@@ -231,8 +197,7 @@ type CleanResult struct {
 	// Steps is the number of step rows deleted with those sagas. Their
 	// attempts' rows go too, uncounted.
 	Steps int64
-	// Inbox is the number of inbox rows deleted: with their saga, or after
-	// it was gone.
+	// Inbox is the number of inbox rows deleted with those sagas.
 	Inbox int64
 	// Outbox is the number of published outbox rows deleted.
 	Outbox int64
@@ -317,8 +282,8 @@ func (c *Cleaner) loop(ctx context.Context) {
 }
 
 // CleanOnce deletes every record past its window: finished sagas with
-// their steps and inbox rows, then inbox rows whose saga is gone, then
-// published outbox rows. Each kind is deleted batch after batch, each
+// their steps and inbox rows, then published outbox rows, then expired
+// HTTP idempotency keys. Each kind is deleted batch after batch, each
 // batch its own transaction, until a batch comes back short (the rest, if
 // any, is held by another cleaner, which deletes it). When ctx ends, it
 // stops between batches; a batch in hand finishes under its own timeout.
@@ -332,7 +297,6 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 		batch func(context.Context) (CleanResult, int64, error)
 	}{
 		{"finished sagas", c.sagaBatch},
-		{"inbox rows of deleted sagas", c.orphanInboxBatch},
 		{"published outbox rows", c.outboxBatch},
 		{"expired HTTP idempotency keys", c.httpKeyBatch},
 	} {
@@ -367,8 +331,7 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		if _, err := tx.Exec(ctx, retentionLockTimeout); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, claimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize,
-			string(saga.StateFailed), c.cfg.DeleteFailed)
+		rows, err := tx.Query(ctx, claimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize, c.cfg.DeleteFailed)
 		if err != nil {
 			return err
 		}
@@ -377,16 +340,15 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 			return err
 		}
 		b := &pgx.Batch{}
-		b.Queue(deleteSagaInbox, ids, c.cfg.Inbox.Milliseconds()).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(deleteSagaInbox, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Inbox = tag.RowsAffected()
 			return nil
 		})
-		b.Queue(keepResults, ids)
+		b.Queue(deleteSagaAttempts, ids)
 		b.Queue(deleteSagaSteps, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Steps = tag.RowsAffected()
 			return nil
 		})
-		b.Queue(deleteSagaAttempts, ids)
 		b.Queue(deleteSagas, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Sagas = tag.RowsAffected()
 			return nil
@@ -397,12 +359,6 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		return CleanResult{}, 0, err
 	}
 	return res, res.Sagas, nil
-}
-
-// orphanInboxBatch deletes one batch of inbox rows whose saga is gone.
-func (c *Cleaner) orphanInboxBatch(ctx context.Context) (CleanResult, int64, error) {
-	n, err := c.deleteBatch(ctx, deleteOrphanInbox, c.cfg.Inbox)
-	return CleanResult{Inbox: n}, n, err
 }
 
 // outboxBatch deletes one batch of published outbox rows. With

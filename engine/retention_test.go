@@ -81,15 +81,6 @@ from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id
 where s.idem_key like $1 || '%' and st.step = 'credit'`, prefix)
 }
 
-// insertOrphanInbox writes n inbox rows of sagas that do not exist (deleted
-// earlier), written `ago` before now.
-func insertOrphanInbox(t *testing.T, pool *pgxpool.Pool, n int, ago string) {
-	t.Helper()
-	execSQL(t, pool, `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, created_at)
-select gen_random_uuid(), gen_random_uuid(), 'deduct', 'forward', 1, 'succeeded', now() - $2::interval
-from generate_series(1, $1::int)`, n, ago)
-}
-
 // insertOutbox writes n outbox rows created `ago` before now, published
 // then when published is true, unpublished otherwise.
 func insertOutbox(t *testing.T, pool *pgxpool.Pool, n int, ago string, published bool) {
@@ -147,7 +138,8 @@ where saga_id in (select id from idemsaga.sagas where idem_key like 'run-%')`)
 
 	// Finished sagas: keys 0-9 finished 8 days ago (past the 7-day
 	// window), 10-19 six days ago, 20-29 just now; key 24 failed 30 days
-	// ago and waits for a person. Their inbox rows are as old as they are.
+	// ago and key 25 was parked then: both wait for a person. Their inbox
+	// rows are as old as they are.
 	age := func(keys []string, ago string) {
 		execSQL(t, pool, `update idemsaga.sagas set finished_at = now() - $2::interval, created_at = now() - $2::interval - interval '1 minute'
 where idem_key = any($1)`, keys, ago)
@@ -164,13 +156,9 @@ where saga_id in (select id from idemsaga.sagas where idem_key = any($1))`, keys
 	expired, inside := keysOf(0, 10), keysOf(10, 20)
 	age(expired, "8 days")
 	age(inside, "6 days")
-	age([]string{key(24)}, "30 days")
+	age([]string{key(24), key(25)}, "30 days")
 	execSQL(t, pool, `update idemsaga.sagas set state = 'failed' where idem_key = $1`, key(24))
-
-	// Inbox rows of sagas deleted earlier: one past the inbox window, one
-	// inside it.
-	insertOrphanInbox(t, pool, 1, "8 days")
-	insertOrphanInbox(t, pool, 1, "1 day")
+	execSQL(t, pool, `update idemsaga.sagas set state = 'parked' where idem_key = $1`, key(25))
 	// Published outbox rows: the older half was published two hours ago,
 	// past the one-hour window; the rest just now.
 	execSQL(t, pool, `update idemsaga.outbox set published_at = now() - interval '2 hours'
@@ -183,10 +171,11 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 	want := engine.CleanResult{
 		Sagas:  countSQL(t, pool, `select count(*) from idemsaga.sagas where idem_key = any($1)`, expired),
 		Steps:  countSQL(t, pool, `select count(*) from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where s.idem_key = any($1)`, expired),
-		Inbox:  1 + countSQL(t, pool, `select count(*) from idemsaga.inbox i join idemsaga.sagas s on s.id = i.saga_id where s.idem_key = any($1)`, expired),
+		Inbox:  countSQL(t, pool, `select count(*) from idemsaga.inbox i join idemsaga.sagas s on s.id = i.saga_id where s.idem_key = any($1)`, expired),
 		Outbox: countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at < now() - interval '1 hour'`),
-		// One batch each: finished sagas, orphaned inbox rows, outbox.
-		Batches: 3,
+		// One batch each: finished sagas (their steps, attempts and inbox
+		// rows with them), outbox.
+		Batches: 2,
 	}
 	require.Equal(t, int64(10), want.Sagas)
 	require.Positive(t, want.Steps)
@@ -195,8 +184,7 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 	// What must survive, as it is.
 	keptSagas := `select id, idem_key, state, version, finished_at from idemsaga.sagas where not (idem_key = any($1))`
 	keptSteps := `select st.* from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where not (s.idem_key = any($1))`
-	keptInbox := `select i.* from idemsaga.inbox i join idemsaga.sagas s on s.id = i.saga_id where not (s.idem_key = any($1))
-union all select i.* from idemsaga.inbox i where i.created_at > now() - interval '2 days' and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)`
+	keptInbox := `select i.* from idemsaga.inbox i join idemsaga.sagas s on s.id = i.saga_id where not (s.idem_key = any($1))`
 	keptOutbox := `select * from idemsaga.outbox where published_at is null or published_at > now() - interval '1 hour'`
 	before := map[string][]string{
 		"sagas": rowsJSON(t, pool, keptSagas, expired), "steps": rowsJSON(t, pool, keptSteps, expired),
@@ -214,12 +202,9 @@ union all select i.* from idemsaga.inbox i where i.created_at > now() - interval
 		"sagas": rowsJSON(t, pool, keptSagas, expired), "steps": rowsJSON(t, pool, keptSteps, expired),
 		"inbox": rowsJSON(t, pool, keptInbox, expired), "outbox": rowsJSON(t, pool, keptOutbox),
 	}
-	require.Equal(t, before, after, "running sagas, sagas inside the window, the failed saga, young orphans and the outbox's unpublished and recent rows are untouched")
+	require.Equal(t, before, after, "running sagas, sagas inside the window, the failed and parked sagas and the outbox's unpublished and recent rows are untouched")
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.sagas where idem_key = any($1)`, expired))
-	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.steps st where not exists (select 1 from idemsaga.sagas s where s.id = st.saga_id)`), "no step outlives its saga")
-	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.step_attempts a where not exists (select 1 from idemsaga.sagas s where s.id = a.saga_id)`), "no attempt outlives its saga")
-	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox i where i.created_at < now() - interval '7 days'
-and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)`), "no expired inbox row outlives its saga")
+	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, expiredID), "the saga's dedup records went with it")
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.outbox where published_at < now() - interval '1 hour'`))
 
 	again, err := c.CleanOnce(ctx)
@@ -246,10 +231,11 @@ and not exists (select 1 from idemsaga.sagas s where s.id = i.saga_id)`), "no ex
 	require.NotEqual(t, saga.StepKey(expiredID, transfer.StepDeduct, saga.PhaseForward), saga.StepKey(res.ID, transfer.StepDeduct, saga.PhaseForward))
 }
 
-// TestRetentionLongerInboxOutlivesItsSaga keeps inbox rows longer than
-// sagas: a command of a deleted saga, delivered late, is still absorbed by
-// its inbox row, until that row's own window passes.
-func TestRetentionLongerInboxOutlivesItsSaga(t *testing.T) {
+// TestRetentionLateCommandOfADeletedSagaIsDropped: a saga's records go
+// together, after its window; a command of it delivered after that (one a
+// broker kept past the window) finds no saga to claim a key of, and is
+// dropped: it never runs its step again.
+func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
@@ -257,7 +243,7 @@ func TestRetentionLongerInboxOutlivesItsSaga(t *testing.T) {
 	def := transferDef(t)
 	_, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
-	stream := testenv.Name("RETINBOX")
+	stream := testenv.Name("RETLATE")
 	// Published rows are kept, so the test can read the deduct command.
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Retention.PublishedOutbox = time.Hour })
 	res, err := e.Client().Start(ctx, def, "late", transferInput(1, 2, 40))
@@ -276,54 +262,40 @@ func TestRetentionLongerInboxOutlivesItsSaga(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, res.ID, cmd.SagaID)
 
-	inboxRows := countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID)
-	require.Equal(t, int64(2), inboxRows)
+	require.Equal(t, int64(2), countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID))
 	execSQL(t, pool, `update idemsaga.sagas set finished_at = now() - interval '8 days' where id = $1`, res.ID)
-	execSQL(t, pool, `update idemsaga.inbox set created_at = now() - interval '8 days' where saga_id = $1`, res.ID)
-
-	c := newCleaner(t, pool, engine.RetentionConfig{Inbox: 14 * 24 * time.Hour})
+	c := newCleaner(t, pool, engine.RetentionConfig{})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, int64(1), got.Sagas)
-	require.Equal(t, int64(2), got.Steps)
-	require.Zero(t, got.Inbox, "inbox rows stay for their own, longer window")
-	require.Equal(t, inboxRows, countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID))
+	require.Equal(t, engine.CleanResult{Sagas: 1, Steps: 2, Inbox: 2, Batches: 1}, got)
 
-	// The late delivery of the deduct: absorbed, no second effect.
 	balances := rowsJSON(t, pool, `select id, balance from transfer.accounts`)
-	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "t." + stream}, Definitions: []*saga.Definition{def}, Logger: quietLogger()})
+	ledger := countSQL(t, pool, `select count(*) from transfer.ledger`)
+	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "t." + stream}, Definitions: []*saga.Definition{def}, Logger: quietLogger(), Recent: -1})
 	require.NoError(t, err)
 	reply, err := w.Handle(ctx, cmd)
-	require.NoError(t, err)
-	require.True(t, reply.Duplicate, "the inbox answers with the first outcome")
-	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
-	require.NotEmpty(t, sg.Steps[0].Result)
-	require.JSONEq(t, string(sg.Steps[0].Result), string(reply.Result), "and its result, kept by the inbox row when the step's row went")
-	require.Equal(t, balances, rowsJSON(t, pool, `select id, balance from transfer.accounts`))
-
-	// Past the inbox window the rows of the deleted saga go too.
-	execSQL(t, pool, `update idemsaga.inbox set created_at = now() - interval '15 days' where saga_id = $1`, res.ID)
-	got, err = c.CleanOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, inboxRows, got.Inbox)
-	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID))
+	require.NoError(t, err, "the late command is answered, not delivered again forever")
+	require.True(t, reply.Duplicate)
+	require.Contains(t, reply.Error, "no longer exists")
+	require.Equal(t, balances, rowsJSON(t, pool, `select id, balance from transfer.accounts`), "no second effect")
+	require.Equal(t, ledger, countSQL(t, pool, `select count(*) from transfer.ledger`))
+	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID), "and nothing recorded for a saga that is gone")
 }
 
-// TestRetentionDeletesInBatches cleans 50 of each kind with BatchSize 7: one
-// CleanOnce loops until a batch comes back short, so each kind takes 8
-// transactions (7 full ones and one of 1).
+// TestRetentionDeletesInBatches cleans 50 sagas and 50 outbox rows with
+// BatchSize 7: one CleanOnce loops until a batch comes back short, so each
+// kind takes 8 transactions (7 full ones and one of 1).
 func TestRetentionDeletesInBatches(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	insertFinishedSagas(t, pool, "old-", 50, "8 days")
-	insertOrphanInbox(t, pool, 50, "8 days")
 	insertOutbox(t, pool, 50, "2 hours", true)
 
 	c := newCleaner(t, pool, engine.RetentionConfig{BatchSize: 7, PublishedOutbox: time.Hour})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{Sagas: 50, Steps: 100, Inbox: 150, Outbox: 50, Batches: 24}, got)
+	require.Equal(t, engine.CleanResult{Sagas: 50, Steps: 100, Inbox: 100, Outbox: 50, Batches: 16}, got)
 	for _, table := range []string{"sagas", "steps", "inbox", "outbox"} {
 		require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.`+table), table)
 	}
@@ -340,7 +312,6 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool2.Close)
 	insertFinishedSagas(t, pool, "old-", 200, "8 days")
-	insertOrphanInbox(t, pool, 200, "8 days")
 	insertOutbox(t, pool, 300, "2 hours", true)
 	// Kept by both: running and young rows.
 	insertFinishedSagas(t, pool, "young-", 20, "1 day")
@@ -369,7 +340,7 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 		total.Inbox += results[i].Inbox
 		total.Outbox += results[i].Outbox
 	}
-	require.Equal(t, engine.CleanResult{Sagas: 200, Steps: 400, Inbox: 600, Outbox: 300}, total)
+	require.Equal(t, engine.CleanResult{Sagas: 200, Steps: 400, Inbox: 400, Outbox: 300}, total)
 	require.Equal(t, int64(20), countSQL(t, pool, `select count(*) from idemsaga.sagas`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.steps`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.inbox`))
@@ -390,19 +361,17 @@ func TestRetentionConfigValidation(t *testing.T) {
 	c, err := engine.NewCleaner(pool, engine.RetentionConfig{}, nil)
 	require.NoError(t, err)
 	require.Equal(t, engine.RetentionConfig{
-		FinishedSagas: engine.FinishedSagasDefault, Inbox: engine.InboxDefault,
+		FinishedSagas:   engine.FinishedSagasDefault,
 		PublishedOutbox: engine.PublishedOutboxDefault, BatchSize: engine.RetentionBatchSizeDefault,
 		Interval: engine.RetentionIntervalDefault,
 	}, c.Config())
 	require.Equal(t, 7*24*time.Hour, engine.FinishedSagasDefault)
-	require.Equal(t, 7*24*time.Hour, engine.InboxDefault)
 	require.Zero(t, engine.PublishedOutboxDefault, "published rows are deleted by the relay by default")
 
 	day := 24 * time.Hour
 	for _, ok := range []engine.RetentionConfig{
 		{FinishedSagas: time.Hour},
-		{FinishedSagas: day, Inbox: day},
-		{FinishedSagas: day, Inbox: 30 * day},
+		{FinishedSagas: 30 * day},
 		{PublishedOutbox: 2*time.Minute + time.Second},
 		{PublishedOutbox: 0},
 		{BatchSize: 1, Interval: time.Millisecond},
@@ -418,15 +387,11 @@ func TestRetentionConfigValidation(t *testing.T) {
 		field string
 	}{
 		{engine.RetentionConfig{FinishedSagas: -time.Second}, "FinishedSagas"},
-		{engine.RetentionConfig{Inbox: -time.Second}, "Inbox"},
 		{engine.RetentionConfig{PublishedOutbox: -time.Second}, "PublishedOutbox"},
 		{engine.RetentionConfig{Interval: -time.Second}, "Interval"},
 		{engine.RetentionConfig{BatchSize: -1}, "BatchSize"},
 		{engine.RetentionConfig{BatchSize: 10_001}, "BatchSize"},
 		{engine.RetentionConfig{FinishedSagas: 59 * time.Minute}, "FinishedSagas"},
-		// The inbox default (7 days) is shorter than these sagas' window.
-		{engine.RetentionConfig{FinishedSagas: 8 * day}, "Inbox"},
-		{engine.RetentionConfig{FinishedSagas: 2 * day, Inbox: day}, "Inbox"},
 		{engine.RetentionConfig{PublishedOutbox: 2 * time.Minute}, "PublishedOutbox"},
 		{engine.RetentionConfig{PublishedOutbox: time.Second}, "PublishedOutbox"},
 	} {

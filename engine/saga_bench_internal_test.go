@@ -10,17 +10,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
 )
 
 // BenchmarkTransferSaga runs whole transfer sagas, one after another, on
 // one connection: the start, then the debit and the credit as the
 // engine's step workers run them (each applied to its saga in the step's
-// own round trip), the commands handed from one to the next in memory
+// own transaction), the commands handed from one to the next in memory
 // instead of through the broker. Nothing else runs: no relay (the outbox
 // rows stay; the relay deletes them in batches), no reaper, no
 // orchestrator. Under scripts/pg-instructions.sh, the instructions of the
@@ -57,9 +57,9 @@ func BenchmarkTransferSaga(b *testing.B) {
 	var sent []outbox.Committed
 	c.publish = func(rows ...outbox.Committed) { sent = append(sent, rows...) }
 	c.handOff = cfg.RelayHandOff
-	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet,
-		PublishFunc: c.publish, HandOff: cfg.RelayHandOff, ApplyFunc: c.applyInStep,
+	w, err := attempt.New(attempt.Config{
+		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.metrics,
+		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -82,7 +82,7 @@ func BenchmarkTransferSaga(b *testing.B) {
 			if err != nil {
 				b.Fatalf("saga %d: the engine handed on what is not a command (%s): %v", i, row.Subject, err)
 			}
-			if _, err := w.Handle(ctx, cmd); err != nil {
+			if _, err := w.Handle(ctx, cmd, false); err != nil {
 				b.Fatal(err)
 			}
 			steps++

@@ -126,7 +126,7 @@ func TestStartBadInputWritesNothing(t *testing.T) {
 	require.ErrorContains(t, err, "idempotency key is empty")
 	_, err = cl.Start(ctx, def, "k", []byte(`{not json`))
 	require.ErrorContains(t, err, "not valid JSON")
-	other := saga.MustNew("other", saga.Step{Name: "a", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	other := saga.MustNew("other", saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
 	_, err = cl.Start(ctx, other, "k", map[string]int{})
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
 	var sagas int

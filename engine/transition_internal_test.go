@@ -2,90 +2,19 @@ package engine
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/examples/transfer"
-	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/compensation"
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
-
-func TestTransitionZeroRowCases(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testenv.DB(t)
-	cl, err := NewClient(Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
-	require.NoError(t, err)
-	res, err := cl.Start(ctx, transfer.Definition, "k1", transfer.Input{From: 1, To: 2, Amount: 5})
-	require.NoError(t, err)
-	c := cl.c
-
-	// Each transition is queued and checked when the transaction commits.
-	inTx := func(fn func(tx *txn) error) error {
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
-		q := newTxn(tx)
-		if err := fn(q); err != nil {
-			return err
-		}
-		return q.commit(ctx)
-	}
-	snapshot := func() *saga.Instance {
-		sg, err := loadSaga(ctx, pool, res.ID, false)
-		require.NoError(t, err)
-		return sg
-	}
-
-	// Applied: init -> deducted at version 1.
-	stale := snapshot()
-	require.Equal(t, saga.StateInit, stale.State)
-	require.EqualValues(t, 1, stale.Version)
-	sg := snapshot()
-	require.NoError(t, inTx(func(tx *txn) error {
-		return c.transition(tx, sg, transfer.StateDeducted, false, nil, nil, nil, &effects{})
-	}))
-	require.EqualValues(t, 2, sg.Version)
-	require.Equal(t, transfer.StateDeducted, snapshot().State)
-
-	// Already applied: the same move from the stale snapshot touches no
-	// row and is recognised as a duplicate.
-	dup := *stale
-	err = inTx(func(tx *txn) error {
-		return c.transition(tx, &dup, transfer.StateDeducted, false, nil, nil, nil, &effects{})
-	})
-	require.ErrorIs(t, err, errAlreadyApplied)
-
-	// Conflict: another move from the stale snapshot finds the saga moved.
-	conflict := *stale
-	err = inTx(func(tx *txn) error {
-		return c.transition(tx, &conflict, saga.StateCompensating, false, nil, nil, nil, &effects{})
-	})
-	require.ErrorIs(t, err, saga.ErrConflict)
-	require.Equal(t, transfer.StateDeducted, snapshot().State, "a conflicting move changes nothing")
-	require.EqualValues(t, 2, snapshot().Version)
-
-	// Missing: no such saga.
-	ghost := *stale
-	ghost.ID = uuid.New()
-	err = inTx(func(tx *txn) error {
-		return c.transition(tx, &ghost, transfer.StateDeducted, false, nil, nil, nil, &effects{})
-	})
-	require.ErrorIs(t, err, saga.ErrNotFound)
-
-	// A move the state graph forbids is refused before touching the row.
-	back := snapshot()
-	err = inTx(func(tx *txn) error {
-		return c.transition(tx, back, saga.StateInit, false, nil, nil, nil, &effects{})
-	})
-	require.Error(t, err)
-	require.False(t, errors.Is(err, errAlreadyApplied))
-	require.EqualValues(t, 2, snapshot().Version)
-}
 
 func TestJudge(t *testing.T) {
 	t.Parallel()
@@ -103,10 +32,170 @@ func TestJudge(t *testing.T) {
 		{"already succeeded", stepRow{status: saga.StepSucceeded, attempt: 1}, r(1), VerdictDuplicate},
 		{"already failed", stepRow{status: saga.StepFailed, attempt: 1}, r(1), VerdictDuplicate},
 		{"retry already scheduled", stepRow{status: saga.StepRetrying, attempt: 1}, r(1), VerdictDuplicate},
+		{"success after a retry was scheduled", stepRow{status: saga.StepRetrying, attempt: 1}, wire.Reply{Attempt: 1, Outcome: wire.OutcomeSucceeded}, VerdictApplied},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, judge(tc.row, tc.reply))
 		})
 	}
+}
+
+// orderDef is reserve (database, compensable) → charge (external,
+// compensable) → notify (external, not compensable) → ship (database).
+func orderDef(t *testing.T) *saga.Definition {
+	t.Helper()
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	def, err := saga.New("order",
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "notify", Reaches: "notified", Kind: saga.ExternalStep, Forward: noop},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.DatabaseStep, Forward: noop},
+	)
+	require.NoError(t, err)
+	return def
+}
+
+func testCore(t *testing.T, def *saga.Definition) *core {
+	t.Helper()
+	cfg := Config{Definitions: []*saga.Definition{def}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	c, err := newCore(&cfg)
+	require.NoError(t, err)
+	c.subjects = wire.Subjects{Prefix: "t"}
+	return c
+}
+
+// TestGiveUpRule checks the moves of a step given up: the steps before it
+// are compensated in reverse order; a possibly-done step's own
+// compensation comes first; a possibly-done step without one parks the
+// saga; a compensation that cannot finish fails it.
+func TestGiveUpRule(t *testing.T) {
+	t.Parallel()
+	def := orderDef(t)
+	c := testCore(t, def)
+	id := uuid.Must(uuid.NewV7())
+	at := func(state saga.State, version int64) *saga.Instance {
+		return &saga.Instance{ID: id, Definition: "order", State: state, Version: version, Input: json.RawMessage(`{}`)}
+	}
+	next := func(t *testing.T, m *attempt.Move) (string, saga.Phase, wire.Command) {
+		t.Helper()
+		require.NotNil(t, m.Next)
+		cmd, err := wire.DecodeCommand(m.Next.Payload)
+		require.NoError(t, err)
+		require.Equal(t, m.Next.Step, cmd.Step)
+		require.Equal(t, m.To, cmd.State, "the next command carries the state the move leaves")
+		require.Equal(t, m.Version+1, cmd.Version, "and the version")
+		return m.Next.Step, m.Next.Phase, cmd
+	}
+
+	t.Run("charge refused: reserve is compensated", func(t *testing.T) {
+		m, err := c.failureMove(at("reserved", 4), def, 1, saga.PhaseForward, 2, "declined", compensation.NotDone)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateCompensating, m.To)
+		require.False(t, m.PossiblyDone)
+		step, phase, _ := next(t, m)
+		require.Equal(t, "reserve", step)
+		require.Equal(t, saga.PhaseCompensate, phase)
+	})
+	t.Run("charge possibly done: its refund comes first", func(t *testing.T) {
+		m, err := c.failureMove(at("reserved", 4), def, 1, saga.PhaseForward, 5, "timeout", compensation.PossiblyDone)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateCompensating, m.To)
+		require.True(t, m.PossiblyDone)
+		require.Contains(t, m.Error, saga.StepKey(id, "charge", saga.PhaseForward).String(), "the error names the key to check")
+		step, phase, _ := next(t, m)
+		require.Equal(t, "charge", step)
+		require.Equal(t, saga.PhaseCompensate, phase)
+		// After the refund, reserve.
+		done, err := c.successMove(at(saga.StateCompensating, 5), def, 1, saga.PhaseCompensate, 1, nil)
+		require.NoError(t, err)
+		step, phase, _ = next(t, done)
+		require.Equal(t, "reserve", step)
+		require.Equal(t, saga.PhaseCompensate, phase)
+	})
+	t.Run("notify possibly done without a compensation: parked", func(t *testing.T) {
+		m, err := c.failureMove(at("charged", 6), def, 2, saga.PhaseForward, 5, "no reply", compensation.PossiblyDone)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateParked, m.To)
+		require.True(t, m.Finished)
+		require.Equal(t, "parked", m.Outcome)
+		require.Nil(t, m.Next, "nothing is compensated")
+		require.Contains(t, m.Error, saga.StepKey(id, "notify", saga.PhaseForward).String())
+		require.Contains(t, m.Error, "worker retry")
+	})
+	t.Run("notify refused: charge and reserve are compensated", func(t *testing.T) {
+		m, err := c.failureMove(at("charged", 6), def, 2, saga.PhaseForward, 1, "refused", compensation.NotDone)
+		require.NoError(t, err)
+		step, _, _ := next(t, m)
+		require.Equal(t, "charge", step)
+	})
+	t.Run("first step fails: compensated at once", func(t *testing.T) {
+		m, err := c.failureMove(at(saga.StateInit, 1), def, 0, saga.PhaseForward, 1, "out of stock", compensation.NotDone)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateCompensated, m.To)
+		require.True(t, m.Finished)
+		require.Nil(t, m.Next)
+	})
+	t.Run("a compensation that cannot finish: failed", func(t *testing.T) {
+		m, err := c.failureMove(at(saga.StateCompensating, 9), def, 1, saga.PhaseCompensate, 5, "refund refused", compensation.PossiblyDone)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateFailed, m.To)
+		require.True(t, m.Finished)
+		require.Contains(t, m.Error, "may have taken effect")
+	})
+	t.Run("last compensation: compensated", func(t *testing.T) {
+		m, err := c.successMove(at(saga.StateCompensating, 9), def, 0, saga.PhaseCompensate, 1, nil)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateCompensated, m.To)
+		require.True(t, m.Finished)
+	})
+	t.Run("a success carries its result to the next command", func(t *testing.T) {
+		m, err := c.successMove(at("reserved", 4), def, 1, saga.PhaseForward, 1, json.RawMessage(`{"charge":"ch-1"}`))
+		require.NoError(t, err)
+		require.Equal(t, saga.State("charged"), m.To)
+		_, _, cmd := next(t, m)
+		require.JSONEq(t, `{"charge":"ch-1"}`, string(cmd.Results["charge"]))
+	})
+	t.Run("moves the state graph forbids are refused", func(t *testing.T) {
+		_, err := c.successMove(at(saga.StateInit, 1), def, 1, saga.PhaseForward, 1, nil)
+		require.Error(t, err)
+		_, err = c.failureMove(at(saga.StateCompensating, 3), def, 1, saga.PhaseForward, 1, "x", compensation.NotDone)
+		require.Error(t, err)
+		_, err = c.successMove(at("reserved", 3), def, 0, saga.PhaseCompensate, 1, nil)
+		require.Error(t, err)
+	})
+}
+
+// TestInStepMoves checks what the engine applies in a step's own
+// transaction and what it leaves to the orchestrator.
+func TestInStepMoves(t *testing.T) {
+	t.Parallel()
+	def := orderDef(t)
+	c := testCore(t, def)
+	id := uuid.Must(uuid.NewV7())
+	cmd := func(step string, phase saga.Phase, attemptNo int, state saga.State, version int64) wire.Command {
+		return wire.Command{SagaID: id, Definition: "order", Step: step, Phase: phase, Key: saga.StepKey(id, step, phase),
+			Attempt: attemptNo, Input: json.RawMessage(`{}`), State: state, Version: version}
+	}
+	ok := func(m attempt.Move, ok bool) attempt.Move { require.True(t, ok); return m }
+	no := func(_ attempt.Move, ok bool) { require.False(t, ok) }
+
+	m := ok(c.Move(cmd("reserve", saga.PhaseForward, 1, saga.StateInit, 1), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeSucceeded}))
+	require.Equal(t, saga.State("reserved"), m.To)
+	require.False(t, m.RecordFailure)
+
+	m = ok(c.Move(cmd("reserve", saga.PhaseForward, 1, saga.StateInit, 1), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeFailed, Error: "no stock"}))
+	require.Equal(t, saga.StateCompensated, m.To)
+	require.True(t, m.RecordFailure, "a database step's failure is recorded with its move")
+
+	m = ok(c.Move(cmd("ship", saga.PhaseForward, 5, "notified", 9), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeRetry, Error: "deadlock"}))
+	require.Contains(t, m.StepError, "5 attempts exhausted")
+	require.Equal(t, saga.StateCompensating, m.To)
+
+	no(c.Move(cmd("ship", saga.PhaseForward, 2, "notified", 9), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeRetry}))
+	no(c.Move(cmd("charge", saga.PhaseForward, 1, "reserved", 3), saga.ExternalStep, attempt.Outcome{Status: wire.OutcomeFailed}))
+	no(c.Move(cmd("charge", saga.PhaseForward, 5, "reserved", 3), saga.ExternalStep, attempt.Outcome{Status: wire.OutcomeUnknown}))
+	no(c.Move(cmd("reserve", saga.PhaseForward, 1, saga.StateInit, 0), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeSucceeded}))
+	ok(c.Move(cmd("charge", saga.PhaseForward, 3, "reserved", 3), saga.ExternalStep, attempt.Outcome{Status: wire.OutcomeSucceeded}))
+	no(c.Move(cmd("charge", saga.PhaseForward, 1, saga.StateInit, 3), saga.ExternalStep, attempt.Outcome{Status: wire.OutcomeSucceeded}))
 }

@@ -29,6 +29,14 @@ const VersionTable = Schema + ".schema_version"
 // lockKey serializes concurrent Migrate calls across processes.
 const lockKey = 0x1de5a6a
 
+// ahead explains a schema at a version this build does not know: migrated
+// by a newer build, or by one from before the schemas were squashed into
+// one commented baseline each (none of those was released).
+func ahead(schema string, have, want int32) error {
+	return fmt.Errorf("schema %s is at version %d, and this build knows %d: it was migrated by a newer build (run that one), "+
+		"or by a build from before the baseline migration (drop schema %s cascade, or use a fresh database, then run `worker migrate`)", schema, have, want, schema)
+}
+
 // Migrate applies every engine migration not yet applied.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	return Apply(ctx, conn, Schema, files)
@@ -61,9 +69,9 @@ func current(ctx context.Context, conn *pgx.Conn, schema string) (int32, error) 
 }
 
 // Check reads the engine migration version the database has (have) and
-// the one this build needs (want). It fails when the database lacks some
-// of this build's migrations; have above want means a newer build
-// migrated it, which callers may warn of.
+// the one this build needs (want). It fails when the two differ: a
+// database behind needs `worker migrate`; one ahead was migrated by
+// another build.
 func Check(ctx context.Context, conn *pgx.Conn) (have, want int32, err error) {
 	return CheckApplied(ctx, conn, Schema, files)
 }
@@ -79,7 +87,11 @@ func CheckApplied(ctx context.Context, conn *pgx.Conn, schema string, fsys fs.FS
 	if err != nil {
 		return have, 0, fmt.Errorf("list the migrations of schema %s: %w", schema, err)
 	}
-	if want = int32(len(names)); have < want {
+	want = int32(len(names))
+	if have > want {
+		return have, want, ahead(schema, have, want)
+	}
+	if have < want {
 		return have, want, fmt.Errorf("database schema %s is at version %d, this build needs %d: run `worker migrate` first", schema, have, want)
 	}
 	return have, want, nil
@@ -99,6 +111,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, schema string, fsys fs.FS) (err 
 	}()
 	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return fmt.Errorf("migrate %s: create schema: %w", schema, err)
+	}
+	if have, err := current(ctx, conn, schema); err != nil {
+		return fmt.Errorf("migrate %s: read the migration version: %w", schema, err)
+	} else if names, err := migrate.FindMigrations(fsys); err == nil && int(have) > len(names) {
+		return ahead(schema, have, int32(len(names)))
 	}
 	m, err := migrate.NewMigrator(ctx, conn, schema+".schema_version")
 	if err != nil {

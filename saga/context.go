@@ -9,7 +9,22 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// Tx is the transaction a DatabaseStep's handler writes through: the one in
+// which the engine records the step key in the inbox and commits the step's
+// outcome, so the handler's writes commit with the dedup record, or not at
+// all. It holds the methods a handler needs (sqlc's DBTX is a subset, and a
+// pgx.Tx satisfies it), and none that end the transaction: the engine ends
+// it, with a commit when the handler returns nil and a rollback otherwise.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
+}
 
 // StepContext is what a handler knows about the step it runs. The engine
 // builds it for each attempt; handlers must not keep it after they return.
@@ -31,45 +46,21 @@ type StepContext struct {
 	Input json.RawMessage
 	// Results holds the results of the forward steps completed before this
 	// one, by step name. In the compensate phase it also holds the result
-	// of the step being compensated.
+	// of the step being compensated, when that step is known to have
+	// succeeded.
 	Results map[string]json.RawMessage
-	// Tx is the transaction in which the engine records this step's inbox
-	// entry and reply. Business writes made through it commit together with
-	// the dedup record, or not at all. Do not commit or roll it back, nor
-	// end it through Tx.Conn(): a handler that does and returns success
-	// fails for good.
-	Tx pgx.Tx
-}
-
-// ExecLast runs sql as the handler's last statement in Tx, and reports
-// only whether it failed. In a TxOnly forward step the worker holds it
-// back and sends it in the round trip that records the step's success and
-// commits, with the inbox claim if nothing went before it: a step whose
-// effect is that one statement then costs one round trip, not two.
-//
-// Its affected row count is never seen, so sql must fail (raise an error)
-// whenever the step cannot take effect: a statement that quietly changes
-// nothing would commit the step as a success. If a held-back statement
-// fails, for any reason, nothing of the attempt commits and the worker
-// runs the handler again at once, in a new transaction where ExecLast
-// runs at once and returns the statement's error, for the handler to
-// judge as any other (saga.Permanent, or a retry). A failure at the commit
-// (a deferred constraint, a serialization failure) is not the statement's:
-// as for any step, the attempt ends without an outcome and its command is
-// delivered again. Elsewhere (a step not
-// TxOnly, a compensation, a statement without arguments) it always runs
-// at once.
-//
-// After ExecLast the handler must not use Tx again: that fails, in either
-// way, with an error that says so.
-func (sc *StepContext) ExecLast(ctx context.Context, sql string, args ...any) error {
-	if l, ok := sc.Tx.(interface {
-		ExecLast(ctx context.Context, sql string, args ...any) error
-	}); ok {
-		return l.ExecLast(ctx, sql, args...)
-	}
-	_, err := sc.Tx.Exec(ctx, sql, args...)
-	return err
+	// ForwardKey is set in the compensate phase: the key the forward phase
+	// ran under, which names what to undo at the other system.
+	ForwardKey uuid.UUID
+	// ForwardUnknown is set in the compensate phase of a step that is
+	// possibly done: some attempt of its forward phase had an unknown
+	// outcome, so it may or may not have taken effect, and Results holds
+	// no result for it. The compensation must undo by ForwardKey, and do
+	// no harm when the forward phase never happened.
+	ForwardUnknown bool
+	// Tx is the step's transaction in a DatabaseStep (see Tx); nil in an
+	// ExternalStep, which holds no transaction while it runs.
+	Tx Tx
 }
 
 // DecodeInput decodes the saga input into v.

@@ -7,18 +7,59 @@ import (
 	"regexp"
 )
 
-// HandlerFunc runs one phase of a step. It receives the step's context,
-// which carries the step key, the attempt number, the saga input and, for a
-// local step, the database transaction in which the engine records the
-// step's outcome. It returns the step's result as JSON (nil for none).
+// HandlerFunc runs one attempt of one phase of a step. It receives the
+// step's context, which carries the step key, the attempt number, the saga
+// input and, in a DatabaseStep, the transaction the engine records the
+// step's outcome in. It returns the step's result as JSON (nil for none).
 //
-// Returning an error rolls the transaction back, so no business write and no
-// dedup record survive; the step is retried under its policy unless the
-// error is marked with Permanent.
+// A handler runs once per attempt, and its error decides: nil is a
+// success; an error marked with Permanent fails the step for good (the
+// saga compensates); any other error is retried under the step's policy.
+// The step's Kind says what an error means for the step's effect.
 type HandlerFunc func(ctx context.Context, sc *StepContext) (json.RawMessage, error)
+
+// StepKind says how a step takes effect, and so what the engine can know
+// of an attempt that did not succeed. Every step must name its kind.
+type StepKind int
+
+const (
+	// DatabaseStep: every effect of the step is a write through
+	// StepContext.Tx, the transaction that also records the step key in
+	// the inbox and commits the step's outcome. An attempt's effect
+	// commits with its success or not at all, so a failed attempt took no
+	// effect, and a crash or a lost answer is settled by the inbox.
+	DatabaseStep StepKind = iota + 1
+	// ExternalStep: the step calls another system, passing StepContext.Key
+	// as that system's idempotency key. The engine holds no database
+	// transaction or connection during the call. An attempt that ends in a
+	// timeout, a transport error, a crash, a lease expiry or any error not
+	// marked with Permanent or NotApplied has an unknown outcome: it may
+	// have taken effect. A step with such an attempt is possibly done, and
+	// when it is given up its own compensation runs first (see Step).
+	ExternalStep
+)
+
+// String returns "database" or "external".
+func (k StepKind) String() string {
+	switch k {
+	case DatabaseStep:
+		return "database"
+	case ExternalStep:
+		return "external"
+	}
+	return fmt.Sprintf("StepKind(%d)", int(k))
+}
 
 // Step is one step of a saga: a forward action, an optional compensation,
 // and the state the saga reaches when the forward action is done.
+//
+// When a forward step fails for good (a permanent error, or its attempts
+// exhausted), the steps before it are compensated in reverse order. If the
+// failed step is possibly done (an ExternalStep any of whose attempts had
+// an unknown outcome), its own compensation runs first, under its
+// compensation key: undoing what never happened must be harmless to the
+// other system. A possibly-done step without a compensation parks the
+// saga in StateParked, for a person to check the other system.
 type Step struct {
 	// Name identifies the step within its definition. It goes into the step
 	// key, so renaming a step of a running saga gives it new keys. Letters,
@@ -27,6 +68,9 @@ type Step struct {
 	// Reaches is the saga state once this step's forward action succeeded,
 	// such as "deducted". Unique within the definition.
 	Reaches State
+	// Kind says how the step takes effect: DatabaseStep or ExternalStep.
+	// It applies to both phases. Required.
+	Kind StepKind
 	// Forward performs the step. Required.
 	Forward HandlerFunc
 	// Compensate undoes a completed Forward. Optional: a step without one
@@ -37,20 +81,6 @@ type Step struct {
 	// CompensateRetry governs Compensate. Zero fields take the defaults.
 	// When its attempts run out the saga ends in StateFailed.
 	CompensateRetry RetryPolicy
-	// TxOnly declares that Forward's effects are all writes through
-	// StepContext.Tx: it calls no other system. The step worker then sends
-	// the step's inbox claim with Forward's first statement, in one round
-	// trip instead of two. The claim still comes first in the transaction,
-	// so a concurrent duplicate waits for it as ever; but a delivery the
-	// inbox already answered learns so at that first statement (which
-	// fails with ErrDuplicateDelivery, its effect rolled back) rather than
-	// before Forward starts, so code before it may run again. Leave it
-	// false for a step that calls out before its first statement. With
-	// TxOnly, StepContext.ExecLast also sends the handler's last
-	// statement with the step's success and commit: a step of one
-	// statement is then one round trip, and a duplicate runs the handler
-	// to its end before the claim, in that batch, answers it.
-	TxOnly bool
 }
 
 // Definition is a named, ordered list of steps. Build one with New; it is
@@ -96,6 +126,9 @@ func New(name string, steps ...Step) (*Definition, error) {
 		}
 		if other, dup := reached[s.Reaches]; dup {
 			return nil, bad(field+".Reaches", "state %q is already reached by step %q", s.Reaches, other)
+		}
+		if s.Kind != DatabaseStep && s.Kind != ExternalStep {
+			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx) or saga.ExternalStep (it calls another system with sc.Key)", s.Name)
 		}
 		if s.Forward == nil {
 			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)
@@ -157,9 +190,11 @@ func (d *Definition) StateBefore(i int) State {
 	return d.steps[i-1].Reaches
 }
 
-// IsTerminal reports whether s ends a saga of this definition.
+// IsTerminal reports whether s ends a saga of this definition: its final
+// state, StateCompensated, or one of the two that need a person,
+// StateFailed and StateParked.
 func (d *Definition) IsTerminal(s State) bool {
-	return s == d.FinalState() || s == StateCompensated || s == StateFailed
+	return s == d.FinalState() || s == StateCompensated || s == StateFailed || s == StateParked
 }
 
 // ValidState reports whether s is a state a saga of this definition can be in.
@@ -178,7 +213,9 @@ func (d *Definition) ValidState(s State) bool {
 // CanTransition reports whether the saga may move from one state to
 // another. Moves go one way: forward through the steps' states in order,
 // from any non-terminal state to StateCompensating, from StateCompensating
-// to StateCompensated or StateFailed. Nothing leaves a terminal state.
+// to StateCompensated or StateFailed, and from a forward state (one that
+// is not StateCompensating) to StateParked. Nothing leaves a terminal
+// state (an operator's repair, such as Client.Retry, is not a transition).
 func (d *Definition) CanTransition(from, to State) bool {
 	if !d.ValidState(from) || !d.ValidState(to) || d.IsTerminal(from) {
 		return false
@@ -186,7 +223,7 @@ func (d *Definition) CanTransition(from, to State) bool {
 	switch to {
 	case StateInit:
 		return false
-	case StateCompensating:
+	case StateCompensating, StateParked:
 		return from != StateCompensating
 	case StateCompensated, StateFailed:
 		return from == StateCompensating

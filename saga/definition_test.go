@@ -18,7 +18,7 @@ func noop(context.Context, *saga.StepContext) (json.RawMessage, error) { return 
 
 // step returns a valid step named name that reaches state reaches.
 func step(name string, reaches saga.State) saga.Step {
-	return saga.Step{Name: name, Reaches: reaches, Forward: noop}
+	return saga.Step{Name: name, Reaches: reaches, Kind: saga.DatabaseStep, Forward: noop}
 }
 
 func TestNewRejectsInvalidDefinitions(t *testing.T) {
@@ -59,7 +59,10 @@ func TestNewRejectsInvalidDefinitions(t *testing.T) {
 		{"Reaches compensated", "s", []saga.Step{step("a", saga.StateCompensated)}, "steps[0].Reaches"},
 		{"Reaches failed", "s", []saga.Step{step("a", saga.StateFailed)}, "steps[0].Reaches"},
 		{"duplicate Reaches", "s", []saga.Step{step("a", "done"), step("b", "x"), step("c", "done")}, "steps[2].Reaches"},
-		{"nil Forward", "s", []saga.Step{step("a", "a_done"), {Name: "b", Reaches: "b_done"}}, "steps[1].Forward"},
+		{"Reaches parked", "s", []saga.Step{step("a", saga.StateParked)}, "steps[0].Reaches"},
+		{"nil Forward", "s", []saga.Step{step("a", "a_done"), {Name: "b", Reaches: "b_done", Kind: saga.DatabaseStep}}, "steps[1].Forward"},
+		{"no Kind", "s", []saga.Step{step("a", "a_done"), {Name: "b", Reaches: "b_done", Forward: noop}}, "steps[1].Kind"},
+		{"unknown Kind", "s", []saga.Step{{Name: "b", Reaches: "b_done", Forward: noop, Kind: saga.StepKind(7)}}, "steps[0].Kind"},
 		{"negative MaxAttempts", "s", []saga.Step{withRetry(saga.RetryPolicy{MaxAttempts: -1})}, "steps[0].Retry"},
 		{"negative InitialBackoff", "s", []saga.Step{withRetry(saga.RetryPolicy{InitialBackoff: -time.Second})}, "steps[0].Retry"},
 		{"negative MaxBackoff", "s", []saga.Step{withRetry(saga.RetryPolicy{MaxBackoff: -time.Second})}, "steps[0].Retry"},
@@ -97,6 +100,7 @@ func TestNewAcceptsValidDefinition(t *testing.T) {
 	reserve := step("reserve", "reserved")
 	reserve.Compensate = noop
 	charge := step("charge", "charged")
+	charge.Kind = saga.ExternalStep
 	charge.Retry = saga.RetryPolicy{MaxAttempts: 3, Jitter: -1}
 	ship := step("ship-2", "Shipped_OK")
 	ship.Retry = saga.RetryPolicy{Multiplier: 1, Jitter: 1, InitialBackoff: time.Second, MaxBackoff: time.Second}
@@ -117,6 +121,8 @@ func TestNewAcceptsValidDefinition(t *testing.T) {
 	require.Equal(t, saga.State("charged"), def.StateBefore(2))
 	require.NotNil(t, def.Step(0).Compensate)
 	require.Nil(t, def.Step(1).Compensate)
+	require.Equal(t, saga.DatabaseStep, def.Step(0).Kind)
+	require.Equal(t, saga.ExternalStep, def.Step(1).Kind)
 
 	// Zero fields take the defaults, in both policies.
 	defaults := saga.RetryPolicy{
@@ -155,17 +161,24 @@ func TestValidStateAndIsTerminal(t *testing.T) {
 	t.Parallel()
 	def := saga.MustNew("s", step("a", "a_done"), step("b", "b_done"))
 
-	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, "a_done", "b_done"} {
+	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked, "a_done", "b_done"} {
 		require.True(t, def.ValidState(s), s)
 	}
 	for _, s := range []saga.State{"", "a", "unknown", "A_DONE"} {
 		require.False(t, def.ValidState(s), s)
 	}
 
-	for _, s := range []saga.State{"b_done", saga.StateCompensated, saga.StateFailed} {
+	for _, s := range []saga.State{"b_done", saga.StateCompensated, saga.StateFailed, saga.StateParked} {
 		require.True(t, def.IsTerminal(s), s)
 	}
 	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, "a_done"} {
 		require.False(t, def.IsTerminal(s), s)
 	}
+}
+
+func TestStepKindString(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "database", saga.DatabaseStep.String())
+	require.Equal(t, "external", saga.ExternalStep.String())
+	require.Equal(t, "StepKind(0)", saga.StepKind(0).String())
 }

@@ -1,13 +1,14 @@
 // Package saga holds the public types of idemsaga: saga definitions, their
-// states and the transitions between them, step keys, retry policies and the
-// errors handlers return to steer the engine. It depends on no other
-// idemsaga package, so handlers can import it alone.
+// steps and states and the transitions between them, step keys, retry
+// policies and the errors handlers return to steer the engine. It depends
+// on no other idemsaga package, so handlers can import it alone.
 //
-// A definition is a named, ordered list of steps, validated once by New:
+// A definition is a named, ordered list of steps, validated once by New.
+// Every step says how it takes effect:
 //
 //	def, err := saga.New("checkout",
-//		saga.Step{Name: "reserve", Reaches: "reserved", Forward: reserve, Compensate: release},
-//		saga.Step{Name: "charge", Reaches: "charged", Forward: charge},
+//		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: reserve, Compensate: release},
+//		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: charge, Compensate: refund},
 //	)
 //
 // Handlers are usually typed functions adapted with Handle, which decodes
@@ -17,18 +18,40 @@
 //		return payments.Charge(ctx, o, sc.Key) // sc.Key deduplicates downstream
 //	})
 //
+// # The handler contract
+//
+// A handler runs once per attempt, and its error decides: nil is a
+// success; an error marked with Permanent fails the step for good; any
+// other error is retried under the step's RetryPolicy (RetryAfter asks for
+// a given delay). What an error says about the step's effect depends on
+// its Kind:
+//
+//   - DatabaseStep: the handler's writes go through sc.Tx, the
+//     transaction that records sc.Key in the inbox and commits the
+//     outcome. A success commits them; any error rolls them back. The step
+//     took effect exactly when its success committed.
+//   - ExternalStep: the handler calls another system with sc.Key as the
+//     idempotency key, and holds no transaction (sc.Tx is nil). An error
+//     marked Permanent or NotApplied says the other system did not act;
+//     any other error, a timeout, a crash or a lost lease leaves the
+//     attempt's outcome unknown, and the step possibly done.
+//
+// When a forward step is given up, the steps before it are compensated in
+// reverse order. A possibly-done step is compensated first, under its own
+// compensation key (sc.ForwardUnknown is set); one without a compensation
+// parks the saga in StateParked, for a person.
+//
 // # Guarantees
 //
 //   - A saga moves one way: StateInit, then the state each step reaches, in
 //     order; on failure StateCompensating, then StateCompensated or, when
-//     compensation cannot finish, StateFailed. CanTransition encodes this
-//     graph, which has no cycles, and nothing leaves a terminal state.
+//     compensation cannot finish, StateFailed; StateParked when a possibly
+//     done step cannot be undone. CanTransition encodes this graph, which
+//     has no cycles, and nothing leaves a terminal state.
 //   - StepKey is a UUIDv5 over (saga ID, step, phase): the same on every
 //     attempt, worker and restart, and different for every other step or
 //     phase of the saga. Pass it downstream as an idempotency key.
 //   - CanonicalInput encodes inputs that differ only in key order or
 //     whitespace to the same bytes, keeping numbers as written, so a
 //     resent Start is recognised as the same intent.
-//   - An error is retried under the step's RetryPolicy unless marked with
-//     Permanent; RetryAfter asks for a given delay before the next attempt.
 package saga

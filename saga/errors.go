@@ -27,14 +27,6 @@ var ErrInvalidDefinition = errors.New("idemsaga: invalid saga definition")
 // decide again.
 var ErrConflict = errors.New("idemsaga: concurrent transition; re-read and retry")
 
-// ErrDuplicateDelivery is what the first statement of a TxOnly step's
-// Forward returns when the inbox already holds the step's outcome (a
-// success, a permanent failure, or a tombstone): the command was delivered
-// again. The statement's effect is rolled back; the
-// handler should return (any error will do), and the worker answers with
-// the stored outcome.
-var ErrDuplicateDelivery = errors.New("idemsaga: the inbox already holds this step's outcome (a duplicate delivery); return, and the stored outcome is the answer")
-
 // permanentError marks an error that must not be retried.
 type permanentError struct{ err error }
 
@@ -43,7 +35,9 @@ func (e *permanentError) Unwrap() error { return e.err }
 
 // Permanent marks err as permanent: the step is not retried, and a forward
 // step that fails permanently starts compensation of the steps completed
-// before it. Permanent(nil) returns nil.
+// before it. In an ExternalStep it also says that the other system answered
+// and did not act (a declined card, say): the attempt's outcome is known.
+// Permanent(nil) returns nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -56,6 +50,35 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
+}
+
+// notAppliedError marks an external call that is known not to have taken
+// effect.
+type notAppliedError struct{ err error }
+
+func (e *notAppliedError) Error() string { return e.err.Error() }
+func (e *notAppliedError) Unwrap() error { return e.err }
+
+// NotApplied marks err, returned by an ExternalStep's handler, as the
+// other system's answer that it did not act on this attempt (a 503 or a
+// 429 it documents as "not processed", a validation refusal worth
+// retrying): the attempt failed with a known outcome and is retried under
+// the step's policy. Without it, an error of an ExternalStep leaves the
+// attempt's outcome unknown, and the step possibly done. In a DatabaseStep
+// every failed attempt is known not to have taken effect, and NotApplied
+// changes nothing. NotApplied(nil) returns nil.
+func NotApplied(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &notAppliedError{err: err}
+}
+
+// IsNotApplied reports whether err, or any error it wraps, was marked with
+// NotApplied.
+func IsNotApplied(err error) bool {
+	var n *notAppliedError
+	return errors.As(err, &n)
 }
 
 // retryAfterError asks for the next attempt no earlier than a given delay.

@@ -21,7 +21,8 @@ type reservation struct {
 
 func Example() {
 	reserve := saga.Handle(func(ctx context.Context, sc *saga.StepContext, o order) (reservation, error) {
-		// Pass sc.Key downstream as the idempotency key of the hold.
+		// A database step writes through sc.Tx, with the step's inbox
+		// record: sc.Tx.Exec(ctx, "update stock set ...").
 		return reservation{Hold: "hold-" + o.ID}, nil
 	})
 	release := saga.Handle(func(ctx context.Context, sc *saga.StepContext, o order) (struct{}, error) {
@@ -36,12 +37,15 @@ func Example() {
 		if o.Amount <= 0 {
 			return "", saga.Permanent(fmt.Errorf("amount %d is not positive", o.Amount))
 		}
+		// An external step calls the other system with sc.Key as its
+		// idempotency key; an error it returns leaves the outcome unknown
+		// unless marked with saga.Permanent or saga.NotApplied.
 		return fmt.Sprintf("charged %d", o.Amount), nil
 	})
 
 	def, err := saga.New("checkout",
-		saga.Step{Name: "reserve", Reaches: "reserved", Forward: reserve, Compensate: release},
-		saga.Step{Name: "charge", Reaches: "charged", Forward: charge,
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: reserve, Compensate: release},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: charge,
 			Retry: saga.RetryPolicy{MaxAttempts: 3, Timeout: 10 * time.Second}},
 	)
 	if err != nil {
@@ -49,8 +53,8 @@ func Example() {
 		return
 	}
 	for i, s := range def.Steps() {
-		fmt.Printf("%d %s: %s -> %s, compensable %t, %d attempts\n",
-			i, s.Name, def.StateBefore(i), s.Reaches, s.Compensate != nil, s.Retry.MaxAttempts)
+		fmt.Printf("%d %s (%s): %s -> %s, compensable %t, %d attempts\n",
+			i, s.Name, s.Kind, def.StateBefore(i), s.Reaches, s.Compensate != nil, s.Retry.MaxAttempts)
 	}
 	fmt.Println("final state:", def.FinalState())
 
@@ -62,14 +66,14 @@ func Example() {
 	fmt.Println(string(out), err)
 
 	// Output:
-	// 0 reserve: init -> reserved, compensable true, 5 attempts
-	// 1 charge: reserved -> charged, compensable false, 3 attempts
+	// 0 reserve (database): init -> reserved, compensable true, 5 attempts
+	// 1 charge (external): reserved -> charged, compensable false, 3 attempts
 	// final state: charged
 	// {"hold":"hold-o-1"} <nil>
 }
 
 func ExampleNew_invalid() {
-	_, err := saga.New("checkout", saga.Step{Name: "charge", Reaches: saga.StateFailed})
+	_, err := saga.New("checkout", saga.Step{Name: "charge", Reaches: saga.StateFailed, Kind: saga.ExternalStep})
 	fmt.Println(errors.Is(err, saga.ErrInvalidDefinition))
 	fmt.Println(err)
 
@@ -92,6 +96,16 @@ func ExamplePermanent() {
 	// true
 	// false
 	// true
+}
+
+func ExampleNotApplied() {
+	// In an external step: the payment service answered 503, which it
+	// documents as "nothing was charged".
+	err := saga.NotApplied(errors.New("payment service: 503 Service Unavailable"))
+	fmt.Println(saga.IsNotApplied(err), saga.IsPermanent(err))
+
+	// Output:
+	// true false
 }
 
 func ExampleRetryAfter() {

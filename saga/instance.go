@@ -36,8 +36,9 @@ type StepAttempt struct {
 	Key          uuid.UUID  `json:"key"`
 	DispatchedAt time.Time  `json:"dispatched_at"`
 	FinishedAt   *time.Time `json:"finished_at,omitempty"`
-	// Outcome is succeeded, failed, retry or lease expired; empty while
-	// the attempt is in flight.
+	// Outcome is succeeded, failed, retry, unknown (an external call whose
+	// result was lost: it may have taken effect) or lease expired; empty
+	// while the attempt is in flight.
 	Outcome string `json:"outcome,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
@@ -47,12 +48,16 @@ func (i *Instance) Finished() bool { return i.FinishedAt != nil }
 
 // StepExecution is one (saga, step, phase) row.
 type StepExecution struct {
-	Step          string          `json:"step"`
-	Phase         Phase           `json:"phase"`
-	Index         int             `json:"index"`
-	Key           uuid.UUID       `json:"key"`
-	Status        StepStatus      `json:"status"`
-	Attempt       int             `json:"attempt"`
+	Step    string     `json:"step"`
+	Phase   Phase      `json:"phase"`
+	Index   int        `json:"index"`
+	Key     uuid.UUID  `json:"key"`
+	Kind    string     `json:"kind"`
+	Status  StepStatus `json:"status"`
+	Attempt int        `json:"attempt"`
+	// PossiblyDone is set when some attempt's outcome at another system is
+	// unknown: the step may have taken effect whatever its status says.
+	PossiblyDone  bool            `json:"possibly_done,omitempty"`
 	LeaseUntil    *time.Time      `json:"lease_until,omitempty"`
 	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
 	LastError     string          `json:"last_error,omitempty"`

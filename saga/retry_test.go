@@ -124,6 +124,25 @@ func TestPermanent(t *testing.T) {
 	require.False(t, saga.IsPermanent(fmt.Errorf("charge: %v", p)), "%%v drops the mark")
 }
 
+func TestNotApplied(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, saga.NotApplied(nil))
+	require.False(t, saga.IsNotApplied(nil))
+
+	busy := errors.New("503 service unavailable")
+	require.False(t, saga.IsNotApplied(busy))
+	err := fmt.Errorf("charge: %w", saga.NotApplied(busy))
+	require.True(t, saga.IsNotApplied(err))
+	require.ErrorIs(t, err, busy)
+	require.False(t, saga.IsPermanent(err), "not applied is retried")
+	require.Contains(t, err.Error(), "503")
+
+	d, ok := saga.RetryDelay(saga.RetryAfter(saga.NotApplied(busy), time.Second))
+	require.True(t, ok)
+	require.Equal(t, time.Second, d)
+	require.True(t, saga.IsNotApplied(saga.RetryAfter(saga.NotApplied(busy), time.Second)))
+}
+
 func TestRetryAfter(t *testing.T) {
 	t.Parallel()
 	base := errors.New("429 too many requests")

@@ -3,7 +3,8 @@ package saga
 // State is the name of a saga's state. The engine moves a saga one way along
 // a directed acyclic graph: StateInit, then the state reached by each step in
 // order; on failure StateCompensating then StateCompensated, or StateFailed
-// when compensation cannot finish.
+// when compensation cannot finish; StateParked when a step that may have
+// taken effect cannot be undone.
 type State string
 
 // Built-in states every saga can be in.
@@ -17,11 +18,17 @@ const (
 	// StateFailed is terminal and needs a person: compensation could not
 	// finish. The saga's error says which step and why.
 	StateFailed State = "failed"
+	// StateParked is terminal and needs a person: a forward step was given
+	// up while possibly done (an attempt's outcome at another system is
+	// unknown) and has no compensation, so nothing was undone. The saga's
+	// error names the step and its key: check the other system under that
+	// key, then retry the step (Client.Retry) or close the saga.
+	StateParked State = "parked"
 )
 
 func reservedState(s State) bool {
 	switch s {
-	case StateInit, StateCompensating, StateCompensated, StateFailed:
+	case StateInit, StateCompensating, StateCompensated, StateFailed, StateParked:
 		return true
 	}
 	return false
@@ -51,7 +58,8 @@ const (
 	StepRetrying StepStatus = "retrying"
 	// StepSucceeded is terminal.
 	StepSucceeded StepStatus = "succeeded"
-	// StepFailed is terminal: a permanent error, retries exhausted, or an
-	// outcome that stayed unknown.
+	// StepFailed is terminal: a permanent error, retries exhausted, or a
+	// last attempt whose outcome stayed unknown (then the step is possibly
+	// done, StepExecution.PossiblyDone).
 	StepFailed StepStatus = "failed"
 )

@@ -23,6 +23,7 @@ func TestCanTransition(t *testing.T) {
 		compensating = saga.StateCompensating
 		compensated  = saga.StateCompensated
 		failed       = saga.StateFailed
+		parked       = saga.StateParked
 	)
 	tests := []struct {
 		from, to saga.State
@@ -71,6 +72,18 @@ func TestCanTransition(t *testing.T) {
 		{failed, compensating, false},
 		{failed, compensated, false},
 		{failed, initial, false},
+		// A forward state may park; nothing else may, and parked is terminal.
+		{initial, parked, true},
+		{"reserved", parked, true},
+		{"charged", parked, true},
+		{compensating, parked, false},
+		{"shipped", parked, false},
+		{compensated, parked, false},
+		{failed, parked, false},
+		{parked, compensating, false},
+		{parked, "shipped", false},
+		{parked, failed, false},
+		{parked, initial, false},
 		// Unknown states.
 		{"unknown", "reserved", false},
 		{"unknown", compensating, false},
@@ -119,7 +132,7 @@ func randomDefinition(t *testing.T, r *rand.Rand) *saga.Definition {
 
 // statesOf returns every state of def, plus one it does not know.
 func statesOf(def *saga.Definition) []saga.State {
-	states := []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, "no_such_state"}
+	states := []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked, "no_such_state"}
 	for _, s := range def.Steps() {
 		states = append(states, s.Reaches)
 	}
@@ -134,7 +147,7 @@ func rank(def *saga.Definition, s saga.State) int {
 		return 0
 	case saga.StateCompensating:
 		return def.Len() + 1
-	case saga.StateCompensated, saga.StateFailed:
+	case saga.StateCompensated, saga.StateFailed, saga.StateParked:
 		return def.Len() + 2
 	}
 	for i, st := range def.Steps() {
@@ -199,7 +212,7 @@ func modelCanTransition(def *saga.Definition, from, to saga.State) bool {
 	switch {
 	case from == saga.StateCompensating:
 		return to == saga.StateCompensated || to == saga.StateFailed
-	case to == saga.StateCompensating:
+	case to == saga.StateCompensating, to == saga.StateParked:
 		return true
 	case rt >= 1 && rt <= def.Len():
 		return rt == rf+1

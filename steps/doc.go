@@ -1,18 +1,23 @@
-// Package steps is the step-side runtime: it consumes commands from
-// JetStream, runs the step's handler inside a transaction that also records
-// the step key in the inbox, and writes the reply to the outbox in that same
-// transaction. It acknowledges a command only after that commit.
+// Package steps is the step-side runtime on its own: a Worker consumes
+// commands from JetStream, runs each attempt of a step, and answers every
+// outcome with a reply in the outbox, for the orchestrator. An engine
+// (package engine) runs the same attempts itself and applies their
+// outcomes to the saga in the step's own transaction.
 //
-// Run inside an engine (Config.ApplyFunc), a success needs no reply: the
-// engine moves the saga on in the step's own transaction, and the worker
-// publishes the next command right after the commit (Config.PublishFunc).
+// A worker shares the engine's database: the inbox, whose rows reference
+// their saga, lives with the sagas.
 //
 // Guarantees:
-//   - A command whose key is already in the inbox returns the stored outcome
-//     and runs nothing: each step key's business effect happens once.
-//   - A handler error rolls back the inbox row with the business write, so
-//     the next attempt does the work.
-//   - A compensate command first records a tombstone under the forward
-//     step's key. If the forward command had not run, it never will, and
-//     there is nothing to undo; if it had, its compensation runs.
+//   - A database step's handler runs in the transaction of its inbox
+//     claim: its writes, the claim and the reply commit together, or not
+//     at all. A delivery whose key the inbox holds answers with the stored
+//     outcome and runs nothing.
+//   - An external step claims its attempt in a transaction of its own
+//     before the call, holds no transaction or connection during it, and
+//     records the outcome after it, fenced by the attempt: a duplicate of
+//     an attempt being called does not call again, and an attempt that
+//     ends without a known outcome is recorded as unknown.
+//   - A compensation first fences the forward key: no late delivery of the
+//     forward command can take effect after it, and the compensation runs
+//     only if the forward step took effect or may have.
 package steps

@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
@@ -42,7 +40,7 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 			entered, release := make(chan struct{}), make(chan struct{})
 			var runs atomic.Int32
 			def := saga.MustNew("slow", saga.Step{
-				Name: "s", Reaches: "done",
+				Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 					if runs.Add(1) == 1 {
 						close(entered)
@@ -62,7 +60,7 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
 			require.NoError(t, err)
-			cmd := command(uuid.New(), "slow", "s", saga.PhaseForward, 1, nil)
+			cmd := command(newSaga(t, pool, "slow"), "slow", "s", saga.PhaseForward, 1, nil)
 
 			const n = 6
 			replies := make([]wire.Reply, n)
@@ -108,13 +106,6 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 	}
 }
 
-func counter(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	require.NoError(t, c.Write(&m))
-	return m.GetCounter().GetValue()
-}
-
 // TestWaitForARunningAttemptIsBounded: a delivery waiting for a run of its
 // attempt that hangs gives up after the attempt's timeout, with an error
 // (the command is delivered again later), instead of holding a slot of
@@ -126,7 +117,7 @@ func TestWaitForARunningAttemptIsBounded(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	def := saga.MustNew("hung", saga.Step{
-		Name: "s", Reaches: "done", Retry: saga.RetryPolicy{Timeout: 200 * time.Millisecond},
+		Name: "s", Reaches: "done", Kind: saga.DatabaseStep, Retry: saga.RetryPolicy{Timeout: 200 * time.Millisecond},
 		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
 			once.Do(func() { close(entered) })
 			<-release // ignores its context, as a stuck call would
@@ -134,7 +125,7 @@ func TestWaitForARunningAttemptIsBounded(t *testing.T) {
 		},
 	})
 	w := newWorker(t, pool, def)
-	cmd := command(uuid.New(), "hung", "s", saga.PhaseForward, 1, nil)
+	cmd := command(newSaga(t, pool, "hung"), "hung", "s", saga.PhaseForward, 1, nil)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)

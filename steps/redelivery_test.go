@@ -35,9 +35,9 @@ import (
 func TestHandleMsgReadsTheInboxOnARedelivery(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, trips := tracedEffectsDB(t)
+	pool, trips, shared := tracedEffectsDB(t)
 	def := saga.MustNew("lost", saga.Step{
-		Name: "write", Reaches: "written", TxOnly: true,
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 			return nil, writeEffect(ctx, sc)
 		},
@@ -57,7 +57,7 @@ func TestHandleMsgReadsTheInboxOnARedelivery(t *testing.T) {
 	require.NoError(t, err)
 	cons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{Durable: "lost", Filter: "t.cmd.>", AckWait: time.Minute, MaxAckPending: 10})
 	require.NoError(t, err)
-	cmd := command(uuid.New(), "lost", "write", saga.PhaseForward, 1, 1)
+	cmd := command(newSaga(t, shared, "lost"), "lost", "write", saga.PhaseForward, 1, 1)
 	data, err := json.Marshal(cmd)
 	require.NoError(t, err)
 	_, err = js.Publish(ctx, "t.cmd.lost.write", data)
@@ -138,7 +138,7 @@ func TestARedeliveryAnswersAsTheClaimDoes(t *testing.T) {
 			require.NoError(t, err)
 		}, attempt: 1},
 		{name: "a result kept in the step's row", setup: func(t *testing.T, pool *pgxpool.Pool, _ *steps.Worker, id uuid.UUID) {
-			// As a success applied in its step leaves it (engine, Apply.Guess).
+			// As a success applied to its saga in its step leaves it.
 			ctx := context.Background()
 			key := saga.StepKey(id, "write", saga.PhaseForward)
 			_, err := pool.Exec(ctx, `insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result)
@@ -153,7 +153,7 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 			ctx := context.Background()
 			pool := effectsDB(t)
 			def := saga.MustNew("eq", saga.Step{
-				Name: "write", Reaches: "written", TxOnly: true,
+				Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 					if err := writeEffect(ctx, sc); err != nil {
 						return nil, err
@@ -165,7 +165,7 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 			var answers [2]wire.Reply
 			var writes [2][2]int // effects, outbox rows: added by the delivery
 			for i, redelivered := range []bool{false, true} {
-				id := uuid.New()
+				id := newSaga(t, pool, "eq")
 				tc.setup(t, pool, newWorker(t, pool, def), id)
 				count := func() [2]int {
 					var c [2]int

@@ -17,27 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/steps"
 )
-
-func newWorker(t *testing.T, pool *pgxpool.Pool, defs ...*saga.Definition) *steps.Worker {
-	t.Helper()
-	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: defs,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(t, err)
-	return w
-}
-
-func command(sagaID uuid.UUID, def, step string, phase saga.Phase, attempt int, input any) wire.Command {
-	raw, _ := json.Marshal(input)
-	return wire.Command{SagaID: sagaID, Definition: def, Step: step, Phase: phase,
-		Key: saga.StepKey(sagaID, step, phase), Attempt: attempt, Input: raw}
-}
 
 func ledgerRows(t *testing.T, pool *pgxpool.Pool, sagaID uuid.UUID) map[string]int64 {
 	t.Helper()
@@ -62,23 +47,11 @@ func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
 
 // TestSameCommandConcurrently runs one command from 32 goroutines at once
 // (as many workers receiving redeliveries would), half of them as
-// redeliveries (HandleRedelivered): one effect, one outcome.
-// It runs with the claim sent before the handler, and with the claim
-// travelling with the handler's first statement (TxOnly).
+// redeliveries (HandleRedelivered), over three attempts: one effect, one
+// outcome.
 func TestSameCommandConcurrently(t *testing.T) {
 	t.Parallel()
-	for name, def := range map[string]*saga.Definition{
-		"claim first":   withoutTxOnly(t, transfer.Definition),
-		"claim with tx": transfer.Definition,
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			sameCommandConcurrently(t, def)
-		})
-	}
-}
-
-func sameCommandConcurrently(t *testing.T, def *saga.Definition) {
+	def := transfer.Definition
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	_, err := transfer.Seed(ctx, pool, 2, 100)
@@ -90,7 +63,7 @@ func sameCommandConcurrently(t *testing.T, def *saga.Definition) {
 		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
-	id := uuid.New()
+	id := newSaga(t, pool, "transfer")
 
 	const n = 32
 	replies := make([]wire.Reply, n)
@@ -157,7 +130,7 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 	require.NoError(t, err)
 	var calls atomic.Int32
 	def := saga.MustNew("flaky", saga.Step{
-		Name: "write", Reaches: "written",
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 			if _, err := sc.Tx.Exec(ctx, `update transfer.accounts set balance = balance + 1 where id = 1`); err != nil {
 				return nil, err
@@ -169,7 +142,7 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 		},
 	})
 	w := newWorker(t, pool, def)
-	id := uuid.New()
+	id := newSaga(t, pool, "flaky")
 
 	r, err := w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 1, map[string]int{}))
 	require.NoError(t, err)
@@ -194,7 +167,7 @@ func TestPermanentFailureIsRecorded(t *testing.T) {
 	_, err := transfer.Seed(ctx, pool, 2, 10)
 	require.NoError(t, err)
 	w := newWorker(t, pool, transfer.Definition)
-	id := uuid.New()
+	id := newSaga(t, pool, "transfer")
 	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 50})
 	r, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
@@ -224,7 +197,7 @@ func TestCompensationTombstonesForward(t *testing.T) {
 	in := transfer.Input{From: 1, To: 2, Amount: 25}
 
 	// Forward never ran: compensation is a no-op and fences it.
-	lost := uuid.New()
+	lost := newSaga(t, pool, "transfer")
 	r, err := w.Handle(ctx, command(lost, "transfer", transfer.StepDeduct, saga.PhaseCompensate, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
@@ -236,7 +209,7 @@ func TestCompensationTombstonesForward(t *testing.T) {
 	require.Equal(t, int64(100), balance(t, pool, 1))
 
 	// Forward ran: compensation refunds, and only once under concurrency.
-	ran := uuid.New()
+	ran := newSaga(t, pool, "transfer")
 	_, err = w.Handle(ctx, command(ran, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, int64(75), balance(t, pool, 1))
@@ -255,10 +228,10 @@ func TestCompensationTombstonesForward(t *testing.T) {
 func TestHandlerPanicIsRetryable(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	def := saga.MustNew("panicky", saga.Step{Name: "boom", Reaches: "boomed",
+	def := saga.MustNew("panicky", saga.Step{Kind: saga.DatabaseStep, Name: "boom", Reaches: "boomed",
 		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { panic("kaboom") }})
 	w := newWorker(t, pool, def)
-	r, err := w.Handle(context.Background(), command(uuid.New(), "panicky", "boom", saga.PhaseForward, 1, 1))
+	r, err := w.Handle(context.Background(), command(newSaga(t, pool, "panicky"), "panicky", "boom", saga.PhaseForward, 1, 1))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r.Outcome)
 	require.Contains(t, r.Error, "kaboom")
@@ -268,7 +241,7 @@ func TestUnknownDefinitionIsNotAcked(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
 	w := newWorker(t, pool, transfer.Definition)
-	_, err := w.Handle(context.Background(), command(uuid.New(), "nope", "x", saga.PhaseForward, 1, 1))
+	_, err := w.Handle(context.Background(), command(newSaga(t, pool, "nope"), "nope", "x", saga.PhaseForward, 1, 1))
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
 }
 
@@ -284,14 +257,14 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	_, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	w := newWorker(t, pool, transfer.Definition)
-	id := uuid.New()
+	id := newSaga(t, pool, "transfer")
 	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 30})
 	first, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
 
 	// Hide the inbox row: only the worker's memory can answer now.
-	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = gen_random_uuid() where saga_id = $1`, id)
+	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = gen_random_uuid() where saga_id = $1`, pguuid.Of(id))
 	require.NoError(t, err)
 	again, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
@@ -299,7 +272,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.Equal(t, first.Outcome, again.Outcome)
 	require.JSONEq(t, string(first.Result), string(again.Result))
 	require.Equal(t, int64(70), balance(t, pool, 1), "debited once")
-	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = $2 where saga_id = $1`, id, cmd.Key)
+	_, err = pool.Exec(ctx, `update idemsaga.inbox set step_key = $2 where saga_id = $1`, pguuid.Of(id), pguuid.Of(cmd.Key))
 	require.NoError(t, err)
 
 	forgetful, err := steps.New(steps.Config{
@@ -318,7 +291,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	// A retryable failure, then a success on the redelivery of the same
 	// attempt: the handler runs twice.
 	var runs atomic.Int32
-	flaky, err := saga.New("flaky", saga.Step{Name: "s", Reaches: "done", Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+	flaky, err := saga.New("flaky", saga.Step{Kind: saga.DatabaseStep, Name: "s", Reaches: "done", Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 		if runs.Add(1) == 1 {
 			return nil, errors.New("not yet")
 		}
@@ -326,7 +299,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	fw := newWorker(t, pool, flaky)
-	fc := command(uuid.New(), "flaky", "s", saga.PhaseForward, 1, nil)
+	fc := command(newSaga(t, pool, "flaky"), "flaky", "s", saga.PhaseForward, 1, nil)
 	r1, err := fw.Handle(ctx, fc)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r1.Outcome)
@@ -338,10 +311,10 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 }
 
 // TestStartRefusesADatabaseBehindItsMigrations: a step worker started on a
-// database that lacks this build's migrations (one behind, as in a rolling
+// database whose schema is not this build's (behind, as in a rolling
 // upgrade that skipped `worker migrate`) fails at Start, saying what to do,
-// and consumes nothing: its claim would call a function that is not there,
-// and every command would be refused and delivered again.
+// and consumes nothing: every command would be refused and delivered
+// again.
 func TestStartRefusesADatabaseBehindItsMigrations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

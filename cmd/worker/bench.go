@@ -337,7 +337,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		res.NATSCPUPerSaga = time.Duration(float64(after.natsCPU-before.natsCPU) / n)
 	}
 
-	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
+	recon, err := reconcile(ctx, pool, []*saga.Definition{transfer.Definition}, 30*time.Second, seeded)
 	if err != nil {
 		return err
 	}

@@ -22,14 +22,15 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/tcpproxy"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
 type chaosCmd struct {
 	DBName      string        `name:"db-name" default:"idemsaga_chaos" help:"Database created afresh on the DATABASE_URL server."`
-	Transfers   int           `default:"5000" help:"Transfers to submit; 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
+	Saga        string        `default:"transfer" enum:"transfer,order" help:"What to run: transfers (database steps) or orders (an external payment step, against a payment service that loses answers)."`
+	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
+	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
 	MaxKills    int           `name:"max-kills" default:"0" help:"Stop killing after this many kills (0: no limit)."`
@@ -43,25 +44,30 @@ type chaosCmd struct {
 // chaosFigures is what the run prints, and what the tests read.
 type chaosFigures struct {
 	Sagas, Credited, Compensated, Failed int
-	Submissions, StartDuplicates         int
-	Kills, NATSRestarts, Pauses, Cuts    int
-	BrokerDuplicates, InboxDuplicates    int
-	RecentDuplicates                     int
-	OrchestratorDuplicates, Stale        int
-	LeaseTakeovers, Retries              int
-	WallTime                             time.Duration
-	Differences                          []string
+	// ByState counts the sagas by state; Extra are the workload's own
+	// lines (the order run's payment figures).
+	ByState                           map[string]int
+	Extra                             []string
+	Submissions, StartDuplicates      int
+	Kills, NATSRestarts, Pauses, Cuts int
+	BrokerDuplicates, InboxDuplicates int
+	RecentDuplicates                  int
+	OrchestratorDuplicates, Stale     int
+	LeaseTakeovers, Retries           int
+	WallTime                          time.Duration
+	Differences                       []string
 }
 
 const (
 	chaosStepTimeout = 2 * time.Second
 	chaosLeaseGrace  = 3 * time.Second
 	chaosAttempts    = 10
+	chaosMaxBackoff  = time.Second
 )
 
 func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
-	if c.Transfers < 1 || c.Workers < 1 {
-		return errors.New("--transfers and --workers must be at least 1")
+	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 {
+		return errors.New("--transfers, --orders and --workers must be at least 1")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -76,11 +82,15 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	const accounts = 50
-	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000, accounts+1)
-	if err != nil {
+	var work chaosWorkload = &transferChaos{}
+	if c.Saga == "order" {
+		work = &orderChaos{}
+	}
+	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err
 	}
+	defer work.close()
+	total := work.count(c)
 
 	// The workers reach PostgreSQL through a proxy the harness can cut.
 	pgAddr, err := dbAddr(pool)
@@ -113,19 +123,22 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	workers := &workerSet{self: self, dir: dir, env: []string{
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
-		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(chaosAttempts),
+		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(chaosAttempts), "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
 		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
 	}}
+	workers.env = append(workers.env, work.env()...)
 	defer workers.killAll()
 	for range c.Workers {
 		if err := workers.start(); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("chaos: %d transfers, %d workers, database %s (workers through a proxy at %s), NATS on port %d\n",
-		c.Transfers, c.Workers, c.DBName, proxy.Addr(), natsPort)
+	fmt.Printf("chaos: %d %ss, %d workers, database %s (workers through a proxy at %s), NATS on port %d\n",
+		total, c.Saga, c.Workers, c.DBName, proxy.Addr(), natsPort)
+	work.describe()
 
-	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: chaosStepTimeout, MaxAttempts: chaosAttempts})
+	policy := saga.RetryPolicy{Timeout: chaosStepTimeout, MaxAttempts: chaosAttempts, MaxBackoff: chaosMaxBackoff}
+	def, err := work.definition(policy)
 	if err != nil {
 		return err
 	}
@@ -140,7 +153,7 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	submitDone := make(chan struct{})
 	go func() {
 		defer close(submitDone)
-		if err := submitChaosWorkload(ctx, client, def, c.Transfers, accounts, c.Seed, &submitted, &startDups); err != nil {
+		if err := submitChaos(ctx, client, def, work.jobs(total, c.Seed), &submitted, &startDups); err != nil {
 			submitErr <- err
 		}
 	}()
@@ -149,7 +162,7 @@ func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
 	progress := func() float64 {
 		var done int
 		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null`).Scan(&done)
-		return float64(done) / float64(c.Transfers)
+		return float64(done) / float64(total)
 	}
 	deadline := time.Now().Add(c.Deadline)
 	nextKill := time.Now().Add(jittered(rng, c.KillEvery))
@@ -234,17 +247,11 @@ finished:
 	fig.Retries = int(sumPrefix(counters, "idemsaga_retries_scheduled_total"))
 	fig.InboxDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=inbox"])
 	fig.RecentDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=recent"])
-	res, err := reconcile(ctx, pool, 5*time.Second, seeded)
-	if err != nil {
+	if err := work.check(ctx, pool, def, fig); err != nil {
 		return err
 	}
-	fig.Sagas = res.Sagas["credited"] + res.Sagas["compensated"] + res.Sagas["failed"]
-	fig.Credited, fig.Compensated, fig.Failed = res.Sagas["credited"], res.Sagas["compensated"], res.Sagas["failed"]
-	for _, d := range res.Differences {
-		fig.Differences = append(fig.Differences, d.String())
-	}
-	if fig.Sagas != c.Transfers {
-		fig.Differences = append(fig.Differences, fmt.Sprintf("%d sagas exist for %d transfers", fig.Sagas, c.Transfers))
+	if fig.Sagas != total {
+		fig.Differences = append(fig.Differences, fmt.Sprintf("%d sagas exist for %d %ss", fig.Sagas, total, c.Saga))
 	}
 	fig.print()
 	if len(fig.Differences) > 0 {
@@ -255,7 +262,10 @@ finished:
 
 func (f *chaosFigures) print() {
 	fmt.Println()
-	fmt.Printf("  sagas              %d (credited %d, compensated %d, failed %d)\n", f.Sagas, f.Credited, f.Compensated, f.Failed)
+	fmt.Printf("  sagas              %d (credited %d, compensated %d, failed %d; by state %v)\n", f.Sagas, f.Credited, f.Compensated, f.Failed, f.ByState)
+	for _, l := range f.Extra {
+		fmt.Printf("  %s\n", l)
+	}
 	fmt.Printf("  submissions        %d (%d answered as duplicates at start)\n", f.Submissions, f.StartDuplicates)
 	fmt.Printf("  chaos              %d SIGKILLs, %d NATS restarts, %d SIGSTOP pauses, %d database cuts\n", f.Kills, f.NATSRestarts, f.Pauses, f.Cuts)
 	fmt.Printf("  duplicates absorbed  start %d, broker %d, step workers' memory %d, inbox %d, orchestrator %d (stale replies %d)\n",
@@ -269,25 +279,20 @@ func (f *chaosFigures) print() {
 	fmt.Println("  (broker, inbox, orchestrator, takeover and retry counts come from the workers' last metric snapshots, so killed workers' last half second is missing)")
 }
 
-func submitChaosWorkload(ctx context.Context, cl *engine.Client, def *saga.Definition, n, accounts int, seed uint64, submitted, dups *atomic.Int64) error {
-	rng := rand.New(rand.NewPCG(seed, uint64(n)))
-	type job struct {
-		key string
-		in  transfer.Input
-	}
-	jobs := make([]job, n)
-	for i := range jobs {
-		from := 1 + rng.Int64N(int64(accounts))
-		to := 1 + (from+rng.Int64N(int64(accounts-1)))%int64(accounts)
-		if i%10 == 3 {
-			to = int64(accounts + 1) // frozen: the credit fails
-		}
-		jobs[i] = job{key: fmt.Sprintf("chaos-%06d", i), in: transfer.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
-	}
+// chaosJob is one saga to start, under its key.
+type chaosJob struct {
+	key string
+	in  any
+}
+
+// submitChaos starts the jobs while the chaos runs: 10% again at once,
+// racing the first, and 10% again later; a client that gets an error
+// retries with the same key.
+func submitChaos(ctx context.Context, cl *engine.Client, def *saga.Definition, jobs []chaosJob, submitted, dups *atomic.Int64) error {
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
-	submit := func(j job) {
+	submit := func(j chaosJob) {
 		defer wg.Done()
 		sem <- struct{}{}
 		defer func() { <-sem }()

@@ -14,15 +14,28 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 
-var fullChaos = flag.Bool("chaos.full", false, "run the full chaos run (5,000 transfers, a kill every second) instead of the small one")
+var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 transfers and 2,000 orders, a kill every second) instead of the small ones")
 
 // TestChaos runs `worker chaos`: worker processes killed with SIGKILL,
 // one paused with SIGSTOP past its leases, NATS restarted, database
-// connections cut, while transfers (10% failing, 20% submitted twice) run.
-// Every saga must end terminal with zero reconcile differences. The small
-// version runs in the normal suite; -chaos.full runs the full one.
+// connections cut, while transfers (10% failing, 20% submitted twice) run,
+// and then while orders run against a payment service that loses answers
+// after charging, fails before charging, and answers after the step's
+// timeout. Every saga must end terminal with zero differences: the
+// engine's invariants and the examples' own (money conserved; no order
+// charged twice, every charge shipped or refunded, stock conserved). The
+// small versions run in the normal suite; -chaos.full runs the full ones.
 func TestChaos(t *testing.T) {
 	t.Parallel()
+	for _, sagaKind := range []string{"transfer", "order"} {
+		t.Run(sagaKind, func(t *testing.T) {
+			t.Parallel()
+			chaos(t, sagaKind)
+		})
+	}
+}
+
+func chaos(t *testing.T, sagaKind string) {
 	name := "idemsaga_chaos_test_" + strings.ToLower(testenv.Name("c")[2:])
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -31,9 +44,9 @@ func TestChaos(t *testing.T) {
 			_ = conn.Close(ctx)
 		}
 	})
-	args := []string{"chaos", "--db-name", name, "--transfers", "500", "--max-kills", "4", "--kill-every", "700ms"}
+	args := []string{"chaos", "--saga", sagaKind, "--db-name", name, "--transfers", "500", "--orders", "300", "--max-kills", "4", "--kill-every", "700ms"}
 	if *fullChaos {
-		args = []string{"chaos", "--db-name", name}
+		args = []string{"chaos", "--saga", sagaKind, "--db-name", name}
 	}
 	raceLog := filepath.Join(t.TempDir(), "race")
 	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL(), "GORACE=log_path=" + raceLog}, args...)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -15,21 +17,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// deployment is one isolated database, broker and stream for worker
-// subprocesses.
+// deployment is one isolated database, broker, stream and payment service
+// for worker subprocesses.
 type deployment struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	env    []string
 	client *engine.Client
 	def    *saga.Definition
+	order  *saga.Definition
 	seeded int64
+	// orders and undone count the orders submitted, and those that end
+	// compensated.
+	orders, undone int
 }
 
 func newDeployment(t *testing.T) *deployment {
@@ -39,17 +47,24 @@ func newDeployment(t *testing.T) *deployment {
 	prefix := "crash." + stream
 	seeded, err := transfer.Seed(context.Background(), pool, 6, 1000, 6)
 	require.NoError(t, err)
+	require.NoError(t, order.Seed(context.Background(), pool, 2, 1000))
+	// The order example's payment service, on loopback in this process.
+	pay := httptest.NewServer(payments.New(pool, slog.New(slog.DiscardHandler)).Handler())
+	t.Cleanup(pay.Close)
 	// Short timeouts, so that leases and redeliveries happen within
-	// seconds; the test's client uses the same definition and lease grace
+	// seconds; the test's client uses the same definitions and lease grace
 	// as the workers, as every client of a deployment must.
-	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: time.Second, MaxAttempts: 20})
+	policy := saga.RetryPolicy{Timeout: time.Second, MaxAttempts: 20, MaxBackoff: 200 * time.Millisecond}
+	def, err := transfer.NewDefinition(policy)
 	require.NoError(t, err)
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: prefix, LeaseGrace: time.Second})
+	orderDef, err := order.NewDefinition(order.Config{PaymentsURL: pay.URL, Policy: policy})
 	require.NoError(t, err)
-	return &deployment{t: t, pool: pool, client: cl, def: def, seeded: seeded, env: []string{
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def, orderDef}, SubjectPrefix: prefix, LeaseGrace: time.Second})
+	require.NoError(t, err)
+	return &deployment{t: t, pool: pool, client: cl, def: def, order: orderDef, seeded: seeded, env: []string{
 		"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(),
-		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix,
-		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_LEASE_GRACE=1s", "HTTP_ADDR=127.0.0.1:0",
+		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix, "IDEMSAGA_PAYMENTS_URL=" + pay.URL,
+		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_MAX_BACKOFF=200ms", "IDEMSAGA_LEASE_GRACE=1s", "HTTP_ADDR=127.0.0.1:0",
 	}}
 }
 
@@ -93,8 +108,23 @@ func (p *proc) stop(t *testing.T) {
 	require.Equal(t, 0, p.wait(t, 45*time.Second), p.stderr.String())
 }
 
-// submit starts n transfers; every fifth goes to the frozen account 6.
+// submit starts n transfers, every fifth to the frozen account 6, and n/2
+// orders, every fifth declined and every fifth undeliverable.
 func (d *deployment) submit(n int) (credited, compensated int) {
+	for i := range n / 2 {
+		in := order.Input{Customer: "ann", Product: 1 + int64(i%2), Quantity: 1, Amount: int64(100 + i), Address: "1 Main St"}
+		switch i % 5 {
+		case 1:
+			in.Customer = "declined-bob"
+			d.undone++
+		case 3:
+			in.Address = order.Undeliverable
+			d.undone++
+		}
+		_, err := d.client.Start(context.Background(), d.order, fmt.Sprintf("o-%03d", i), in)
+		require.NoError(d.t, err)
+		d.orders++
+	}
 	for i := range n {
 		to := int64(1 + (i+1)%5)
 		if i%5 == 4 {
@@ -139,7 +169,8 @@ func (d *deployment) waitFinished(timeout time.Duration, workers ...*proc) {
 
 // check requires the outcome of a run without any crash: every transfer
 // credited or compensated as its input says, money conserved, ledgers
-// matching, and the engine's invariants holding.
+// matching; every order shipped or compensated as its input says, charged
+// once or refunded, stock conserved; and the engine's invariants holding.
 func (d *deployment) check(credited, compensated int) {
 	d.t.Helper()
 	ctx := context.Background()
@@ -151,16 +182,30 @@ func (d *deployment) check(credited, compensated int) {
 		want["compensated"] = compensated
 	}
 	require.Equal(d.t, want, rep.ByState)
-	diffs, err := engine.Reconcile(ctx, d.pool, []*saga.Definition{transfer.Definition}, time.Minute)
+	ord, err := order.Audit(ctx, d.pool)
+	require.NoError(d.t, err)
+	require.Empty(d.t, ord.Differences)
+	wantOrders := map[string]int{}
+	for state, n := range map[string]int{"shipped": d.orders - d.undone, "compensated": d.undone} {
+		if n > 0 {
+			wantOrders[state] = n
+		}
+	}
+	require.Equal(d.t, wantOrders, ord.ByState)
+	diffs, err := engine.Reconcile(ctx, d.pool, []*saga.Definition{d.def, d.order}, time.Minute)
 	require.NoError(d.t, err)
 	require.Empty(d.t, diffs)
 }
 
 // TestCrashAtEachFailpoint crashes a worker process at each failpoint,
 // starts a fresh one, and requires the outcome of a run without a crash.
+// At step-after-call a worker dies after a charge took effect at the
+// payment service and before it recorded that: the charge's outcome is
+// unknown, its next attempt asks again under the same key, and the order
+// ships, charged once.
 func TestCrashAtEachFailpoint(t *testing.T) {
 	t.Parallel()
-	for _, fp := range []string{failpoint.StepAfterInbox, failpoint.StepBeforeAck, failpoint.OrchestratorBeforeAck, failpoint.RelayBeforeMark, failpoint.LeaseTakeover} {
+	for _, fp := range []string{failpoint.StepAfterInbox, failpoint.StepAfterCall, failpoint.StepBeforeAck, failpoint.OrchestratorBeforeAck, failpoint.RelayBeforeMark, failpoint.LeaseTakeover} {
 		t.Run(fp, func(t *testing.T) {
 			t.Parallel()
 			d := newDeployment(t)

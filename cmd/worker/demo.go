@@ -225,7 +225,7 @@ func (d *demoCmd) Run(ctx context.Context, g *globals) error {
 from idemsaga.sagas where finished_at is not null`).Scan(&p50, &p99); err != nil {
 		return err
 	}
-	recon, err := reconcile(ctx, pool, 30*time.Second, seeded)
+	recon, err := reconcile(ctx, pool, []*saga.Definition{transfer.Definition}, 30*time.Second, seeded)
 	if err != nil {
 		return err
 	}

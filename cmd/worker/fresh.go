@@ -122,7 +122,7 @@ func withClient(ctx context.Context, g *globals, fn func(*engine.Client) error) 
 		return err
 	}
 	defer pool.Close()
-	cl, _, err := g.client(pool)
+	cl, _, err := g.client(pool, "")
 	if err != nil {
 		return err
 	}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/migrations"
 )
@@ -22,7 +25,7 @@ func (migrateCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	v, _ := migrations.Latest()
-	fmt.Printf("migrated: engine schema at version %d, transfer example tables ready\n", v)
+	fmt.Printf("migrated: engine schema at version %d, the examples' tables ready (transfer, order, payments)\n", v)
 	return nil
 }
 
@@ -32,19 +35,24 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer conn.Release()
-	if err := migrations.Migrate(ctx, conn.Conn()); err != nil {
-		return err
+	for _, m := range []func(context.Context, *pgx.Conn) error{migrations.Migrate, transfer.Migrate, order.Migrate, payments.Migrate} {
+		if err := m(ctx, conn.Conn()); err != nil {
+			return err
+		}
 	}
-	return transfer.Migrate(ctx, conn.Conn())
+	return nil
 }
 
-// checkTransferMigrated fails when the transfer tables lack this build's
+// checkExamplesMigrated fails when the examples' tables lack this build's
 // migrations (the engine checks its own at start).
-func checkTransferMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+func checkExamplesMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
 	defer conn.Release()
-	return transfer.CheckMigrated(ctx, conn.Conn())
+	if err := transfer.CheckMigrated(ctx, conn.Conn()); err != nil {
+		return err
+	}
+	return order.CheckMigrated(ctx, conn.Conn())
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/internal/httpapi"
-	"github.com/idemsaga/idemsaga/saga"
 )
 
 type runCmd struct {
@@ -42,7 +41,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 			return err
 		}
 	}
-	if err := checkTransferMigrated(ctx, pool); err != nil {
+	if err := checkExamplesMigrated(ctx, pool); err != nil {
 		return err
 	}
 	nc, err := connectNATS(r.NATSURL, fmt.Sprintf("idemsaga-worker-%d", os.Getpid()))
@@ -50,17 +49,17 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer nc.Close()
-	def, err := g.definition()
+	defs, err := g.definitions()
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Pool: pool, NATS: nc, Definitions: defs,
 		Stream: g.Stream, SubjectPrefix: g.SubjectPrefix,
 		StepConcurrency: r.StepConcurrency, ReplyConcurrency: r.ReplyConcurrency,
 		LeaseGrace: g.LeaseGrace, AckWait: r.AckWait, RelayHandOff: r.RelayHandOff, Logger: log, Registerer: reg,
-		Retention:        engine.RetentionConfig{FinishedSagas: r.KeepFinished, Inbox: r.KeepFinished, PublishedOutbox: r.KeepPublished},
+		Retention:        engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished},
 		DisableRetention: r.NoRetention,
 	})
 	if err != nil {
@@ -73,7 +72,7 @@ func (r *runCmd) Run(ctx context.Context, g *globals) error {
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
-	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Definition: def, Logger: log})
+	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Definition: defs[0], Logger: log})
 	if err != nil {
 		_ = e.Stop(context.Background())
 		return err

@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -31,25 +33,31 @@ func (t *transferCmd) Run(ctx context.Context, g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	cl, def, err := g.client(pool)
+	return startAndWait(ctx, g, pool, transfer.Definition.Name(), "a transfer", t.Key, in, t.Wait, t.Timeout)
+}
+
+// startAndWait starts a saga of the named example under key, prints its
+// ID, and with wait its final state.
+func startAndWait(ctx context.Context, g *globals, pool *pgxpool.Pool, name, what, key string, in any, wait bool, timeout time.Duration) error {
+	cl, def, err := g.client(pool, name)
 	if err != nil {
 		return err
 	}
-	res, err := cl.Start(ctx, def, t.Key, in)
+	res, err := cl.Start(ctx, def, key, in)
 	if err != nil {
 		if errors.Is(err, saga.ErrIdempotencyKeyReused) {
-			return fmt.Errorf("key %q already started a transfer with different details (saga %s); resend the original details or use a new key", t.Key, res.ID)
+			return fmt.Errorf("key %q already started %s with different details (saga %s); resend the original details or use a new key", key, what, res.ID)
 		}
 		return err
 	}
 	fmt.Println(res.ID)
 	if res.Duplicate {
-		fmt.Fprintf(os.Stderr, "key %q already names this saga (state %s); nothing new was started\n", t.Key, res.State)
+		fmt.Fprintf(os.Stderr, "key %q already names this saga (state %s); nothing new was started\n", key, res.State)
 	}
-	if !t.Wait {
+	if !wait {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, t.Timeout)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	sg, err := cl.Wait(wctx, res.ID)
 	if err != nil {
@@ -80,9 +88,13 @@ func printSaga(sg *saga.Instance) {
 	}
 	fmt.Println()
 	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "STEP\tPHASE\tSTATUS\tATTEMPTS\tKEY")
+	fmt.Fprintln(w, "STEP\tKIND\tPHASE\tSTATUS\tATTEMPTS\tKEY\t")
 	for _, st := range sg.Steps {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", st.Step, st.Phase, st.Status, st.Attempt, st.Key)
+		note := ""
+		if st.PossiblyDone {
+			note = "possibly done: an attempt's outcome is unknown"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, note)
 	}
 	_ = w.Flush()
 	if len(sg.Attempts) == 0 {

@@ -7,34 +7,29 @@ import (
 
 func fsSub(f embed.FS, dir string) (fs.FS, error) { return fs.Sub(f, dir) }
 
-// Each balance change writes its ledger row in the same statement (one
-// round trip). The debit and the credit fail (transfer.refuse, migration
-// 003) unless both happened: they run as the step's last statement
-// (saga.StepContext.ExecLast), whose row count is never seen; a refused
-// debit reads its account to tell why only then (migration 005). $3 is the
-// saga, $4 the step.
+// Each balance change writes its ledger row in the same statement, so a
+// step is one statement in its transaction. The debit and the credit
+// change nothing when they cannot take effect: the handler reads the row
+// count and says why.
 const (
 	debitSQL = `with a as (
   update transfer.accounts set balance = balance - $2 where id = $1 and balance >= $2 and not frozen returning id
-), l as (
-  insert into transfer.ledger (saga_id, step, account_id, amount) select $3, $4, id, -$2::bigint from a returning 1
 )
-select case when exists (select 1 from l) then 0 else transfer.refuse_debit($1) end`
+insert into transfer.ledger (saga_id, step, account_id, amount) select $3, $4, id, -$2::bigint from a`
+
 	creditSQL = `with a as (
   update transfer.accounts set balance = balance + $2 where id = $1 and not frozen returning id
-), l as (
-  insert into transfer.ledger (saga_id, step, account_id, amount) select $3, $4, id, $2::bigint from a returning 1
 )
-select case when exists (select 1 from l) then 0 else transfer.refuse('TR003') end`
+insert into transfer.ledger (saga_id, step, account_id, amount) select $3, $4, id, $2::bigint from a`
+
+	// A refund lands even on a frozen account: it returns the customer's
+	// own money.
 	refundSQL = `with a as (
   update transfer.accounts set balance = balance + $2 where id = $1 returning id
 )
 insert into transfer.ledger (saga_id, step, account_id, amount) select $3, $4, id, $2::bigint from a`
-)
 
-// The codes transfer.refuse raises.
-const (
-	codeSourceUnavailable  = "TR001"
-	codeInsufficientFunds  = "TR002"
-	codeDestinationMissing = "TR003"
+	// accountState tells a refused debit's two causes apart, only when
+	// one was refused.
+	accountState = `select frozen from transfer.accounts where id = $1`
 )

@@ -5,10 +5,8 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/saga"
@@ -29,9 +27,8 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	return migrations.Apply(ctx, conn, Schema, sub)
 }
 
-// CheckMigrated fails when the database lacks some of the transfer
-// tables' migrations: the steps' statements call functions they create
-// (a debit without migration 005's would fail every time).
+// CheckMigrated fails when the database lacks the transfer tables of this
+// build, saying to run `worker migrate`.
 func CheckMigrated(ctx context.Context, conn *pgx.Conn) error {
 	sub, err := fsSub(migrationFiles, "migrations")
 	if err != nil {
@@ -83,28 +80,25 @@ const (
 )
 
 // NewDefinition returns the transfer saga with the given retry policy for
-// every step (zero fields take the defaults).
+// every step (zero fields take the defaults). Both steps are database
+// steps: their whole effect is a write through sc.Tx.
 func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
 	return saga.New("transfer",
 		saga.Step{
 			Name:            StepDeduct,
 			Reaches:         StateDeducted,
+			Kind:            saga.DatabaseStep,
 			Forward:         saga.Handle(deduct),
 			Compensate:      saga.Handle(refund),
 			Retry:           policy,
 			CompensateRetry: policy,
-			// Every effect of both steps is a write in the step's
-			// transaction, one statement sent by ExecLast: it travels
-			// with the step's inbox claim and its success, in one round
-			// trip.
-			TxOnly: true,
 		},
 		saga.Step{
 			Name:    StepCredit,
 			Reaches: StateCredited,
+			Kind:    saga.DatabaseStep,
 			Forward: saga.Handle(credit),
 			Retry:   policy,
-			TxOnly:  true,
 		},
 	)
 }
@@ -122,46 +116,35 @@ func deduct(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	if err := in.Validate(); err != nil {
 		return Entry{}, saga.Permanent(err)
 	}
-	// The saga ID goes as a [16]byte, which pgx writes as a uuid directly; a
-	// uuid.UUID would go through its driver.Valuer, as text parsed back.
-	// The debit is the step's only statement: it travels with the step's
-	// claim and success, in one round trip, and fails unless it took effect.
-	err := sc.ExecLast(ctx, debitSQL, in.From, in.Amount, [16]byte(sc.SagaID), StepDeduct)
-	switch refusal(err) {
-	case "":
-	case codeSourceUnavailable:
-		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrSourceUnavailable, in.From))
-	case codeInsufficientFunds:
+	// sc.Tx also records sc.Key in the inbox: this write commits once, or
+	// not at all.
+	tag, err := sc.Tx.Exec(ctx, debitSQL, in.From, in.Amount, sc.SagaID, StepDeduct)
+	if err != nil {
+		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err) // retried
+	}
+	if tag.RowsAffected() == 0 {
+		var frozen bool
+		err := sc.Tx.QueryRow(ctx, accountState, in.From).Scan(&frozen)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) || err == nil && frozen:
+			return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrSourceUnavailable, in.From))
+		case err != nil:
+			return Entry{}, fmt.Errorf("read account %d: %w", in.From, err)
+		}
 		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d cannot pay %d", ErrInsufficientFunds, in.From, in.Amount))
-	default:
-		return Entry{}, fmt.Errorf("debit account %d: %w", in.From, err)
 	}
 	return Entry{Account: in.From, Amount: -in.Amount}, nil
 }
 
 func credit(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
-	err := sc.ExecLast(ctx, creditSQL, in.To, in.Amount, [16]byte(sc.SagaID), StepCredit)
-	switch refusal(err) {
-	case "":
-	case codeDestinationMissing:
-		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
-	default:
+	tag, err := sc.Tx.Exec(ctx, creditSQL, in.To, in.Amount, sc.SagaID, StepCredit)
+	if err != nil {
 		return Entry{}, fmt.Errorf("credit account %d: %w", in.To, err)
 	}
+	if tag.RowsAffected() == 0 {
+		return Entry{}, saga.Permanent(fmt.Errorf("%w: account %d", ErrDestinationMissing, in.To))
+	}
 	return Entry{Account: in.To, Amount: in.Amount}, nil
-}
-
-// refusal returns the code of a transfer.refuse raise in err, "" for no
-// error, and "?" for any other error.
-func refusal(err error) string {
-	if err == nil {
-		return ""
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "TR") {
-		return pgErr.Code
-	}
-	return "?"
 }
 
 func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) {
@@ -172,9 +155,7 @@ func refund(ctx context.Context, sc *saga.StepContext, in Input) (Entry, error) 
 	} else if !ok {
 		taken = Entry{Account: in.From, Amount: -in.Amount}
 	}
-	// A refund must land even on a frozen account: it returns the
-	// customer's own money.
-	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount, [16]byte(sc.SagaID), StepRefund)
+	tag, err := sc.Tx.Exec(ctx, refundSQL, taken.Account, -taken.Amount, sc.SagaID, StepRefund)
 	if err != nil {
 		return Entry{}, fmt.Errorf("refund account %d: %w", taken.Account, err)
 	}

@@ -100,8 +100,8 @@ func TestAuditCatchesAnEffectAppliedTwice(t *testing.T) {
 }
 
 // TestTablesRefuseWhatNoTransferWrites: the rules on the example's tables
-// (migration 004, as domains) hold whatever writes them: no balance goes
-// below zero, and a ledger row's step is one of the transfer's.
+// (domains) hold whatever writes them: no balance goes below zero, and a
+// ledger row's step is one of the transfer's.
 func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -124,9 +124,8 @@ func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
 
 // TestStepsRefuseWhatCannotTakeEffect runs the transfer's steps in a step
 // worker against accounts that cannot pay or be paid: each fails for good
-// with the error that says why (the refusal codes of migrations 003 and
-// 005), and changes no balance and writes no ledger row. A debit that can
-// pay takes effect once.
+// with the error that says why, and changes no balance and writes no
+// ledger row. A debit that can pay takes effect once.
 func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -143,7 +142,10 @@ func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
 		t.Helper()
 		raw, err := json.Marshal(in)
 		require.NoError(t, err)
-		id := uuid.New()
+		// The saga of the step: the inbox's rows reference it.
+		id := uuid.Must(uuid.NewV7())
+		_, err = pool.Exec(ctx, `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state) values ($1, 'transfer', $2, '\x00', $3, 'init')`, id, id.String(), raw)
+		require.NoError(t, err)
 		reply, err := w.Handle(ctx, wire.Command{SagaID: id, Definition: "transfer", Step: step, Phase: saga.PhaseForward,
 			Key: saga.StepKey(id, step, saga.PhaseForward), Attempt: 1, Input: raw})
 		require.NoError(t, err)

@@ -38,11 +38,15 @@ const ExitCode = 86
 
 // The failpoints compiled into the engine.
 const (
-	// StepAfterInbox fires in a step worker after the inbox insert and
-	// before the business write; for a step whose claim travels with its
-	// held-back last statement (saga.StepContext.ExecLast), before that
-	// one batch is sent, as nothing comes between the two.
+	// StepAfterInbox fires in a step worker after the step's claim: for a
+	// database step, after the inbox insert and before the business
+	// write; for an external step, after its claim committed and before
+	// the call.
 	StepAfterInbox = "step-after-inbox"
+	// StepAfterCall fires in a step worker after an external step's call
+	// returned and before its outcome is recorded: the call may have
+	// taken effect, and a crash here leaves its outcome unknown.
+	StepAfterCall = "step-after-call"
 	// StepBeforeAck fires after the step transaction commits and before
 	// the command is acknowledged.
 	StepBeforeAck = "step-before-ack"
@@ -67,7 +71,7 @@ const (
 )
 
 // Names lists every failpoint.
-var Names = []string{StepAfterInbox, StepBeforeAck, StepRedeliver, OrchestratorBeforeAck, RelayBeforeMark, StartAfterCommit, LeaseTakeover}
+var Names = []string{StepAfterInbox, StepAfterCall, StepBeforeAck, StepRedeliver, OrchestratorBeforeAck, RelayBeforeMark, StartAfterCommit, LeaseTakeover}
 
 // ErrInjected is what an "error" action returns.
 var ErrInjected = errors.New("failpoint: injected error")

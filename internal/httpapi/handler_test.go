@@ -475,7 +475,7 @@ func TestGetTransfer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	other := saga.MustNew("other", saga.Step{Name: "only", Reaches: "done",
+	other := saga.MustNew("other", saga.Step{Kind: saga.DatabaseStep, Name: "only", Reaches: "done",
 		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition, other}})
 	require.NoError(t, err)

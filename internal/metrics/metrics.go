@@ -24,22 +24,20 @@ const (
 
 // Metrics is the set of collectors one engine updates.
 type Metrics struct {
-	SagasStarted        *prometheus.CounterVec
-	KeyReused           *prometheus.CounterVec
-	SagasFinished       *prometheus.CounterVec
-	SagaDuration        *prometheus.HistogramVec
-	StepAttempts        *prometheus.CounterVec
-	StepHandler         *prometheus.HistogramVec
-	Duplicates          *prometheus.CounterVec
-	StaleReplies        *prometheus.CounterVec
-	LeaseTakeovers      *prometheus.CounterVec
-	RetriesScheduled    *prometheus.CounterVec
-	OutboxPublished     prometheus.Counter
-	RelayBatchSeconds   prometheus.Histogram
-	Deliveries          *prometheus.CounterVec
-	UniqueConflicts     *prometheus.CounterVec
-	InStepReads         *prometheus.CounterVec
-	LastStatementReruns *prometheus.CounterVec
+	SagasStarted      *prometheus.CounterVec
+	KeyReused         *prometheus.CounterVec
+	SagasFinished     *prometheus.CounterVec
+	SagaDuration      *prometheus.HistogramVec
+	StepAttempts      *prometheus.CounterVec
+	StepHandler       *prometheus.HistogramVec
+	Duplicates        *prometheus.CounterVec
+	StaleReplies      *prometheus.CounterVec
+	LeaseTakeovers    *prometheus.CounterVec
+	RetriesScheduled  *prometheus.CounterVec
+	OutboxPublished   prometheus.Counter
+	RelayBatchSeconds prometheus.Histogram
+	Deliveries        *prometheus.CounterVec
+	UniqueConflicts   *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -56,7 +54,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"definition"}),
 		SagasFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "sagas_finished_total",
-			Help: "Sagas that reached a terminal state, by outcome (completed, compensated, failed).",
+			Help: "Sagas that reached a terminal state, by outcome: completed, compensated, failed (a compensation could not finish) or parked (a step that may have taken effect at another system has no compensation). The last two need a person.",
 		}, []string{"definition", "outcome"}),
 		SagaDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "saga_duration_seconds",
@@ -65,7 +63,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"definition", "outcome"}),
 		StepAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "step_attempts_total",
-			Help: "Step attempts run by step workers, by phase and outcome (succeeded, failed, retry, duplicate).",
+			Help: "Step attempts run by step workers, by phase and outcome: succeeded, failed, retry, unknown (an external call that may have taken effect), duplicate (answered from the inbox, or a call already in flight).",
 		}, []string{"definition", "step", "phase", "outcome"}),
 		StepHandler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "step_handler_seconds",
@@ -106,14 +104,6 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "unique_conflicts_total",
 		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
 	}, []string{"table"})
-	m.InStepReads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "in_step_reads_total",
-		Help: "Successes applied in their step's transaction only after reading the saga, by definition and step: the saga or the step had moved since the command was written (a lease taken over, an operator's action), or the command came from an older engine. The others are applied from what the command says, in one round trip; a high rate means something moves sagas or steps under running steps.",
-	}, []string{"definition", "step"})
-	m.LastStatementReruns = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "last_statement_reruns_total",
-		Help: "Attempts whose last statement (StepContext.ExecLast), held back for the round trip of the step's success, failed there, or whose success could not be applied in that round trip (which has no savepoint), so that the handler ran again with the statement at once, by definition and step. Each costs about two round trips more than the attempt would have; a rate near the step's failures is expected (a statement that cannot take effect fails, and its error is judged on the second run).",
-	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
 	}
@@ -121,7 +111,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts, m.InStepReads, m.LastStatementReruns,
+		m.Deliveries, m.UniqueConflicts,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

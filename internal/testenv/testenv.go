@@ -26,6 +26,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/migrations"
 )
@@ -99,7 +101,11 @@ func template(ctx context.Context) (string, error) {
 			templateErr = err
 			return
 		}
-		templateErr = transfer.Migrate(ctx, conn)
+		for _, m := range []func(context.Context, *pgx.Conn) error{transfer.Migrate, order.Migrate, payments.Migrate} {
+			if templateErr = m(ctx, conn); templateErr != nil {
+				return
+			}
+		}
 	})
 	return templateName, templateErr
 }
@@ -134,8 +140,8 @@ func Cleanup() {
 	_, _ = admin.Exec(ctx, "drop database if exists "+templateName+" with (force)")
 }
 
-// DB returns a pool on a new database holding the engine's and the
-// transfer example's tables, dropped when the test ends.
+// DB returns a pool on a new database holding the engine's tables and the
+// examples' (transfer, order, payments), dropped when the test ends.
 func DB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool, _ := DBWithURL(t)

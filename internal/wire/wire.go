@@ -21,9 +21,6 @@ type Command struct {
 	Attempt    int                        `json:"attempt"`
 	Input      json.RawMessage            `json:"input"`
 	Results    map[string]json.RawMessage `json:"results,omitempty"`
-	// ForwardKey is set on compensate commands: the key of the forward
-	// phase being undone, under which the worker records a tombstone.
-	ForwardKey uuid.UUID `json:"forward_key,omitzero"`
 	// State and Version are the saga's when the command was written; Input
 	// and Results are the saga's at that version. A success applied in the
 	// step's own transaction moves the saga on from them without reading
@@ -44,8 +41,12 @@ const (
 	OutcomeSucceeded Outcome = "succeeded"
 	// OutcomeFailed: a permanent failure; do not retry.
 	OutcomeFailed Outcome = "failed"
-	// OutcomeRetry: a retryable failure; nothing committed.
+	// OutcomeRetry: a retryable failure, known to have taken no effect.
 	OutcomeRetry Outcome = "retry"
+	// OutcomeUnknown: an external attempt that ended without a known
+	// outcome (a timeout, a transport error): it may have taken effect.
+	// It is retried as a retry is, and makes the step possibly done.
+	OutcomeUnknown Outcome = "unknown"
 )
 
 // Reply reports the outcome of one attempt back to the orchestrator.
@@ -91,7 +92,7 @@ func DecodeReply(b []byte) (Reply, error) {
 		return r, fmt.Errorf("decode reply: missing or invalid field in %s", truncate(b))
 	}
 	switch r.Outcome {
-	case OutcomeSucceeded, OutcomeFailed, OutcomeRetry:
+	case OutcomeSucceeded, OutcomeFailed, OutcomeRetry, OutcomeUnknown:
 	default:
 		return r, fmt.Errorf("decode reply: unknown outcome %q", r.Outcome)
 	}

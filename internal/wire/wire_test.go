@@ -24,7 +24,6 @@ func validCommand() wire.Command {
 		Attempt:    3,
 		Input:      json.RawMessage(`{"amount":12345678901234567890,"from":"a"}`),
 		Results:    map[string]json.RawMessage{"debit": json.RawMessage(`{"id":"d-1"}`)},
-		ForwardKey: saga.StepKey(sagaID, "credit", saga.PhaseForward),
 	}
 }
 
@@ -80,7 +79,7 @@ func TestCommandRoundTrip(t *testing.T) {
 
 	// A forward command carries no forward key.
 	fwd := validCommand()
-	fwd.Phase, fwd.Key, fwd.ForwardKey = saga.PhaseForward, saga.StepKey(sagaID, "credit", saga.PhaseForward), uuid.Nil
+	fwd.Phase, fwd.Key = saga.PhaseForward, saga.StepKey(sagaID, "credit", saga.PhaseForward)
 	b, err := json.Marshal(fwd)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), "forward_key")
@@ -89,7 +88,7 @@ func TestCommandRoundTrip(t *testing.T) {
 
 func TestReplyRoundTrip(t *testing.T) {
 	t.Parallel()
-	for _, outcome := range []wire.Outcome{wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeRetry} {
+	for _, outcome := range []wire.Outcome{wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeRetry, wire.OutcomeUnknown} {
 		r := validReply()
 		r.Outcome = outcome
 		b, err := json.Marshal(r)

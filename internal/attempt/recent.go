@@ -1,4 +1,4 @@
-package steps
+package attempt
 
 import (
 	"bytes"
@@ -56,8 +56,8 @@ func newRecent(size int) (*recent, error) {
 // Otherwise cmd's run is registered as the attempt's, and release, to be
 // called when the run ended (after remember), lets the deliveries waiting
 // for it go on. An error means ctx ended while waiting.
-func (w *Worker) await(ctx context.Context, cmd wire.Command) (a answer, ok bool, release func(), err error) {
-	r := w.recent
+func (rn *Runner) await(ctx context.Context, cmd wire.Command) (a answer, ok bool, release func(), err error) {
+	r := rn.recent
 	if r == nil {
 		return answer{}, false, func() {}, nil
 	}
@@ -96,10 +96,10 @@ func (w *Worker) await(ctx context.Context, cmd wire.Command) (a answer, ok bool
 }
 
 // remember keeps an answered attempt whose outcome the inbox holds.
-func (w *Worker) remember(cmd wire.Command, reply wire.Reply, stored bool) {
-	if w.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
+func (rn *Runner) remember(cmd wire.Command, reply wire.Reply, stored bool) {
+	if rn.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
 		return
 	}
 	// A copy: the reply's result goes back to the caller, who may keep it.
-	w.recent.answered.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: bytes.Clone(reply.Result), errText: reply.Error})
+	rn.recent.answered.Add(attemptKey{cmd.Key, cmd.Attempt}, answer{outcome: reply.Outcome, result: bytes.Clone(reply.Result), errText: reply.Error})
 }

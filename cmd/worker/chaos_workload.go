@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// chaosWorkload is what a chaos run submits and checks.
+type chaosWorkload interface {
+	// prepare seeds the database and starts what the workers call.
+	prepare(ctx context.Context, pool *pgxpool.Pool, seed uint64) error
+	// env is what the workers need besides the engine's settings.
+	env() []string
+	count(c *chaosCmd) int
+	describe()
+	definition(policy saga.RetryPolicy) (*saga.Definition, error)
+	jobs(n int, seed uint64) []chaosJob
+	// check reconciles the run into fig.
+	check(ctx context.Context, pool *pgxpool.Pool, def *saga.Definition, fig *chaosFigures) error
+	close()
+}
+
+// transferChaos runs transfers: 10% fail at credit (the frozen account).
+type transferChaos struct{ seeded int64 }
+
+const chaosAccounts = 50
+
+func (w *transferChaos) prepare(ctx context.Context, pool *pgxpool.Pool, _ uint64) (err error) {
+	w.seeded, err = transfer.Seed(ctx, pool, chaosAccounts+1, 1_000_000, chaosAccounts+1)
+	return err
+}
+
+func (w *transferChaos) env() []string         { return nil }
+func (w *transferChaos) count(c *chaosCmd) int { return c.Transfers }
+func (w *transferChaos) describe()             {}
+func (w *transferChaos) close()                {}
+
+func (w *transferChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
+	return transfer.NewDefinition(p)
+}
+
+func (w *transferChaos) jobs(n int, seed uint64) []chaosJob {
+	rng := rand.New(rand.NewPCG(seed, uint64(n)))
+	jobs := make([]chaosJob, n)
+	for i := range jobs {
+		from := 1 + rng.Int64N(chaosAccounts)
+		to := 1 + (from+rng.Int64N(chaosAccounts-1))%chaosAccounts
+		if i%10 == 3 {
+			to = chaosAccounts + 1 // frozen: the credit fails
+		}
+		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-%06d", i), in: transfer.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
+	}
+	return jobs
+}
+
+func (w *transferChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga.Definition, fig *chaosFigures) error {
+	res, err := reconcile(ctx, pool, []*saga.Definition{def}, 5*time.Second, w.seeded)
+	if err != nil {
+		return err
+	}
+	fig.ByState = res.Sagas
+	fig.Sagas = res.Sagas["credited"] + res.Sagas["compensated"] + res.Sagas["failed"]
+	fig.Credited, fig.Compensated, fig.Failed = res.Sagas["credited"], res.Sagas["compensated"], res.Sagas["failed"]
+	for _, d := range res.Differences {
+		fig.Differences = append(fig.Differences, d.String())
+	}
+	return nil
+}
+
+// orderChaos runs orders against the example payment service, which the
+// harness runs in its own process (the workers reach it over loopback),
+// losing answers after it charged, failing before it charged, and
+// answering some charges after the step's timeout.
+type orderChaos struct {
+	svc *payments.Service
+	srv *http.Server
+	url string
+}
+
+// Customers the service always loses the answers of: their charges
+// commit every time and no attempt ever learns it.
+var chaosUnlucky = []string{"unlucky-1", "unlucky-2"}
+
+const chaosProducts = 20
+
+func (w *orderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, seed uint64) error {
+	if err := order.Seed(ctx, pool, chaosProducts, 1_000_000); err != nil {
+		return err
+	}
+	w.svc = payments.New(pool, slog.New(slog.DiscardHandler))
+	w.svc.SetFaults(payments.Faults{
+		LoseResponse: 0.05, AlwaysLoseFor: chaosUnlucky, FailBefore: 0.04, Busy: 0.03,
+		Slow: chaosStepTimeout + 500*time.Millisecond, SlowP: 0.02, Refunds: true,
+	}, seed)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	w.url = "http://" + ln.Addr().String()
+	w.srv = &http.Server{Handler: w.svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = w.srv.Serve(ln) }()
+	return nil
+}
+
+func (w *orderChaos) env() []string         { return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url} }
+func (w *orderChaos) count(c *chaosCmd) int { return c.Orders }
+
+func (w *orderChaos) describe() {
+	fmt.Printf("  payment service at %s: 5%% of answers lost after the charge or refund committed (always for %v), 4%% 500 before charging, 3%% 503, 2%% answered after the step timeout\\n",
+		w.url, chaosUnlucky)
+}
+
+func (w *orderChaos) close() {
+	if w.srv != nil {
+		_ = w.srv.Close()
+	}
+}
+
+func (w *orderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
+	return order.NewDefinition(order.Config{PaymentsURL: w.url, Policy: p})
+}
+
+func (w *orderChaos) jobs(n int, seed uint64) []chaosJob {
+	rng := rand.New(rand.NewPCG(seed, uint64(n)+1))
+	jobs := make([]chaosJob, n)
+	for i := range jobs {
+		in := order.Input{Customer: fmt.Sprintf("cust-%d", i%97), Product: 1 + rng.Int64N(chaosProducts),
+			Quantity: 1 + rng.Int64N(3), Amount: 100 + rng.Int64N(10_000), Address: fmt.Sprintf("%d Main St", i)}
+		switch {
+		case i%100 == 7:
+			in.Customer = chaosUnlucky[i%len(chaosUnlucky)]
+		case i%50 == 11:
+			in.Customer = "declined-" + in.Customer
+		case i%20 == 13:
+			in.Address = order.Undeliverable
+		case i%100 == 41:
+			in.Quantity = 2_000_000 // out of stock
+		}
+		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-order-%06d", i), in: in}
+	}
+	return jobs
+}
+
+func (w *orderChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga.Definition, fig *chaosFigures) error {
+	res, err := reconcile(ctx, pool, []*saga.Definition{def}, 5*time.Second, 0)
+	if err != nil {
+		return err
+	}
+	for _, d := range res.Differences {
+		fig.Differences = append(fig.Differences, d.String())
+	}
+	if res.Order == nil {
+		fig.Differences = append(fig.Differences, "no order was audited")
+		return nil
+	}
+	rep := res.Order
+	fig.ByState = rep.ByState
+	for _, n := range rep.ByState {
+		fig.Sagas += n
+	}
+	fig.Credited, fig.Compensated, fig.Failed = rep.ByState[string(order.StateShipped)], rep.ByState["compensated"], rep.ByState["failed"]
+	var possiblyDone, unlucky, declined, undeliverable, outOfStock int
+	if err := pool.QueryRow(ctx, `select
+  (select count(*) from idemsaga.steps where step = 'charge' and phase = 'forward' and possibly_done),
+  (select count(*) from idemsaga.sagas where state = 'compensated' and input->>'customer' like 'unlucky-%'),
+  (select count(*) from idemsaga.sagas where state = 'compensated' and error like '%card declined%'),
+  (select count(*) from idemsaga.sagas where state = 'compensated' and error like '%cannot be delivered%'),
+  (select count(*) from idemsaga.sagas where state = 'compensated' and error like '%out of stock%')`).Scan(&possiblyDone, &unlucky, &declined, &undeliverable, &outOfStock); err != nil {
+		return err
+	}
+	c := w.svc.Counts()
+	fig.Extra = append(fig.Extra,
+		fmt.Sprintf("orders             shipped %d; compensated %d (declined %d, undeliverable %d, out of stock %d, answers always lost %d, the rest given up after unknown outcomes)",
+			fig.Credited, fig.Compensated, declined, undeliverable, outOfStock, unlucky),
+		fmt.Sprintf("payment service    %d charges, %d refunds, %d answers lost after commit, %d 500s and %d 503s before charging, %d slow answers, %d replays of a key",
+			c.Charges, c.Refunds, c.LostResponses, c.FailedBefore, c.Busy, c.Slow, c.Replays),
+		fmt.Sprintf("charges recovered  %d charge steps possibly done; %d charges refunded, %d keys voided before any charge; held %d = shipped %d",
+			possiblyDone, rep.Refunded, rep.Voided, rep.Charged, rep.Shipped),
+	)
+	return nil
+}

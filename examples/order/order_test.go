@@ -1,0 +1,401 @@
+package order_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// fault is what the network between the saga and the payment service does
+// to one request.
+type fault int
+
+const (
+	pass    fault = iota
+	lose          // the service commits; its answer is lost
+	busy          // 503 before the service sees it: nothing charged
+	fail500       // 500 before the service sees it: nothing charged
+	hang          // the service commits; its answer comes after the caller gave up
+)
+
+// faulty puts a script in front of the payment service: the n-th request
+// (counted from 1) of a path and customer is handled as the script says.
+type faulty struct {
+	inner  http.Handler
+	script func(path, customer string, n int) fault
+	mu     sync.Mutex
+	seen   map[string]int
+}
+
+func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The customer is read from the body without consuming it.
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytesReader(body))
+	customer := customerOf(body)
+	f.mu.Lock()
+	if f.seen == nil {
+		f.seen = map[string]int{}
+	}
+	k := r.URL.Path + "|" + customer
+	f.seen[k]++
+	n := f.seen[k]
+	f.mu.Unlock()
+	switch f.script(r.URL.Path, customer, n) {
+	case busy:
+		w.WriteHeader(http.StatusServiceUnavailable)
+	case fail500:
+		w.WriteHeader(http.StatusInternalServerError)
+	case lose:
+		f.inner.ServeHTTP(httptest.NewRecorder(), r)
+		panic(http.ErrAbortHandler)
+	case hang:
+		f.inner.ServeHTTP(httptest.NewRecorder(), r)
+		<-r.Context().Done()
+		panic(http.ErrAbortHandler)
+	default:
+		f.inner.ServeHTTP(w, r)
+	}
+}
+
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	def    *saga.Definition
+	e      *engine.Engine
+	reg    *prometheus.Registry
+	policy saga.RetryPolicy
+}
+
+// policy keeps the tests quick: three attempts of half a second.
+var policy = saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Timeout: 500 * time.Millisecond}
+
+// start runs an engine with the order saga against a payment service
+// behind script (nil: no faults), on stock of 100 for products 1 and 2.
+func start(t *testing.T, script func(path, customer string, n int) fault, defs ...func(order.Config) (*saga.Definition, error)) *env {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	require.NoError(t, order.Seed(ctx, pool, 2, 100))
+	if script == nil {
+		script = func(string, string, int) fault { return pass }
+	}
+	srv := httptest.NewServer(&faulty{inner: payments.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler(), script: script})
+	t.Cleanup(srv.Close)
+	newDef := order.NewDefinition
+	if len(defs) > 0 {
+		newDef = defs[0]
+	}
+	def, err := newDef(order.Config{PaymentsURL: srv.URL, Policy: policy})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	stream := testenv.Name("ORDER")
+	e, err := engine.New(engine.Config{
+		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
+		LeaseGrace: 300 * time.Millisecond, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond,
+		RelayHandOff: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: reg,
+	})
+	require.NoError(t, err)
+	require.NoError(t, e.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, e.Stop(ctx))
+	})
+	return &env{t: t, pool: pool, def: def, e: e, reg: reg, policy: policy}
+}
+
+// run starts an order and waits for it to finish.
+func (v *env) run(key string, in order.Input) *saga.Instance {
+	v.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := v.e.Client().Start(ctx, v.def, key, in)
+	require.NoError(v.t, err)
+	sg, err := v.e.Client().Wait(ctx, res.ID)
+	require.NoError(v.t, err)
+	return sg
+}
+
+// charge reads the payment service's row of a saga's charge.
+func (v *env) charge(sagaID uuid.UUID) (state string, amount int64) {
+	v.t.Helper()
+	key := saga.StepKey(sagaID, order.StepCharge, saga.PhaseForward)
+	err := v.pool.QueryRow(context.Background(), `select state, amount from payments.charges where key = $1`, key).Scan(&state, &amount)
+	if err != nil {
+		return "none", 0
+	}
+	return state, amount
+}
+
+// audit requires the example's invariants and the engine's.
+func (v *env) audit(byState map[string]int) order.Report {
+	v.t.Helper()
+	ctx := context.Background()
+	rep, err := order.Audit(ctx, v.pool)
+	require.NoError(v.t, err)
+	require.Empty(v.t, rep.Differences)
+	require.Equal(v.t, byState, rep.ByState)
+	diffs, err := engine.Reconcile(ctx, v.pool, []*saga.Definition{v.def}, time.Minute)
+	require.NoError(v.t, err)
+	require.Empty(v.t, diffs)
+	return rep
+}
+
+func (v *env) step(sg *saga.Instance, name string, phase saga.Phase) saga.StepExecution {
+	v.t.Helper()
+	for _, s := range sg.Steps {
+		if s.Step == name && s.Phase == phase {
+			return s
+		}
+	}
+	v.t.Fatalf("saga %s has no step %s (%s)", sg.ID, name, phase)
+	return saga.StepExecution{}
+}
+
+func ann(address string) order.Input {
+	return order.Input{Customer: "ann", Product: 1, Quantity: 2, Amount: 1500, Address: address}
+}
+
+// TestOrdersEndAsTheirInputsSay runs one order of each kind: shipped, out
+// of stock, declined, and undeliverable (ship fails for good: its charge
+// is refunded and its stock released).
+func TestOrdersEndAsTheirInputsSay(t *testing.T) {
+	t.Parallel()
+	v := start(t, nil)
+	shipped := v.run("o-1", ann("1 Main St"))
+	require.Equal(t, order.StateShipped, shipped.State)
+	require.Equal(t, saga.StateCompensated, v.run("o-2", order.Input{Customer: "ann", Product: 2, Quantity: 101, Amount: 9, Address: "x"}).State)
+	declined := v.run("o-3", order.Input{Customer: "declined-bob", Product: 1, Quantity: 1, Amount: 700, Address: "x"})
+	require.Equal(t, saga.StateCompensated, declined.State)
+	require.Contains(t, declined.Error, "card declined")
+	require.False(t, v.step(declined, order.StepCharge, saga.PhaseForward).PossiblyDone, "a refusal is a known outcome")
+	undeliverable := v.run("o-4", ann(order.Undeliverable))
+	require.Equal(t, saga.StateCompensated, undeliverable.State)
+	state, _ := v.charge(undeliverable.ID)
+	require.Equal(t, "refunded", state)
+
+	rep := v.audit(map[string]int{"shipped": 1, "compensated": 3})
+	require.Equal(t, int64(1500), rep.Charged)
+	require.Equal(t, 1, rep.Refunded)
+	var stock int64
+	require.NoError(t, v.pool.QueryRow(context.Background(), `select stock from orders.products where id = 1`).Scan(&stock))
+	require.Equal(t, int64(98), stock, "only the shipped order keeps its stock")
+}
+
+// TestGiveUpRule: a charge any of whose attempts had an unknown outcome
+// is possibly done; when it is given up, its refund runs first, under its
+// own key, then the reservation is released, whatever the last attempt
+// said. Each cause of an unknown outcome, and the clean refusal after
+// one.
+func TestGiveUpRule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		charge func(n int) fault
+		// charged is whether the service ever took the money (refunded
+		// after), against a key only voided.
+		charged bool
+	}{
+		{"the response lost on every attempt", func(int) fault { return lose }, true},
+		{"a timeout on the last attempt", func(n int) fault { return map[int]fault{1: busy, 2: busy, 3: hang}[n] }, true},
+		{"a clean 503 on the last attempt after an earlier lost response", func(n int) fault { return map[int]fault{1: lose, 2: busy, 3: busy}[n] }, true},
+		{"a 500 on the last attempt after an earlier lost response", func(n int) fault { return map[int]fault{1: lose, 2: fail500, 3: fail500}[n] }, true},
+		{"500s that never charged", func(int) fault { return fail500 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v := start(t, func(path, _ string, n int) fault {
+				if path == "/charges" {
+					return tc.charge(n)
+				}
+				return pass
+			})
+			sg := v.run("given-up", ann("1 Main St"))
+			require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
+			charge := v.step(sg, order.StepCharge, saga.PhaseForward)
+			require.Equal(t, saga.StepFailed, charge.Status)
+			require.True(t, charge.PossiblyDone)
+			require.Contains(t, sg.Error, charge.Key.String(), "the error names the key to check")
+			refund := v.step(sg, order.StepCharge, saga.PhaseCompensate)
+			require.Equal(t, saga.StepSucceeded, refund.Status, "the possibly-done charge was refunded first")
+			require.Equal(t, saga.StepSucceeded, v.step(sg, order.StepReserve, saga.PhaseCompensate).Status, "then the stock released")
+			state, _ := v.charge(sg.ID)
+			if tc.charged {
+				require.Equal(t, "refunded", state, "the charge that went through is refunded")
+			} else {
+				require.Equal(t, "voided", state, "undoing what never happened is harmless")
+			}
+			v.audit(map[string]int{"compensated": 1})
+		})
+	}
+}
+
+// TestLeaseExpiryOnTheLastAttempt: the last attempt's process records no
+// outcome after its call (as if killed there: failpoint step-after-call),
+// so its lease expires; the reaper gives the step up as possibly done, and
+// the refund runs first. Not parallel: failpoints are the process's.
+func TestLeaseExpiryOnTheLastAttempt(t *testing.T) {
+	v := start(t, nil)
+	require.NoError(t, failpoint.Enable(failpoint.StepAfterCall+"=error*3")) // the charge's three attempts, not the refund
+	defer failpoint.Disable()
+	sg := v.run("lease", ann("1 Main St"))
+	require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
+	require.Equal(t, int64(policy.MaxAttempts), failpoint.Hits(failpoint.StepAfterCall), "every attempt called, and recorded nothing")
+	require.True(t, v.step(sg, order.StepCharge, saga.PhaseForward).PossiblyDone)
+	require.Contains(t, sg.Error, "no reply after 3 attempts")
+	state, _ := v.charge(sg.ID)
+	require.Equal(t, "refunded", state)
+	require.Equal(t, 3.0, metric(t, v.reg, "idemsaga_lease_takeovers_total"), "two takeovers and the give-up")
+	failpoint.Disable()
+	v.audit(map[string]int{"compensated": 1})
+}
+
+// TestPossiblyDoneWithoutCompensationParks: a charge without a refund
+// whose answers are lost cannot be undone: the saga parks, nothing is
+// compensated (the stock stays reserved), the error names the key, the
+// metric counts it and reconcile lists it. An operator's retry then sends
+// the charge again under the same key; the service answers with the
+// charge it made, and the order ships.
+func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	losing := true
+	v := start(t, func(path, _ string, _ int) fault {
+		mu.Lock()
+		defer mu.Unlock()
+		if path == "/charges" && losing {
+			return lose
+		}
+		return pass
+	}, func(cfg order.Config) (*saga.Definition, error) {
+		d, err := order.NewDefinition(cfg)
+		if err != nil {
+			return nil, err
+		}
+		steps := d.Steps()
+		steps[1].Compensate = nil // no refund
+		return saga.New(order.DefinitionName, steps...)
+	})
+	ctx := context.Background()
+	sg := v.run("parked", ann("1 Main St"))
+	require.Equal(t, saga.StateParked, sg.State)
+	charge := v.step(sg, order.StepCharge, saga.PhaseForward)
+	require.True(t, charge.PossiblyDone)
+	require.Contains(t, sg.Error, charge.Key.String())
+	require.Contains(t, sg.Error, "worker retry")
+	for _, s := range sg.Steps {
+		require.NotEqual(t, saga.PhaseCompensate, s.Phase, "nothing is compensated")
+	}
+	var reserved int
+	require.NoError(t, v.pool.QueryRow(ctx, `select count(*) from orders.reservations where saga_id = $1`, sg.ID).Scan(&reserved))
+	require.Equal(t, 1, reserved, "the stock stays reserved")
+	require.Equal(t, 1.0, metric(t, v.reg, "idemsaga_sagas_finished_total", "outcome", "parked"))
+	diffs, err := engine.Reconcile(ctx, v.pool, []*saga.Definition{v.def}, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, diffs, 1)
+	require.Contains(t, diffs[0].What, "parked and needs a person")
+	parked, err := v.e.Client().List(ctx, engine.ListOptions{State: saga.StateParked})
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+
+	mu.Lock()
+	losing = false
+	mu.Unlock()
+	require.NoError(t, v.e.Client().Retry(ctx, sg.ID))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done, err := v.e.Client().Wait(wctx, sg.ID)
+	require.NoError(t, err)
+	require.Equal(t, order.StateShipped, done.State, done.Error)
+	state, amount := v.charge(sg.ID)
+	require.Equal(t, []any{"charged", int64(1500)}, []any{state, amount}, "charged once, under the one key")
+	v.audit(map[string]int{"shipped": 1})
+}
+
+// TestRefundThatLosesResponses: the order cannot ship, so its charge is
+// refunded; the refund's answers are lost twice, and it is retried under
+// its own key until one comes back: refunded once. When every answer is
+// lost, the compensation cannot finish and the saga fails, visibly.
+func TestRefundThatLosesResponses(t *testing.T) {
+	t.Parallel()
+	for _, always := range []bool{false, true} {
+		name := "twice"
+		if always {
+			name = "always"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			v := start(t, func(path, _ string, n int) fault {
+				if path == "/refunds" && (always || n <= 2) {
+					return lose
+				}
+				return pass
+			})
+			sg := v.run("refund", ann(order.Undeliverable))
+			state, _ := v.charge(sg.ID)
+			require.Equal(t, "refunded", state, "the refund took effect, once")
+			if !always {
+				require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
+				v.audit(map[string]int{"compensated": 1})
+				return
+			}
+			require.Equal(t, saga.StateFailed, sg.State)
+			require.Contains(t, sg.Error, "may have taken effect")
+			require.True(t, v.step(sg, order.StepCharge, saga.PhaseCompensate).PossiblyDone)
+			rep, err := order.Audit(context.Background(), v.pool)
+			require.NoError(t, err)
+			require.Len(t, rep.Differences, 1)
+			require.Contains(t, rep.Differences[0], "failed and needs a person")
+		})
+	}
+}
+
+// metric sums a counter over the label pair given, if any.
+func metric(t *testing.T, reg *prometheus.Registry, name string, label ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if len(label) == 2 && !hasLabel(m, label[0], label[1]) {
+				continue
+			}
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+func hasLabel(m *dto.Metric, k, v string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == k && l.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}

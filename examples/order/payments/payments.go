@@ -1,0 +1,371 @@
+// Package payments is the order example's payment service: a small HTTP
+// API over a table of its own, idempotent by the Idempotency-Key header,
+// with faults a test or a chaos run can switch on (a response lost after
+// the charge committed, a 500 before charging, an answer slower than the
+// caller waits).
+//
+//	POST /charges  {"order":"<uuid>","customer":"ann","amount":1200}
+//	    201 charged, 200 the same key again, 402 declined (a customer named
+//	    "declined-…"), 409 voided (a refund of the key came first), 422 the
+//	    key reused with another body, 503 not charged: try again.
+//	POST /refunds  {"charge":"<charge key>","order":"<uuid>","customer":"ann"}
+//	    200 {"state":"refunded"|"voided"}: the charge is given back, or
+//	    voided if it never came (a late charge is then refused); 422 the
+//	    key reused with another charge.
+//	GET /charges/{key}
+//
+// It is another system than the engine: the order saga reaches it only
+// over HTTP, and it shares nothing but the database server in the example.
+package payments
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/migrations"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Schema holds the service's table.
+const Schema = "payments"
+
+// Migrate creates or updates the service's table.
+func Migrate(ctx context.Context, conn *pgx.Conn) error {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	return migrations.Apply(ctx, conn, Schema, sub)
+}
+
+// Faults make the service misbehave as real ones do. Probabilities are in
+// [0, 1]; the zero value behaves.
+type Faults struct {
+	// LoseResponse commits a charge or a refund, then drops the
+	// connection without answering: the caller cannot know it happened.
+	LoseResponse float64
+	// AlwaysLoseFor lists customers whose charges always lose their
+	// response, on every attempt.
+	AlwaysLoseFor []string
+	// FailBefore answers 500 before charging anything.
+	FailBefore float64
+	// Busy answers 503 before charging anything: "not charged, try
+	// again", as the API documents.
+	Busy float64
+	// Slow commits, then answers only after this long (0: never slow),
+	// with probability SlowP.
+	Slow  time.Duration
+	SlowP float64
+	// Refunds get the faults too when set; otherwise refunds behave.
+	Refunds bool
+}
+
+// Counts is what the service saw.
+type Counts struct {
+	Charges, Refunds, LostResponses, FailedBefore, Busy, Slow, Replays int64
+}
+
+// Service is the payment API.
+type Service struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	faults Faults
+	rng    *rand.Rand
+
+	charges, refunds, lost, failed, busy, slow, replays atomic.Int64
+}
+
+// New returns the service over pool's payments schema (Migrate first).
+func New(pool *pgxpool.Pool, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{pool: pool, log: log, rng: rand.New(rand.NewPCG(1, 2))}
+}
+
+// SetFaults replaces the faults, seeding their dice.
+func (s *Service) SetFaults(f Faults, seed uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults, s.rng = f, rand.New(rand.NewPCG(seed, 7))
+}
+
+// Counts returns what the service saw so far.
+func (s *Service) Counts() Counts {
+	return Counts{Charges: s.charges.Load(), Refunds: s.refunds.Load(), LostResponses: s.lost.Load(),
+		FailedBefore: s.failed.Load(), Busy: s.busy.Load(), Slow: s.slow.Load(), Replays: s.replays.Load()}
+}
+
+// roll draws the faults of one request.
+type roll struct {
+	lose, failBefore, busy bool
+	slow                   time.Duration
+}
+
+func (s *Service) roll(customer string, refund bool) roll {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.faults
+	if refund && !f.Refunds {
+		return roll{}
+	}
+	r := roll{
+		lose:       s.rng.Float64() < f.LoseResponse,
+		failBefore: s.rng.Float64() < f.FailBefore,
+		busy:       s.rng.Float64() < f.Busy,
+	}
+	if f.Slow > 0 && s.rng.Float64() < f.SlowP {
+		r.slow = f.Slow
+	}
+	if !refund {
+		for _, c := range f.AlwaysLoseFor {
+			if c == customer {
+				r.lose = true
+			}
+		}
+	}
+	return r
+}
+
+// Handler returns the HTTP API.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", s.postCharge)
+	mux.HandleFunc("POST /refunds", s.postRefund)
+	mux.HandleFunc("GET /charges/{key}", s.getCharge)
+	return mux
+}
+
+// ChargeRequest is the body of POST /charges.
+type ChargeRequest struct {
+	Order    uuid.UUID `json:"order"`
+	Customer string    `json:"customer"`
+	Amount   int64     `json:"amount"`
+}
+
+// Charge is a charge as the service answers it.
+type Charge struct {
+	Key    uuid.UUID `json:"key"`
+	Order  uuid.UUID `json:"order"`
+	Amount int64     `json:"amount"`
+	State  string    `json:"state"`
+}
+
+// RefundRequest is the body of POST /refunds.
+type RefundRequest struct {
+	Charge   uuid.UUID `json:"charge"`
+	Order    uuid.UUID `json:"order"`
+	Customer string    `json:"customer"`
+}
+
+// Refund is a refund as the service answers it: the charge's state after
+// it, refunded or voided.
+type Refund struct {
+	Charge uuid.UUID `json:"charge"`
+	State  string    `json:"state"`
+}
+
+func (s *Service) postCharge(w http.ResponseWriter, r *http.Request) {
+	key, req, ok := decode[ChargeRequest](w, r)
+	if !ok {
+		return
+	}
+	if req.Amount <= 0 || req.Customer == "" || req.Order == uuid.Nil {
+		answer(w, http.StatusBadRequest, map[string]string{"error": "order, customer and a positive amount are required"})
+		return
+	}
+	f := s.roll(req.Customer, false)
+	switch {
+	case f.busy:
+		s.busy.Add(1)
+		answer(w, http.StatusServiceUnavailable, map[string]string{"error": "busy: nothing was charged; try again"})
+		return
+	case f.failBefore:
+		s.failed.Add(1)
+		answer(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		return
+	case strings.HasPrefix(req.Customer, "declined-"):
+		answer(w, http.StatusPaymentRequired, map[string]string{"error": "card declined"})
+		return
+	}
+	var c Charge
+	var inserted bool
+	var customer string
+	err := s.pool.QueryRow(r.Context(), `with i as (
+  insert into payments.charges (key, order_id, customer, amount, state, charged_at)
+  values ($1, $2, $3, $4, 'charged', now())
+  on conflict (key) do nothing
+  returning key, order_id, customer, amount, state
+)
+select key, order_id, customer, amount, state, true from i
+union all
+select key, order_id, customer, amount, state, false from payments.charges where key = $1 and not exists (select 1 from i)`,
+		key, req.Order, req.Customer, req.Amount).Scan(&c.Key, &c.Order, &customer, &c.Amount, &c.State, &inserted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The key's row committed while this insert waited for it: the
+		// caller retries, and finds it.
+		answer(w, http.StatusServiceUnavailable, map[string]string{"error": "a request with this key is in flight; nothing was charged by this one; try again"})
+		return
+	}
+	if err != nil {
+		s.log.Error("payments: charge", "error", err)
+		answer(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		return
+	}
+	status := http.StatusCreated
+	switch {
+	case !inserted && (c.Order != req.Order || customer != req.Customer || c.State != "voided" && c.Amount != req.Amount):
+		answer(w, http.StatusUnprocessableEntity, map[string]string{"error": "Idempotency-Key already used for another charge"})
+		return
+	case c.State == "voided":
+		answer(w, http.StatusConflict, map[string]string{"error": "voided: this key was refunded before it was charged; nothing was charged"})
+		return
+	case !inserted:
+		s.replays.Add(1)
+		status = http.StatusOK
+	default:
+		s.charges.Add(1)
+	}
+	s.respond(w, f, status, c)
+}
+
+func (s *Service) postRefund(w http.ResponseWriter, r *http.Request) {
+	key, req, ok := decode[RefundRequest](w, r)
+	if !ok {
+		return
+	}
+	if req.Charge == uuid.Nil || req.Order == uuid.Nil || req.Customer == "" {
+		answer(w, http.StatusBadRequest, map[string]string{"error": "charge, order and customer are required"})
+		return
+	}
+	f := s.roll(req.Customer, true)
+	switch {
+	case f.busy:
+		s.busy.Add(1)
+		answer(w, http.StatusServiceUnavailable, map[string]string{"error": "busy: nothing was refunded; try again"})
+		return
+	case f.failBefore:
+		s.failed.Add(1)
+		answer(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		return
+	}
+	var res Refund
+	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		var charge uuid.UUID
+		err := tx.QueryRow(r.Context(), `with i as (
+  insert into payments.refunds (key, charge_key) values ($1, $2) on conflict (key) do nothing returning charge_key
+)
+select charge_key from i union all select charge_key from payments.refunds where key = $1 and not exists (select 1 from i)`, key, req.Charge).Scan(&charge)
+		if err != nil {
+			return err
+		}
+		if charge != req.Charge {
+			return errKeyReused
+		}
+		// A charge is given back; a key never charged is voided, so a
+		// late charge under it is refused.
+		res.Charge = req.Charge
+		err = tx.QueryRow(r.Context(), `insert into payments.charges (key, order_id, customer, amount, state, refunded_at)
+values ($1, $2, $3, 0, 'voided', now())
+on conflict (key) do update set state = 'refunded', refunded_at = now() where payments.charges.state = 'charged'
+returning state`, req.Charge, req.Order, req.Customer).Scan(&res.State)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Refunded or voided already: say what it is.
+			s.replays.Add(1)
+			return tx.QueryRow(r.Context(), `select state from payments.charges where key = $1`, req.Charge).Scan(&res.State)
+		}
+		if err == nil {
+			s.refunds.Add(1)
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, errKeyReused):
+		answer(w, http.StatusUnprocessableEntity, map[string]string{"error": "Idempotency-Key already used for another refund"})
+		return
+	case err != nil:
+		s.log.Error("payments: refund", "error", err)
+		answer(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		return
+	}
+	s.respond(w, f, http.StatusOK, res)
+}
+
+var errKeyReused = errors.New("idempotency key reused")
+
+func (s *Service) getCharge(w http.ResponseWriter, r *http.Request) {
+	key, err := uuid.Parse(r.PathValue("key"))
+	if err != nil {
+		answer(w, http.StatusBadRequest, map[string]string{"error": "not a charge key"})
+		return
+	}
+	var c Charge
+	err = s.pool.QueryRow(r.Context(), `select key, order_id, amount, state from payments.charges where key = $1`, key).Scan(&c.Key, &c.Order, &c.Amount, &c.State)
+	if errors.Is(err, pgx.ErrNoRows) {
+		answer(w, http.StatusNotFound, map[string]string{"error": "no charge under this key"})
+		return
+	}
+	if err != nil {
+		answer(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		return
+	}
+	answer(w, http.StatusOK, c)
+}
+
+// respond answers a request whose effect committed, with the faults
+// drawn: the answer lost, or late.
+func (s *Service) respond(w http.ResponseWriter, f roll, status int, body any) {
+	if f.slow > 0 {
+		s.slow.Add(1)
+		time.Sleep(f.slow)
+	}
+	if f.lose {
+		s.lost.Add(1)
+		// The effect committed; the caller hears nothing but a closed
+		// connection.
+		panic(http.ErrAbortHandler)
+	}
+	answer(w, status, body)
+}
+
+// decode reads the Idempotency-Key and a JSON body, strictly.
+func decode[T any](w http.ResponseWriter, r *http.Request) (uuid.UUID, T, bool) {
+	var v T
+	key, err := uuid.Parse(r.Header.Get("Idempotency-Key"))
+	if err != nil {
+		answer(w, http.StatusBadRequest, map[string]string{"error": "the Idempotency-Key header must be a UUID"})
+		return key, v, false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		answer(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("bad body: %v", err)})
+		return key, v, false
+	}
+	return key, v, true
+}
+
+func answer(w http.ResponseWriter, status int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}

@@ -1,0 +1,271 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// errHandlerEndedTx is the error of a handler that ended its step's
+// transaction itself.
+var errHandlerEndedTx = errors.New("the handler ended the step's transaction itself (COMMIT, ROLLBACK or PREPARE TRANSACTION through sc.Tx), so its success cannot be recorded with its effect; do not end the step's transaction: return nil to commit it, an error to roll it back")
+
+// recordTimeout bounds the transaction that records a failure, which runs
+// after the attempt's own deadline may have passed.
+const recordTimeout = 10 * time.Second
+
+// database runs one attempt of a database step: BEGIN with the claim (and,
+// for a compensation, the forward key's fence and outcome) in the first
+// round trip; the handler's statements; the outcome, applied to the saga
+// or replied, with COMMIT in the last. A failure rolls the attempt back
+// and is recorded in a transaction of its own, in the same round trip as
+// the ROLLBACK.
+func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
+	cmd := a.cmd
+	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
+	defer cancel()
+	conn, err := a.r.cfg.Pool.Acquire(actx)
+	if err != nil {
+		return a.replyBase(), fmt.Errorf("acquire a connection: %w", err)
+	}
+	c := conn.Conn()
+	tx := Begin(c)
+	// A connection still inside a transaction when released (an error
+	// midway that a rollback could not clear) is closed by the pool.
+	held := conn
+	defer func() {
+		if held != nil {
+			tx.Rollback(ctx)
+			held.Release()
+		}
+	}()
+
+	if a.plan.ReadFirst {
+		// What the inbox holds is final for a database step: a row is
+		// there only once its attempt committed. Nothing there, and the
+		// claim decides, as for any delivery.
+		st, found, err := readStoredOn(actx, c, cmd.SagaID, cmd.Key)
+		if err != nil {
+			return a.replyBase(), err
+		}
+		if found {
+			if err := a.checkKind(st); err != nil {
+				return a.replyBase(), err
+			}
+			a.read = true
+			return a.answerStored(actx, c, st, false)
+		}
+	}
+
+	var claimed int
+	tx.Queue(claimTx, func(row pgx.Row) error {
+		var idle string
+		if err := row.Scan(&claimed, &idle); err != nil {
+			return fmt.Errorf("claim step key: %w", err)
+		}
+		return nil
+	}, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), cmd.Step, string(cmd.Phase), cmd.Attempt, lockID(cmd.Key), idleTimeoutFor(a.policy))
+	var fwd *stored
+	var fwdFound bool
+	if cmd.Phase == saga.PhaseCompensate {
+		fwd = &stored{}
+		fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
+		tx.Exec(fenceForward, nil, pguuid.Of(cmd.SagaID), fwdKey, cmd.Step)
+		tx.Queue(readStored, fwd.scan(&fwdFound), pguuid.Of(cmd.SagaID), fwdKey)
+	}
+	if err := tx.Flush(actx); err != nil {
+		return a.replyBase(), err
+	}
+	if claimed == 0 {
+		// The key is held (or the saga is gone): nothing of this attempt
+		// was written. The ROLLBACK and a read of what the inbox holds go
+		// in one round trip; what it holds answers the delivery.
+		a.conflict = true
+		var st stored
+		var found bool
+		end := Implicit(c)
+		end.Exec("rollback", nil)
+		end.Queue(readStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
+		if err := end.Commit(actx); err != nil {
+			return a.replyBase(), fmt.Errorf("read what the inbox holds for a key already claimed: %w", err)
+		}
+		if !found {
+			return a.sagaGone()
+		}
+		if err := a.checkKind(st); err != nil {
+			return a.replyBase(), err
+		}
+		return a.answerStored(actx, c, st, false)
+	}
+	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
+		return a.replyBase(), err
+	}
+
+	htx := &handlerTx{conn: c}
+	result, herr := a.runHandler(actx, htx, fwd)
+	htx.close()
+	if herr == nil && c.PgConn().TxStatus() == 'I' {
+		// The handler ended the transaction: its writes may have committed
+		// on their own, without the outcome. It fails for good; after a
+		// COMMIT, the failure's record finds the claim's row and the
+		// success it stands for answers instead.
+		herr = saga.Permanent(fmt.Errorf("step %q of %q: %w", cmd.Step, cmd.Definition, errHandlerEndedTx))
+	}
+	if herr == nil {
+		return a.commitSuccess(actx, tx, result)
+	}
+	// The handler failed: nothing it or the claim wrote survives.
+	held = nil
+	return a.recordFailure(ctx, conn, herr)
+}
+
+// runHandler runs the handler, or, for a compensation whose forward step
+// took no effect, nothing.
+func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]byte, error) {
+	if fwd != nil && !fwd.undo() {
+		return nil, nil // the forward step took no effect and now never will
+	}
+	if a.handler == nil {
+		return nil, saga.Permanent(fmt.Errorf("step %q may have taken effect and has no compensation; undo its effect by hand", a.cmd.Step))
+	}
+	return invoke(ctx, a.handler, a.context(tx, fwd))
+}
+
+// commitSuccess records a success with COMMIT: applied to the saga in the
+// step when the plan allows and the saga is where the command says (the
+// result then in the step's row), otherwise with a reply (the result in
+// the inbox row).
+func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wire.Reply, error) {
+	reply := a.replyBase()
+	reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
+	w := write{lead: leadNone, fence: fenceGuess, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt,
+		result: result, handOff: a.handOff()}
+	m := a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
+	w.move = m
+	var err error
+	if w.reply, err = a.replyMessage(reply); err != nil {
+		return reply, err
+	}
+	var out written
+	w.queue(tx, &out)
+	if err := tx.Commit(ctx); err != nil {
+		return reply, fmt.Errorf("record the success: %w", err)
+	}
+	a.sent, a.stored = tx.Published(), true
+	a.afterMove(m, &out)
+	return reply, nil
+}
+
+// recordFailure records a failed handler's outcome once its transaction
+// rolled back, under a fresh context (the attempt's may have expired, and
+// the outcome must still be recorded). A failure for good, or a last
+// attempt's, goes into the inbox under the key and onto the saga when the
+// plan allows; a retry is a reply alone. conn is released here.
+func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr error) (wire.Reply, error) {
+	reply := a.replyBase()
+	reply.Error = herr.Error()
+	if d, ok := saga.RetryDelay(herr); ok {
+		reply.RetryAfterMillis = d.Milliseconds()
+	}
+	o := Outcome{Status: wire.OutcomeRetry, Error: reply.Error}
+	if saga.IsPermanent(herr) {
+		o.Status = wire.OutcomeFailed
+	}
+	w := write{saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
+	m := a.move(o)
+	switch {
+	case m != nil:
+		// Failed for good (attempts exhausted, maybe): the move says why.
+		w.lead, w.move = leadFailure, m
+		reply.Outcome, reply.Error = wire.OutcomeFailed, m.StepError
+	case o.Status == wire.OutcomeFailed:
+		w.lead = leadFailure
+		reply.Outcome = wire.OutcomeFailed
+	default:
+		reply.Outcome = wire.OutcomeRetry
+	}
+	w.errText = reply.Error
+	var err error
+	if w.reply, err = a.replyMessage(reply); err != nil {
+		conn.Release()
+		return reply, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	var out written
+	send := func(c *pgx.Conn) error {
+		tx := Implicit(c)
+		if c.PgConn().TxStatus() != 'I' {
+			tx.Exec("rollback", nil)
+		}
+		out = written{}
+		w.queue(tx, &out)
+		if err := tx.Commit(rctx); err != nil {
+			return err
+		}
+		a.sent = tx.Published()
+		return nil
+	}
+	err = send(conn.Conn())
+	if err != nil && (conn.Conn().IsClosed() || conn.Conn().PgConn().TxStatus() != 'I') {
+		// The connection broke (a statement cut by the attempt's timeout,
+		// a restarted server): give it back first (the pool closes it), so
+		// that a pool whose connections all broke at once does not wait on
+		// itself, and record the failure on another one.
+		conn.Release()
+		conn = nil
+		err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error { return send(c.Conn()) })
+	}
+	if conn != nil {
+		defer conn.Release()
+	}
+	if err != nil {
+		return reply, fmt.Errorf("record the failure (%s): %w", reply.Error, err)
+	}
+	if w.lead == leadFailure && !out.led {
+		// An outcome was stored under the key meanwhile (or the handler
+		// committed the claim itself): that one stands.
+		if conn != nil {
+			return a.answerConflict(rctx, conn.Conn(), w)
+		}
+		var reply wire.Reply
+		err := a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
+			var err error
+			reply, err = a.answerConflict(rctx, c.Conn(), w)
+			return err
+		})
+		return reply, err
+	}
+	a.stored = w.lead == leadFailure
+	a.afterMove(m, &out)
+	return reply, nil
+}
+
+// answerConflict answers, on c, an attempt whose record met an outcome
+// stored under its key, or found its saga gone.
+func (a *attempt) answerConflict(ctx context.Context, c *pgx.Conn, w write) (wire.Reply, error) {
+	st, found, err := readStoredOn(ctx, c, w.saga, w.key)
+	switch {
+	case err != nil:
+		return a.replyBase(), err
+	case !found:
+		return a.sagaGone()
+	}
+	a.conflict = true
+	return a.answerStored(ctx, c, st, true)
+}
+
+// idleTimeoutFor is the longest a step transaction may sit idle: the
+// attempt's timeout plus a margin. PostgreSQL ends the session past it.
+func idleTimeoutFor(p saga.RetryPolicy) string {
+	return fmt.Sprintf("%dms", (p.Timeout + 5*time.Second).Milliseconds())
+}

@@ -1,0 +1,160 @@
+package attempt
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// external runs one attempt of an external step in three parts: its
+// claim, a transaction of its own committed before the call (and, for a
+// compensation, the forward key's fence and outcome); the call, holding
+// no transaction and no connection; its outcome, a second short
+// transaction fenced by the attempt, applied to the saga or replied. An
+// attempt whose claim finds the same attempt claimed already does not call
+// again: one call per attempt, at most.
+func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
+	cmd := a.cmd
+	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
+	defer cancel()
+
+	var claimed int64
+	var st, fwd stored
+	var found, fwdFound, byRead bool
+	err := a.r.cfg.Pool.AcquireFunc(actx, func(conn *pgxpool.Conn) error {
+		c := conn.Conn()
+		if a.plan.ReadFirst {
+			var err error
+			if st, found, err = readStoredOn(actx, c, cmd.SagaID, cmd.Key); err != nil || found && st.final() {
+				byRead = err == nil
+				return err
+			}
+		}
+		tx := Implicit(c)
+		sagaID, key := pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)
+		tx.Exec(claimCall, func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil },
+			sagaID, key, cmd.Step, string(cmd.Phase), cmd.Attempt, lockID(cmd.Key))
+		tx.Queue(readStored, st.scan(&found), sagaID, key)
+		if cmd.Phase == saga.PhaseCompensate {
+			fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
+			tx.Exec(fenceForward, nil, sagaID, fwdKey, cmd.Step)
+			tx.Queue(readStored, fwd.scan(&fwdFound), sagaID, fwdKey)
+		}
+		if err := tx.Commit(actx); err != nil {
+			return fmt.Errorf("claim the call: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return a.replyBase(), err
+	}
+	switch {
+	case found && st.final():
+		a.read, a.conflict = byRead, !byRead
+		var reply wire.Reply
+		err := a.r.cfg.Pool.AcquireFunc(actx, func(c *pgxpool.Conn) error {
+			var err error
+			reply, err = a.answerStored(actx, c.Conn(), st, false)
+			return err
+		})
+		return reply, err
+	case claimed == 0 && !found:
+		return a.sagaGone()
+	case claimed == 0:
+		// This attempt is calling in another delivery, or a later attempt
+		// took over: this one does not call.
+		a.dropped, a.conflict = true, true
+		reply := a.replyBase()
+		reply.Outcome, reply.Duplicate = wire.OutcomeRetry, true
+		reply.Error = fmt.Sprintf("attempt %d is %s at attempt %d in another delivery", cmd.Attempt, st.outcome, st.attempt)
+		return reply, nil
+	}
+	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
+		return a.replyBase(), err
+	}
+
+	var fwdp *stored
+	if cmd.Phase == saga.PhaseCompensate {
+		fwdp = &fwd
+	}
+	result, herr := a.runHandler(actx, nil, fwdp)
+	if err := failpoint.Inject(failpoint.StepAfterCall); err != nil {
+		return a.replyBase(), err // as a crash after the call: the outcome stays unknown
+	}
+	return a.recordCall(ctx, result, herr)
+}
+
+// recordCall records an external attempt's outcome in a short transaction
+// of its own, fenced by the attempt: a success, in the step when the plan
+// allows; a failure for good or NotApplied, as known; any other error as
+// unknown. An attempt given up or taken over meanwhile records nothing.
+func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wire.Reply, error) {
+	reply := a.replyBase()
+	w := write{lead: leadExternal, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
+	var m *Move
+	switch {
+	case herr == nil:
+		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
+		w.inboxOutcome, w.result = "succeeded", result
+		m = a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
+		w.move = m
+	case saga.IsPermanent(herr):
+		reply.Outcome, reply.Error = wire.OutcomeFailed, herr.Error()
+		w.inboxOutcome, w.errText = "failed", reply.Error
+	case saga.IsNotApplied(herr):
+		reply.Outcome, reply.Error = wire.OutcomeRetry, herr.Error()
+		w.inboxOutcome, w.errText = "retry", reply.Error
+	default:
+		reply.Outcome, reply.Error = wire.OutcomeUnknown, herr.Error()
+		w.inboxOutcome, w.errText, w.unknown = "retry", reply.Error, true
+		a.unknown = true
+	}
+	if d, ok := saga.RetryDelay(herr); ok {
+		reply.RetryAfterMillis = d.Milliseconds()
+	}
+	var err error
+	if w.reply, err = a.replyMessage(reply); err != nil {
+		return reply, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	var out written
+	err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
+		tx := Implicit(c.Conn())
+		w.queue(tx, &out)
+		if err := tx.Commit(rctx); err != nil {
+			return err
+		}
+		a.sent = tx.Published()
+		return nil
+	})
+	if err != nil {
+		return reply, fmt.Errorf("record the outcome of the call (%s): %w", describe(reply), err)
+	}
+	if !out.led {
+		// Given up (a tombstone) or taken over by a later attempt: the
+		// engine already treats this attempt's outcome as unknown.
+		a.dropped = true
+		a.r.cfg.Logger.Info("step worker: the call's outcome came after its attempt was given up or taken over; not recorded",
+			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "outcome", reply.Outcome)
+		reply.Duplicate = true
+		return reply, nil
+	}
+	a.stored = reply.Outcome == wire.OutcomeSucceeded || reply.Outcome == wire.OutcomeFailed
+	a.afterMove(m, &out)
+	return reply, nil
+}
+
+func describe(r wire.Reply) string {
+	if r.Error != "" {
+		return string(r.Outcome) + ": " + r.Error
+	}
+	return string(r.Outcome)
+}

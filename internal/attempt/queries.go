@@ -1,0 +1,63 @@
+package attempt
+
+import "fmt"
+
+// The inbox's statements. None raises on a normal outcome: a key already
+// held is told by what a statement returns, not by an error, so the
+// server's log stays clean of duplicates.
+var (
+	// claimTx is a database step's claim, sent after BEGIN: the inbox row
+	// goes in first, before any business write, so a concurrent duplicate
+	// waits on the key and then finds the committed outcome; if the
+	// attempt rolls back, so does the row. A key held already (or a saga
+	// gone) inserts nothing and returns 0; the caller then reads what the
+	// inbox holds (readStored). The claim takes its key's advisory lock
+	// shared for the whole attempt (see lockClass), and bounds how long
+	// the transaction may sit idle ($7): a stalled process must not hold
+	// the key forever.
+	claimTx = fmt.Sprintf(`with c as (
+  insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome)
+  select s.id, $2, $3, $4::text, $5::int, 'succeeded'
+  from idemsaga.sagas s, (select pg_advisory_xact_lock_shared(%d, $6)) l
+  where s.id = $1
+  on conflict (saga_id, step_key) do nothing
+  returning 1
+)
+select (select count(*) from c)::int, set_config('idle_in_transaction_session_timeout', $7, true)`, lockClass)
+
+	// claimCall is an external attempt's claim, in a transaction of its
+	// own committed before the call: the key's row becomes started at this
+	// attempt, from nothing or from an earlier attempt that ended (retry)
+	// or whose process never recorded an outcome (started, at a lower
+	// attempt: that one's outcome is now unknown). A row at this attempt
+	// or a later one, or a final outcome, is left as it is: a duplicate of
+	// a call in flight does not call again.
+	claimCall = fmt.Sprintf(`insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
+select s.id, $2, $3, $4::text, $5::int, 'started'
+from idemsaga.sagas s, (select pg_advisory_xact_lock_shared(%d, $6)) l
+where s.id = $1
+on conflict (saga_id, step_key) do update
+  set attempt = excluded.attempt, outcome = 'started', error = null,
+      unknown = x.unknown or x.outcome = 'started'
+  where x.outcome in ('started', 'retry') and x.attempt < excluded.attempt`, lockClass)
+
+	// fenceForward comes first in a compensation: the forward key's row
+	// becomes a tombstone unless its outcome is final, so no late delivery
+	// of the forward command can take effect after this. A forward call
+	// still marked started is possibly done (unknown).
+	fenceForward = `insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
+select s.id, $2, $3, 'forward', 0, 'tombstone' from idemsaga.sagas s where s.id = $1
+on conflict (saga_id, step_key) do update
+  set outcome = 'tombstone', unknown = x.unknown or x.outcome = 'started'
+  where x.outcome in ('started', 'retry')`
+
+	// readStored reads what the inbox holds for a key: a duplicate's
+	// answer, a forward step's outcome for its compensation. A success
+	// applied to its saga in its own transaction keeps its result in the
+	// step's row alone.
+	readStored = `select i.outcome::text, coalesce(i.result, st.result), coalesce(i.error, ''), i.attempt, i.unknown
+from idemsaga.inbox i
+left join idemsaga.steps st on i.outcome = 'succeeded' and i.result is null
+  and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'
+where i.saga_id = $1 and i.step_key = $2`
+)

@@ -1,0 +1,349 @@
+package attempt
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Outcome is how one attempt ended, as a Mover is asked to apply it.
+type Outcome struct {
+	// Status is succeeded, failed (for good), retry (known not to have
+	// taken effect) or unknown (an external attempt that may have).
+	Status wire.Outcome
+	Result json.RawMessage
+	Error  string
+}
+
+// Mover applies an attempt's outcome to its saga in the attempt's own
+// transaction: the engine, when it runs the step workers on its own
+// database.
+type Mover interface {
+	// Move returns the move that applies o, the outcome of cmd's attempt
+	// of a step of the given kind, to cmd's saga as it was when cmd was
+	// written (cmd.State, cmd.Version). ok is false when o is not applied
+	// in the step (a retry with attempts left, an external step's outcome
+	// other than a success, a command that carries no version): a reply
+	// then carries it to the orchestrator. If the saga moved since cmd was
+	// written, the move misses and the reply is written instead.
+	Move(cmd wire.Command, kind saga.StepKind, o Outcome) (m Move, ok bool)
+	// Moved is called once a move applied in a step has committed, with
+	// when its saga started.
+	Moved(m *Move, created time.Time)
+}
+
+// Config configures a Runner.
+type Config struct {
+	// Pool is the engine's database: the inbox, the outbox, the sagas and
+	// the business tables of database steps. Required.
+	Pool *pgxpool.Pool
+	// Definitions the runner can run. Required.
+	Definitions []*saga.Definition
+	// Subjects names reply subjects. Required.
+	Subjects wire.Subjects
+	Logger   *slog.Logger
+	Metrics  *metrics.Metrics
+	// Publish, if set, publishes the outbox rows an attempt committed,
+	// right after its commit; the relay takes a row over after HandOff.
+	// Without it, rows are the relay's at once, and Committed, if set,
+	// wakes the relay.
+	Publish   func(rows ...outbox.Committed)
+	HandOff   time.Duration
+	Committed func()
+	// Recent is how many answered attempts are remembered in memory
+	// (0: none).
+	Recent int
+	// Mover, if set, applies outcomes in the attempt's own transaction;
+	// without it every outcome is answered with a reply.
+	Mover Mover
+}
+
+// Runner runs attempts of step commands: the step side of the engine.
+type Runner struct {
+	cfg    Config
+	defs   map[string]*saga.Definition
+	recent *recent
+}
+
+// New returns a runner.
+func New(cfg Config) (*Runner, error) {
+	if cfg.Pool == nil || cfg.Subjects.Prefix == "" || len(cfg.Definitions) == 0 || cfg.Logger == nil || cfg.Metrics == nil {
+		return nil, errors.New("attempt: Config.Pool, Subjects, Definitions, Logger and Metrics are required")
+	}
+	r := &Runner{cfg: cfg, defs: make(map[string]*saga.Definition, len(cfg.Definitions))}
+	for _, d := range cfg.Definitions {
+		if _, dup := r.defs[d.Name()]; dup {
+			return nil, fmt.Errorf("definition %q is given twice", d.Name())
+		}
+		r.defs[d.Name()] = d
+	}
+	if cfg.Recent > 0 {
+		var err error
+		if r.recent, err = newRecent(cfg.Recent); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Plan is how one attempt runs, chosen once from the step and how its
+// command arrived. Each field names a round trip, or what goes into one.
+type Plan struct {
+	// Kind is the step's: a database step runs its handler in the
+	// transaction of its claim; an external step claims and records in
+	// transactions of their own, and calls without one.
+	Kind saga.StepKind
+	// ReadFirst reads the inbox before claiming: the command was
+	// delivered before, most often after a commit whose ack was lost, and
+	// a plain read answers such a duplicate.
+	ReadFirst bool
+	// InStep applies the outcome to the saga in the attempt's own
+	// transaction (Config.Mover); otherwise a reply carries it.
+	InStep bool
+}
+
+// attempt is one attempt in progress.
+type attempt struct {
+	r       *Runner
+	cmd     wire.Command
+	def     *saga.Definition
+	step    saga.Step
+	handler saga.HandlerFunc
+	policy  saga.RetryPolicy
+	plan    Plan
+
+	// What the attempt leaves to do after its commit.
+	sent  []outbox.Committed
+	after func()
+	// stored is set when the inbox holds this attempt's final outcome.
+	stored bool
+	// read is set when a read of the inbox answered a redelivery.
+	read bool
+	// conflict is set when the claim met the key's row.
+	conflict bool
+	// dropped is set when the attempt wrote nothing and answers nothing:
+	// a duplicate of a call in flight, a saga gone, an attempt given up.
+	dropped bool
+	// unknown is set when an external attempt's outcome is unknown.
+	unknown bool
+}
+
+// Handle runs one command to a committed outcome and returns its reply:
+// the one written, or, for a command answered from the inbox, the stored
+// outcome (Duplicate set). redelivered says the transport delivered the
+// command before (JetStream's NumDelivered above 1). An error means
+// nothing was committed and the command should be delivered again.
+func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
+	def, ok := r.defs[cmd.Definition]
+	if !ok {
+		return wire.Reply{}, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
+	}
+	idx := def.StepIndex(cmd.Step)
+	if idx < 0 {
+		return wire.Reply{}, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
+	}
+	step := def.Step(idx)
+	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry,
+		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}}
+	if cmd.Phase == saga.PhaseCompensate {
+		a.handler, a.policy = step.Compensate, step.CompensateRetry
+	}
+
+	// The wait is bounded as the attempt is: a run that hangs must not
+	// gather its copies here, each holding a slot of the worker.
+	waitCtx, cancelWait := context.WithTimeout(ctx, a.policy.Timeout)
+	ans, ok, release, err := r.await(waitCtx, cmd)
+	cancelWait()
+	if err != nil {
+		return wire.Reply{}, fmt.Errorf("another delivery of this attempt is still running in this worker: %w", err)
+	}
+	m := r.cfg.Metrics
+	if ok {
+		// Another delivery of an attempt this worker answered: the inbox
+		// holds its outcome, and its reply or move committed with it.
+		m.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
+		m.Duplicates.WithLabelValues(metrics.LayerRecent).Inc()
+		m.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), "duplicate").Inc()
+		reply := a.replyBase()
+		reply.Outcome, reply.Result, reply.Error, reply.Duplicate = ans.outcome, bytes.Clone(ans.result), ans.errText, true
+		return reply, nil
+	}
+	defer release()
+	start := time.Now()
+	var reply wire.Reply
+	if step.Kind == saga.ExternalStep {
+		reply, err = a.external(ctx)
+	} else {
+		reply, err = a.database(ctx)
+	}
+	if err != nil {
+		return reply, err
+	}
+	if a.after != nil {
+		a.after()
+	}
+	r.remember(cmd, reply, a.stored)
+	if r.cfg.Publish != nil {
+		r.cfg.Publish(a.sent...)
+	} else if r.cfg.Committed != nil && len(a.sent) > 0 {
+		r.cfg.Committed()
+	}
+	m.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
+	outcome := string(reply.Outcome)
+	switch {
+	case reply.Duplicate || a.dropped:
+		if a.conflict {
+			m.UniqueConflicts.WithLabelValues("inbox").Inc()
+		}
+		outcome = "duplicate"
+		m.Duplicates.WithLabelValues(metrics.LayerInbox).Inc()
+	case a.unknown:
+		outcome = "unknown"
+	}
+	m.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), outcome).Inc()
+	m.StepHandler.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase)).Observe(time.Since(start).Seconds())
+	return reply, nil
+}
+
+// HandleMsg runs one command message and acks it after its commit.
+func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
+	cmd, err := wire.DecodeCommand(msg.Data())
+	if err != nil {
+		r.cfg.Logger.Error("step worker: dropping undecodable command", "subject", msg.Subject(), "error", err)
+		_ = msg.Term()
+		return
+	}
+	md, mdErr := msg.Metadata()
+	redelivered := mdErr == nil && md.NumDelivered > 1
+	if _, err := r.Handle(ctx, cmd, redelivered); err != nil {
+		r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
+			"phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
+		return // as if the ack was lost: JetStream redelivers after AckWait
+	}
+	if mdErr == nil && md.NumDelivered == 1 && failpoint.Inject(failpoint.StepRedeliver) != nil {
+		// As if the ack was lost, without waiting for AckWait.
+		_ = msg.Nak()
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		// The commit stands; a redelivery is absorbed by the inbox.
+		r.cfg.Logger.Debug("step worker: ack failed after commit", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
+	}
+}
+
+func (a *attempt) replyBase() wire.Reply {
+	c := a.cmd
+	return wire.Reply{SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt}
+}
+
+// replyMessage is the outbox row of a reply.
+func (a *attempt) replyMessage(reply wire.Reply) (*outbox.Message, error) {
+	payload, err := json.Marshal(reply)
+	if err != nil {
+		return nil, fmt.Errorf("encode reply: %w", err)
+	}
+	return &outbox.Message{
+		SagaID:  reply.SagaID,
+		Subject: a.r.cfg.Subjects.Reply(reply.Definition),
+		// The outcome is part of the id: two deliveries of one attempt can
+		// report different outcomes (a retry, then a success), and the
+		// broker must not drop the second as a duplicate.
+		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt) + "-" + string(reply.Outcome),
+		Payload: payload,
+	}, nil
+}
+
+// handOff is the publish_after of the rows an attempt writes, in
+// milliseconds: nil, the relay's at once, without a Publish.
+func (a *attempt) handOff() any {
+	if a.r.cfg.Publish == nil {
+		return nil
+	}
+	return a.r.cfg.HandOff.Milliseconds()
+}
+
+// move asks the Mover for the in-step move of o, if the plan has one.
+func (a *attempt) move(o Outcome) *Move {
+	if !a.plan.InStep {
+		return nil
+	}
+	m, ok := a.r.cfg.Mover.Move(a.cmd, a.step.Kind, o)
+	if !ok {
+		return nil
+	}
+	return &m
+}
+
+// afterMove makes a move applied by out's statement reported after the
+// commit.
+func (a *attempt) afterMove(m *Move, out *written) {
+	if m != nil && out.moved {
+		created := out.created
+		a.after = func() { a.r.cfg.Mover.Moved(m, created) }
+	}
+}
+
+// context builds the handler's StepContext. The input and results are
+// copies: the command's own may become the next command's, whatever the
+// handler does to them.
+func (a *attempt) context(tx saga.Tx, fwd *stored) *saga.StepContext {
+	c := a.cmd
+	sc := &saga.StepContext{
+		SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt,
+		Input: bytes.Clone(c.Input), Results: cloneResults(c.Results), Tx: tx,
+	}
+	if c.Phase == saga.PhaseCompensate && fwd != nil {
+		sc.ForwardKey = saga.StepKey(c.SagaID, c.Step, saga.PhaseForward)
+		if sc.Results == nil {
+			sc.Results = map[string]json.RawMessage{}
+		}
+		if fwd.outcome == "succeeded" {
+			if fwd.result != nil || sc.Results[c.Step] == nil {
+				sc.Results[c.Step] = fwd.result
+			}
+		} else {
+			sc.ForwardUnknown = true
+			delete(sc.Results, c.Step)
+		}
+	}
+	return sc
+}
+
+// invoke runs the handler, turning a panic into a retryable error.
+func invoke(ctx context.Context, handler saga.HandlerFunc, sc *saga.StepContext) (result json.RawMessage, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			result, err = nil, fmt.Errorf("step handler panicked: %v", p)
+		}
+	}()
+	return handler(ctx, sc)
+}
+
+// cloneResults copies results, values included.
+func cloneResults(results map[string]json.RawMessage) map[string]json.RawMessage {
+	if results == nil {
+		return nil
+	}
+	out := make(map[string]json.RawMessage, len(results))
+	for k, v := range results {
+		out[k] = bytes.Clone(v)
+	}
+	return out
+}

@@ -1,0 +1,139 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// stored is what the inbox holds for a step key.
+type stored struct {
+	outcome string
+	result  []byte
+	errText string
+	attempt int
+	unknown bool
+}
+
+// final reports an outcome no attempt changes any more.
+func (st stored) final() bool {
+	return st.outcome == "succeeded" || st.outcome == "failed" || st.outcome == "tombstone"
+}
+
+// undo reports whether a compensation must run for a forward step whose
+// key holds st (after fenceForward): it succeeded, or some attempt of it
+// had an unknown outcome.
+func (st stored) undo() bool { return st.outcome == "succeeded" || st.unknown }
+
+// scan reads a row of readStored into st; found is false for no row.
+func (st *stored) scan(found *bool) func(pgx.Row) error {
+	return func(row pgx.Row) error {
+		err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt, &st.unknown)
+		if errors.Is(err, pgx.ErrNoRows) {
+			*found = false
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read the inbox: %w", err)
+		}
+		*found = true
+		if string(st.result) == "null" {
+			st.result = nil
+		}
+		return nil
+	}
+}
+
+// readStoredOn reads what the inbox holds for a key.
+func readStoredOn(ctx context.Context, conn interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, sagaID, key uuid.UUID) (stored, bool, error) {
+	var st stored
+	var found bool
+	err := st.scan(&found)(conn.QueryRow(ctx, readStored, pguuid.Of(sagaID), pguuid.Of(key)))
+	return st, found, err
+}
+
+// reply fills r with the stored outcome, as a duplicate.
+func (st stored) reply(r wire.Reply) (wire.Reply, error) {
+	r.Duplicate = true
+	switch st.outcome {
+	case "succeeded":
+		r.Outcome, r.Result = wire.OutcomeSucceeded, st.result
+	case "failed":
+		r.Outcome, r.Error = wire.OutcomeFailed, st.errText
+	case "tombstone":
+		// The engine gave this step up, or a compensation fenced it;
+		// there is nobody to answer.
+		r.Outcome, r.Error = wire.OutcomeFailed, "the step was given up before this delivery"
+	default:
+		return r, fmt.Errorf("the inbox holds an outcome of its own, %q, for key %s; deploy step workers of this build", st.outcome, r.Key)
+	}
+	return r, nil
+}
+
+// answerStored answers a delivery whose key the inbox holds with a final
+// outcome, on conn (outside any transaction). The same attempt delivered
+// again wrote its reply or move with that outcome: nothing is written
+// (unless force: this attempt found the outcome while recording its own,
+// and nothing of it was written). Another attempt's outcome is answered
+// for this one: a success is applied as this attempt's, in the step if
+// the plan allows; anything else with a reply.
+func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, force bool) (wire.Reply, error) {
+	reply, err := st.reply(a.replyBase())
+	if err != nil {
+		return reply, err
+	}
+	if !force && st.attempt == a.cmd.Attempt && st.outcome != "tombstone" {
+		a.stored = true
+		return reply, nil
+	}
+	tx := Implicit(conn)
+	w := write{lead: leadNone, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
+	var m *Move
+	if st.outcome == "succeeded" {
+		w.result = st.result
+		m = a.move(Outcome{Status: wire.OutcomeSucceeded, Result: st.result})
+		w.move = m
+	}
+	if w.reply, err = a.replyMessage(reply); err != nil {
+		return reply, err
+	}
+	var out written
+	w.queue(tx, &out)
+	if err := tx.Commit(ctx); err != nil {
+		return reply, fmt.Errorf("answer a duplicate delivery: %w", err)
+	}
+	a.sent = tx.Published()
+	a.afterMove(m, &out)
+	a.stored = st.outcome != "tombstone"
+	return reply, nil
+}
+
+// sagaGone answers a command whose saga no longer exists (deleted past
+// its retention window, or by hand): nothing can be recorded for it.
+func (a *attempt) sagaGone() (wire.Reply, error) {
+	a.dropped = true
+	a.r.cfg.Logger.Warn("step worker: command for a saga that no longer exists; dropped",
+		"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt)
+	reply := a.replyBase()
+	reply.Outcome, reply.Error, reply.Duplicate = wire.OutcomeFailed, "the saga no longer exists", true
+	return reply, nil
+}
+
+// checkKind refuses a stored outcome that only the other kind of step
+// writes (a step whose kind changed between builds, with attempts of both
+// in flight).
+func (a *attempt) checkKind(st stored) error {
+	if a.step.Kind == saga.DatabaseStep && (st.outcome == "started" || st.outcome == "retry") {
+		return fmt.Errorf("step %q is a database step, but its key's inbox row says %q, as an external step's does; deploy one definition to every worker", a.cmd.Step, st.outcome)
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemsaga/idemsaga/outbox"
+)
+
+// Tx is a transaction whose statements are pipelined: each is queued with
+// a callback for its result, and the queue reaches PostgreSQL in one round
+// trip at the next Flush or Commit. BEGIN travels with the first batch and
+// COMMIT with the last, so a transaction that reads once and then writes
+// costs two round trips.
+//
+// An implicit Tx (Implicit) sends its whole queue at Commit as one batch
+// without BEGIN or COMMIT: PostgreSQL runs a pipeline up to its Sync as one
+// transaction, committed at the Sync, so a transaction of one batch costs
+// one round trip and nothing to end.
+//
+// It is the engine's only pipelined transaction: the orchestrator, the
+// reaper, the operator's repairs and every step attempt write through it.
+// Writes that must touch a row are fenced in SQL (by a saga's version, a
+// step's attempt) and report what they touched; none raises on a normal
+// outcome.
+type Tx struct {
+	conn     *pgx.Conn
+	implicit bool
+	// begun is set once BEGIN is queued (it goes with the first batch).
+	begun bool
+	// done is set once the transaction committed or rolled back.
+	done  bool
+	batch *pgx.Batch
+	sent  []outbox.Committed
+}
+
+// Begin returns a transaction on conn that begins with its first batch.
+// Call Rollback (a no-op after Commit) before releasing conn.
+func Begin(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
+
+// Implicit returns a transaction of one batch, sent at Commit as
+// PostgreSQL's implicit transaction. It must not Flush.
+func Implicit(conn *pgx.Conn) *Tx { return &Tx{conn: conn, implicit: true} }
+
+// Conn returns the connection, for reads that the queue must not wait for.
+func (t *Tx) Conn() *pgx.Conn { return t.conn }
+
+// Queue adds a statement that returns one row; scan receives it when the
+// queue is sent. scan must wrap any error it returns with what failed.
+func (t *Tx) Queue(sql string, scan func(pgx.Row) error, args ...any) {
+	t.next().Queue(sql, args...).QueryRow(scan)
+}
+
+// Exec adds a statement whose command tag done receives (nil: ignored).
+func (t *Tx) Exec(sql string, done func(pgconn.CommandTag) error, args ...any) {
+	q := t.next().Queue(sql, args...)
+	if done != nil {
+		q.Exec(done)
+	}
+}
+
+// Query adds a statement whose rows read receives.
+func (t *Tx) Query(sql string, read func(pgx.Rows) error, args ...any) {
+	t.next().Queue(sql, args...).Query(read)
+}
+
+// Sent records an outbox row the transaction wrote, for its publish after
+// the commit.
+func (t *Tx) Sent(c outbox.Committed) { t.sent = append(t.sent, c) }
+
+// Published returns the outbox rows the transaction wrote.
+func (t *Tx) Published() []outbox.Committed { return t.sent }
+
+func (t *Tx) next() *pgx.Batch {
+	if t.batch == nil {
+		t.batch = &pgx.Batch{}
+		if !t.begun && !t.implicit {
+			t.batch.Queue("begin")
+		}
+		t.begun = true
+	}
+	return t.batch
+}
+
+// Flush sends the queued statements and runs their callbacks. On an error
+// the transaction is to be rolled back.
+func (t *Tx) Flush(ctx context.Context) error {
+	if t.implicit {
+		return errors.New("attempt: an implicit transaction is sent whole, at Commit")
+	}
+	return t.send(ctx)
+}
+
+func (t *Tx) send(ctx context.Context) error {
+	if t.batch == nil {
+		return nil
+	}
+	b := t.batch
+	t.batch = nil
+	return Interpret(t.conn.SendBatch(ctx, b).Close())
+}
+
+// Commit sends the queued statements with COMMIT (an implicit transaction
+// without it) and checks that the transaction ended committed.
+func (t *Tx) Commit(ctx context.Context) error {
+	if t.done {
+		return errors.New("attempt: the transaction already ended")
+	}
+	if !t.begun {
+		t.done = true
+		return nil // nothing was queued
+	}
+	if !t.implicit {
+		t.next().Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+			if tag.String() == "ROLLBACK" {
+				return errors.New("the transaction had failed; COMMIT rolled it back")
+			}
+			return nil
+		})
+	}
+	err := t.send(ctx)
+	if err == nil && t.conn.PgConn().TxStatus() != 'I' {
+		err = errors.New("the transaction is still open after its last batch")
+	}
+	if err != nil {
+		return fmt.Errorf("write and commit: %w", err)
+	}
+	t.done = true
+	return nil
+}
+
+// Rollback ends a transaction that did not commit, if one is open. A
+// connection it cannot clean is closed by the pool on release.
+func (t *Tx) Rollback(ctx context.Context) {
+	t.done = true
+	t.batch = nil
+	if t.conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")
+}

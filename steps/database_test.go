@@ -1,0 +1,398 @@
+package steps_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/steps"
+)
+
+// writes is a database step whose handler makes n writes.
+func writes(name string, n int, result json.RawMessage, err error) *saga.Definition {
+	return saga.MustNew(name, saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			for range n {
+				if err := writeEffect(ctx, sc); err != nil {
+					return nil, err
+				}
+			}
+			return result, err
+		},
+	})
+}
+
+// TestDatabaseStepRoundTrips counts what a database step sends once its
+// connection is warm: BEGIN with the claim, each of the handler's
+// statements, then the outcome with COMMIT. A duplicate costs the claim
+// and one round trip that rolls it back and reads the stored outcome; a
+// redelivery's duplicate, the read alone. None of it fails in PostgreSQL,
+// so the statements stay prepared.
+func TestDatabaseStepRoundTrips(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		statements int
+		err        error
+		outcome    wire.Outcome
+	}{
+		{"one statement", 1, nil, wire.OutcomeSucceeded},
+		{"three statements", 3, nil, wire.OutcomeSucceeded},
+		{"no statement", 0, nil, wire.OutcomeSucceeded},
+		{"a refusal after a statement", 1, saga.Permanent(errors.New("declined")), wire.OutcomeFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, trips, shared := tracedEffectsDB(t)
+			def := writes("trips", tc.statements, json.RawMessage(`{"n":1}`), tc.err)
+			w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
+			// Warm every statement of the paths measured.
+			warm := command(newSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
+			for range 2 {
+				_, err := w.Handle(ctx, warm)
+				require.NoError(t, err)
+			}
+			_, err := w.HandleRedelivered(ctx, warm)
+			require.NoError(t, err)
+			cmd := command(newSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
+			trips.Reset()
+			first, err := w.Handle(ctx, cmd)
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, first.Outcome)
+			require.False(t, first.Duplicate)
+			require.Equal(t, []int32{2, int32(tc.statements)}, []int32{trips.Batches.Load(), trips.Alone.Load()},
+				"batches (BEGIN with the claim; the outcome with COMMIT, or the ROLLBACK with the failure's record), statements alone (the handler's): %q", trips.SentAlone())
+
+			// A duplicate first delivery: the claim, then ROLLBACK with the
+			// read of what the inbox holds.
+			prepared := preparedStatements(t, pool)
+			trips.Reset()
+			dup, err := w.Handle(ctx, cmd)
+			require.NoError(t, err)
+			require.True(t, dup.Duplicate)
+			require.Equal(t, tc.outcome, dup.Outcome)
+			require.Equal(t, []int32{2, 0}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+			require.Equal(t, prepared, preparedStatements(t, pool), "a duplicate fails nothing: every statement stays prepared")
+
+			// A duplicate redelivery: the read alone.
+			trips.Reset()
+			dup, err = w.HandleRedelivered(ctx, cmd)
+			require.NoError(t, err)
+			require.True(t, dup.Duplicate)
+			require.Equal(t, tc.outcome, dup.Outcome)
+			require.Equal(t, []int32{0, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone")
+			require.Contains(t, trips.SentAlone()[0], "select i.outcome", "the inbox is read, not claimed")
+
+			want := 2 * tc.statements
+			if tc.err != nil {
+				want = 0
+			}
+			require.Equal(t, want, countEffects(t, pool))
+			requireNoOpenTransaction(t, shared)
+		})
+	}
+}
+
+// preparedStatements counts the statements prepared on pool's one
+// connection.
+func preparedStatements(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from pg_prepared_statements`).Scan(&n))
+	return n - 1 // not this query's own
+}
+
+// TestRedeliveryOfAnAttemptNotCommitted: a redelivery that finds nothing in
+// the inbox (the first delivery failed, or its process died before the
+// commit) runs the attempt as any delivery does, one round trip later (the
+// read), and takes effect once.
+func TestRedeliveryOfAnAttemptNotCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, shared := tracedEffectsDB(t)
+	var calls atomic.Int32
+	def := saga.MustNew("again", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			if calls.Add(1) == 2 {
+				return nil, errors.New("the first delivery of the measured command fails")
+			}
+			return json.RawMessage(`{"n":1}`), nil
+		},
+	})
+	w := newWorker(t, pool, def)
+	_, err := w.HandleRedelivered(ctx, command(newSaga(t, shared, "again"), "again", "write", saga.PhaseForward, 1, 1)) // warms the statements
+	require.NoError(t, err)
+	cmd := command(newSaga(t, shared, "again"), "again", "write", saga.PhaseForward, 1, 1)
+	reply, err := w.Handle(ctx, cmd)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeRetry, reply.Outcome, "the first delivery failed and committed nothing of the step")
+
+	trips.Reset()
+	reply, err = w.HandleRedelivered(ctx, cmd)
+	require.NoError(t, err)
+	require.False(t, reply.Duplicate)
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.JSONEq(t, `{"n":1}`, string(reply.Result))
+	require.Equal(t, []int32{2, 2}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches (the claim, the outcome), statements alone (the read, the handler's)")
+	require.Contains(t, trips.SentAlone()[0], "select i.outcome")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects where saga_id = $1`, pguuid.Of(cmd.SagaID)).Scan(&n))
+	require.Equal(t, 1, n, "one effect")
+}
+
+// TestDuplicateThatWaitedOnTheClaim: a second delivery that reaches the
+// inbox while the first still holds the key waits on it, and when the
+// first commits, answers with what it committed, the result recorded after
+// the claim included. The handler runs once.
+func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := effectsDB(t)
+	holding, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	def := saga.MustNew("waited", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			if runs.Add(1) == 1 {
+				close(holding)
+				<-release
+			}
+			return json.RawMessage(`{"n":7}`), nil
+		},
+	})
+	cmd := command(newSaga(t, pool, "waited"), "waited", "write", saga.PhaseForward, 1, 1)
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := newWorker(t, pool, def).Handle(ctx, cmd)
+		first <- err
+	}()
+	<-holding
+	second := make(chan wire.Reply, 1)
+	go func() {
+		reply, err := newWorker(t, pool, def).Handle(ctx, cmd)
+		if err != nil {
+			reply.Error = "handle: " + err.Error()
+		}
+		second <- reply
+	}()
+	testenv.WaitForLockWaiters(t, pool, 1) // the second delivery waits on the key
+	close(release)
+	require.NoError(t, <-first)
+	reply := <-second
+	require.Empty(t, reply.Error)
+	require.True(t, reply.Duplicate, "the inbox answers")
+	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+	require.JSONEq(t, `{"n":7}`, string(reply.Result))
+	require.Equal(t, 1, countEffects(t, pool))
+	require.Equal(t, int32(1), runs.Load())
+}
+
+// TestRefusedConcurrently delivers one command from 32 goroutines at
+// once, to a worker that remembers nothing, its handler refusing every
+// time after a write: one delivery records the failure, every other
+// answers with it; no effect.
+func TestRefusedConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := effectsDB(t)
+	def := writes("refused", 1, nil, saga.Permanent(errors.New("account closed")))
+	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
+	id := newSaga(t, pool, "refused")
+	replies := handleAtOnce(t, w, command(id, "refused", "write", saga.PhaseForward, 1, 1), 32)
+	fresh := 0
+	for _, r := range replies {
+		require.Equal(t, wire.OutcomeFailed, r.Outcome)
+		require.Equal(t, "account closed", r.Error)
+		if !r.Duplicate {
+			fresh++
+		}
+	}
+	require.Equal(t, 1, fresh, "one delivery recorded the failure")
+	require.Zero(t, countEffects(t, pool))
+	outcome, _, _ := inbox(t, pool, id, saga.StepKey(id, "write", saga.PhaseForward))
+	require.Equal(t, "failed", outcome)
+	requireNoOpenTransaction(t, pool)
+}
+
+// TestFailureOnABrokenConnectionIsRecordedOnAnother: a handler whose
+// connection broke under it (its backend terminated) fails; its failure is
+// recorded on another connection, after the broken one went back to the
+// pool. With a pool of one connection, holding on to the broken one would
+// leave the record waiting for a connection until its timeout.
+func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := effectsDB(t)
+	pool := poolWith(t, shared, func(*pgxpool.Config) {}) // one connection
+	def := saga.MustNew("broken", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			var pid int
+			if err := sc.Tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
+				return nil, err
+			}
+			if _, err := shared.Exec(ctx, `select pg_terminate_backend($1, 5000)`, pid); err != nil {
+				return nil, err
+			}
+			return nil, saga.Permanent(errors.New("the connection broke"))
+		},
+	})
+	id := newSaga(t, shared, "broken")
+	reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "broken", "write", saga.PhaseForward, 1, 1))
+	require.NoError(t, err) // not "record the failure: ... context deadline exceeded"
+	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
+	require.Zero(t, countEffects(t, pool))
+	outcome, _, _ := inbox(t, shared, id, reply.Key)
+	require.Equal(t, "failed", outcome)
+}
+
+// TestHandlerThatEndsTheTx: a handler that ends the step's transaction
+// itself and returns success fails for good, instead of having its
+// success commit on its own. After a ROLLBACK, the failure is recorded and
+// nothing of the effect stays; after a COMMIT, the effect and the claim
+// stay, and the reply answers with the claim's success. Either way one
+// reply, so the saga moves on.
+func TestHandlerThatEndsTheTx(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		end     string
+		effects int
+		outcome wire.Outcome
+		inbox   string
+	}{
+		{"rollback", 0, wire.OutcomeFailed, "failed"},
+		{"commit", 1, wire.OutcomeSucceeded, "succeeded"},
+	} {
+		t.Run(tc.end, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := effectsDB(t)
+			pool := poolWith(t, shared, func(*pgxpool.Config) {})
+			def := saga.MustNew("ends", saga.Step{
+				Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					if err := writeEffect(ctx, sc); err != nil {
+						return nil, err
+					}
+					_, err := sc.Tx.Exec(ctx, tc.end)
+					return nil, err
+				},
+			})
+			id := newSaga(t, shared, "ends")
+			reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "ends", "write", saga.PhaseForward, 1, 1))
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, reply.Outcome)
+			if tc.outcome == wire.OutcomeFailed {
+				require.Contains(t, reply.Error, "ended the step's transaction itself")
+			}
+			require.Equal(t, tc.effects, countEffects(t, pool))
+			outcome, _, _ := inbox(t, shared, id, reply.Key)
+			require.Equal(t, tc.inbox, outcome)
+			var outbox int
+			require.NoError(t, shared.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&outbox))
+			require.Equal(t, 1, outbox, "one reply")
+			requireNoOpenTransaction(t, shared)
+		})
+	}
+}
+
+// TestHandlerTransaction checks the transaction a handler receives: every
+// method writes in the step's transaction, which commits with the inbox
+// row; a savepoint the handler makes rolls back alone; and the Tx is
+// closed once the step is. It runs on pgx's extended protocol and on its
+// simple protocol (a pooler in transaction mode, say).
+func TestHandlerTransaction(t *testing.T) {
+	t.Parallel()
+	for _, simple := range []bool{false, true} {
+		t.Run(fmt.Sprintf("simple protocol %v", simple), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			shared := testenv.DB(t)
+			_, err := shared.Exec(ctx, `create table notes (id int primary key, body text not null)`)
+			require.NoError(t, err)
+			pool := poolWith(t, shared, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 2
+				if simple {
+					cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+				}
+			})
+			var kept saga.Tx
+			def := saga.MustNew("notes", saga.Step{
+				Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+				Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+					kept = sc.Tx
+					if _, err := sc.Tx.Exec(ctx, `insert into notes values (1, 'exec')`); err != nil {
+						return nil, err
+					}
+					b := &pgx.Batch{}
+					b.Queue(`insert into notes values (2, 'batch')`)
+					if err := sc.Tx.SendBatch(ctx, b).Close(); err != nil {
+						return nil, err
+					}
+					if _, err := sc.Tx.CopyFrom(ctx, pgx.Identifier{"notes"}, []string{"id", "body"}, pgx.CopyFromRows([][]any{{3, "copy"}})); err != nil {
+						return nil, err
+					}
+					if _, err := sc.Tx.Exec(ctx, `savepoint mine`); err != nil {
+						return nil, err
+					}
+					if _, err := sc.Tx.Exec(ctx, `insert into notes values (4, 'rolled back')`); err != nil {
+						return nil, err
+					}
+					if _, err := sc.Tx.Exec(ctx, `rollback to savepoint mine`); err != nil {
+						return nil, err
+					}
+					rows, err := sc.Tx.Query(ctx, `select id from notes order by id`)
+					if err != nil {
+						return nil, err
+					}
+					ids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+					if err != nil {
+						return nil, err
+					}
+					return json.Marshal(ids)
+				},
+			})
+			id := newSaga(t, shared, "notes")
+			reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "notes", "write", saga.PhaseForward, 1, struct{}{}))
+			require.NoError(t, err)
+			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
+			require.JSONEq(t, `[1,2,3]`, string(reply.Result), "the handler saw its own writes, without the rolled-back savepoint")
+
+			rows, err := shared.Query(ctx, `select id from notes order by id`)
+			require.NoError(t, err)
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+			require.NoError(t, err)
+			require.Equal(t, []int{1, 2, 3}, ids)
+			outcome, _, _ := inbox(t, shared, id, reply.Key)
+			require.Equal(t, "succeeded", outcome, "the inbox record committed with the writes")
+
+			_, err = kept.Exec(ctx, `insert into notes values (5, 'too late')`)
+			require.ErrorIs(t, err, pgx.ErrTxClosed, "a Tx kept past its step is closed")
+			require.ErrorIs(t, kept.QueryRow(ctx, `select 1`).Scan(new(int)), pgx.ErrTxClosed)
+			requireNoOpenTransaction(t, shared)
+		})
+	}
+}
