@@ -57,13 +57,19 @@ func Current(ctx context.Context, conn *pgx.Conn) (int32, error) {
 }
 
 // current returns the migration version Apply recorded in schema, 0 when
-// none.
+// none. It looks the table up first, so that a fresh database writes no
+// error to the server's log.
 func current(ctx context.Context, conn *pgx.Conn, schema string) (int32, error) {
+	table := pgx.Identifier{schema, "schema_version"}.Sanitize()
+	var exists bool
+	if err := conn.QueryRow(ctx, "select to_regclass($1) is not null", table).Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
 	var v int32
-	err := conn.QueryRow(ctx, "select version from "+pgx.Identifier{schema, "schema_version"}.Sanitize()).Scan(&v)
+	err := conn.QueryRow(ctx, "select version from "+table).Scan(&v)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return 0, nil
+		return 0, nil // dropped meanwhile
 	}
 	return v, err
 }
