@@ -13,10 +13,12 @@ create domain idemsaga.phase as text
     constraint phase_known check (value in ('forward', 'compensate'));
 
 -- A saga's state: a built-in one (init, compensating, compensated, failed,
--- parked) or the state a step of its definition reaches, named as
--- saga.New allows.
+-- parked) or the state a step of its definition reaches, 1 to 64
+-- characters as saga.New allows. Its characters are not matched here: a
+-- regular expression cost 99,000 instructions per saga under callgrind
+-- (three saga writes), a twentieth of PostgreSQL's work for a transfer.
 create domain idemsaga.state_name as text
-    constraint state_name_valid check (value ~ '^[A-Za-z0-9_-]{1,64}$');
+    constraint state_name_valid check (length(value) between 1 and 64);
 
 create domain idemsaga.step_status as text
     constraint step_status_known check (value in ('dispatched', 'retrying', 'succeeded', 'failed'));
