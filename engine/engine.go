@@ -290,7 +290,7 @@ func New(cfg Config) (*Engine, error) {
 	// its saga on in the step's own transaction.
 	e.steps, err = attempt.New(attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
-		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c,
+		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: %w", err)
@@ -435,6 +435,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	if e.cleaner != nil {
 		errs = append(errs, e.cleaner.Stop(ctx))
 	}
+	e.steps.Drain()
 	errs = append(errs, e.stepRunner.Stop(ctx))
 	errs = append(errs, e.runner.Stop(ctx))
 	if e.relay.Running() {

@@ -72,7 +72,7 @@ values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_rando
 		`update idemsaga.inbox set outcome = 'done' where ctid = (select ctid from idemsaga.inbox limit 1)`,
 		`update idemsaga.steps set phase = 'backward' where ctid = (select ctid from idemsaga.steps limit 1)`,
 		`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome) values (gen_random_uuid(), gen_random_uuid(), 'x', 'forward', 1, 'succeeded')`,
-		`update idemsaga.sagas set state = 'not a state' where id = (select id from idemsaga.sagas limit 1)`,
+		`update idemsaga.sagas set state = '' where id = (select id from idemsaga.sagas limit 1)`,
 	} {
 		_, err := pool.Exec(ctx, sql)
 		require.Error(t, err, sql)

@@ -172,11 +172,11 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&outboxRows))
 	// Every outbox row was published at least once: we saw all of them.
 	require.GreaterOrEqual(t, len(replay), outboxRows, "captured %d messages for %d outbox rows", len(replay), outboxRows)
-	// Each saga took a deduct and a credit, or a deduct, a credit and a
-	// refund, each with its command. A database step's outcome moves its
-	// saga on in the step's own transaction; replies are rare (a saga that
-	// moved under a step).
-	require.GreaterOrEqual(t, commands, 2*n+compensated)
+	// Each saga's first command went through the broker. A database
+	// step's outcome moves its saga on in the step's own transaction, and
+	// the step that transaction dispatches runs at once in the same
+	// process, so later commands and replies are rare on the wire.
+	require.GreaterOrEqual(t, commands, n)
 	t.Logf("replaying %d commands and %d replies (outbox rows: %d)", commands, replies, outboxRows)
 
 	inboxBefore := stepDuplicates(t, reg)

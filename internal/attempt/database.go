@@ -94,10 +94,12 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 		var found bool
 		end := Implicit(c)
 		end.Exec("rollback", nil)
+		a.consume(end)
 		end.Queue(readStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
 		if err := end.Commit(actx); err != nil {
 			return a.replyBase(), fmt.Errorf("read what the inbox holds for a key already claimed: %w", err)
 		}
+		a.committed(end, nil, nil)
 		if !found {
 			return a.sagaGone()
 		}
@@ -151,16 +153,15 @@ func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wir
 		result: result, handOff: a.handOff()}
 	m := a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
 	w.move = m
-	var err error
-	if w.reply, err = a.replyMessage(reply); err != nil {
+	msg, err := a.replyMessage(reply)
+	if err != nil {
 		return reply, err
 	}
-	var out written
-	w.queue(tx, &out)
-	if err := tx.Commit(ctx); err != nil {
+	out, err := a.commitWrite(ctx, tx, w, msg)
+	if err != nil {
 		return reply, fmt.Errorf("record the success: %w", err)
 	}
-	a.sent, a.stored = tx.Published(), true
+	a.stored = true
 	a.afterMove(m, &out)
 	return reply, nil
 }
@@ -194,8 +195,8 @@ func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr er
 		reply.Outcome = wire.OutcomeRetry
 	}
 	w.errText = reply.Error
-	var err error
-	if w.reply, err = a.replyMessage(reply); err != nil {
+	msg, err := a.replyMessage(reply)
+	if err != nil {
 		conn.Release()
 		return reply, err
 	}
@@ -207,13 +208,10 @@ func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr er
 		if c.PgConn().TxStatus() != 'I' {
 			tx.Exec("rollback", nil)
 		}
-		out = written{}
-		w.queue(tx, &out)
-		if err := tx.Commit(rctx); err != nil {
-			return err
-		}
-		a.sent = tx.Published()
-		return nil
+		a.queued = false
+		var err error
+		out, err = a.commitWrite(rctx, tx, w, msg)
+		return err
 	}
 	err = send(conn.Conn())
 	if err != nil && (conn.Conn().IsClosed() || conn.Conn().PgConn().TxStatus() != 'I') {

@@ -47,9 +47,13 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 			tx.Exec(fenceForward, nil, sagaID, fwdKey, cmd.Step)
 			tx.Queue(readStored, fwd.scan(&fwdFound), sagaID, fwdKey)
 		}
+		// Run eagerly, the command is consumed by its claim: should the
+		// process die during the call, the lease drives it again.
+		a.consume(tx)
 		if err := tx.Commit(actx); err != nil {
 			return fmt.Errorf("claim the call: %w", err)
 		}
+		a.committed(tx, nil, nil)
 		return nil
 	})
 	if err != nil {
@@ -119,21 +123,17 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wi
 	if d, ok := saga.RetryDelay(herr); ok {
 		reply.RetryAfterMillis = d.Milliseconds()
 	}
-	var err error
-	if w.reply, err = a.replyMessage(reply); err != nil {
+	msg, err := a.replyMessage(reply)
+	if err != nil {
 		return reply, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	var out written
 	err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
-		tx := Implicit(c.Conn())
-		w.queue(tx, &out)
-		if err := tx.Commit(rctx); err != nil {
-			return err
-		}
-		a.sent = tx.Published()
-		return nil
+		var err error
+		out, err = a.commitWrite(rctx, Implicit(c.Conn()), w, msg)
+		return err
 	})
 	if err != nil {
 		return reply, fmt.Errorf("record the outcome of the call (%s): %w", describe(reply), err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -100,8 +101,9 @@ const (
 )
 
 // write is one statement that records an attempt's outcome: the lead, the
-// move (nil: none) and the reply (nil: none, under fenceLocked). With a
-// move and a reply, the reply is written only if the move missed.
+// move (nil: none) and the reply (nil: none). A move in a step carries no
+// reply: when it misses (the saga moved), the attempt writes the reply in
+// a transaction of its own.
 type write struct {
 	lead  lead
 	fence fence
@@ -118,7 +120,11 @@ type write struct {
 	result       json.RawMessage
 	errText      string
 
-	move    *Move
+	move *Move
+	// eager leaves out the outbox row of the step the move dispatches:
+	// this process runs it at once, and its step row's lease is its
+	// durable record.
+	eager   bool
 	reply   *outbox.Message
 	handOff any // publish_after in milliseconds, nil for the relay
 }
@@ -128,9 +134,9 @@ type written struct {
 	// led is set when the lead wrote (always for leadNone).
 	led bool
 	// moved is set when the move applied; created is then the saga's
-	// start.
-	moved   bool
-	created time.Time
+	// start, and dispatched is set when it dispatched its next step.
+	moved, dispatched bool
+	created           time.Time
 	// nextID and replyID are the outbox rows written, if any.
 	nextID, replyID *int64
 }
@@ -142,6 +148,9 @@ type written struct {
 // The two-key form's space is separate from the one-key form's.
 const lockClass = 0x69646d73 // "idms"
 
+// LockClass is the first key of the advisory locks on step keys.
+const LockClass = lockClass
+
 // lockID is the second key of a step key's advisory lock. Two keys that
 // share it only make each other look busy a moment longer.
 func lockID(key uuid.UUID) int32 { return int32(binary.BigEndian.Uint32(key[12:16])) }
@@ -150,24 +159,69 @@ func lockID(key uuid.UUID) int32 { return int32(binary.BigEndian.Uint32(key[12:1
 // engine's settle (pg_try_advisory_xact_lock(LockClass, LockID(key))).
 func LockID(key uuid.UUID) int32 { return lockID(key) }
 
-// LockClass is the first key of the advisory locks on step keys.
-const LockClass = lockClass
+// shape is what a write's SQL text depends on.
+type shape struct {
+	lead                                       lead
+	fence                                      fence
+	move, finished, errText, resultStep, maybe bool
+	next, eager, reply, keepResult             bool
+}
 
-// stmtBuilder numbers a statement's parameters as it is written.
+func (w write) shape() shape {
+	sh := shape{lead: w.lead, fence: w.fence, move: w.move != nil, eager: w.eager, reply: w.reply != nil}
+	if m := w.move; m != nil {
+		sh.finished, sh.errText, sh.resultStep, sh.maybe, sh.next = m.Finished, m.Error != "", m.ResultStep != "", m.PossiblyDone, m.Next != nil
+	}
+	// The result of a database step's success that is not applied in its
+	// step goes to its inbox row, for a later duplicate's answer.
+	sh.keepResult = w.lead == leadNone && len(w.result) > 0
+	return sh
+}
+
+// texts caches the SQL of each shape: the text depends on the shape only,
+// so pgx's statement cache holds a few of them.
+var texts sync.Map // shape -> string
+
+// stmtBuilder writes a statement and numbers its parameters; without
+// text it only gathers the arguments, in the same order.
 type stmtBuilder struct {
 	args []any
+	text *strings.Builder
 }
 
 func (b *stmtBuilder) p(v any) string {
 	b.args = append(b.args, v)
+	if b.text == nil {
+		return ""
+	}
 	return "$" + strconv.Itoa(len(b.args))
 }
 
-// sql builds the statement and its arguments. The text depends only on
-// the write's shape, so pgx's statement cache holds a few of them.
+func (b *stmtBuilder) f(format string, a ...any) {
+	if b.text != nil {
+		fmt.Fprintf(b.text, format, a...)
+	}
+}
+
+// sql returns the statement and its arguments.
 func (w write) sql() (string, []any) {
-	var b stmtBuilder
-	var ctes []string
+	sh := w.shape()
+	if t, ok := texts.Load(sh); ok {
+		b := stmtBuilder{args: make([]any, 0, 24)}
+		w.build(&b, sh)
+		return t.(string), b.args
+	}
+	b := stmtBuilder{text: &strings.Builder{}}
+	w.build(&b, sh)
+	text := b.text.String()
+	texts.Store(sh, text)
+	return text, b.args
+}
+
+// build writes the statement of shape sh: its CTEs, then one row of what
+// it did (led, created, dispatched, the next command's outbox id, the
+// reply's outbox id, and the invariant's check).
+func (w write) build(b *stmtBuilder, sh shape) {
 	sagaP := b.p(pguuid.Of(w.saga))
 	keyP := ""
 	key := func() string {
@@ -176,150 +230,155 @@ func (w write) sql() (string, []any) {
 		}
 		return keyP
 	}
+	b.f("with ")
+	first := true
+	cte := func() {
+		if !first {
+			b.f(",\n")
+		}
+		first = false
+	}
 	gate := ""
 	switch w.lead {
 	case leadFailure:
-		ctes = append(ctes, fmt.Sprintf(`i as (
+		cte()
+		b.f(`i as (
   insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome, error)
   select s.id, %s, %s, %s::text, %s::int, 'failed', %s::text
   from idemsaga.sagas s, (select pg_advisory_xact_lock_shared(%d, %s)) l
   where s.id = %s
   on conflict (saga_id, step_key) do nothing
   returning 1
-)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.errText), lockClass, b.p(lockID(w.key)), sagaP))
+)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.errText), lockClass, b.p(lockID(w.key)), sagaP)
 		gate = "exists (select from i)"
 	case leadExternal:
-		ctes = append(ctes, fmt.Sprintf(`i as (
+		cte()
+		b.f(`i as (
   update idemsaga.inbox x set outcome = %s::text, result = %s::jsonb, error = %s::text, unknown = x.unknown or %s::bool
   from (select pg_advisory_xact_lock_shared(%d, %s)) l
   where x.saga_id = %s and x.step_key = %s and x.attempt = %s::int and x.outcome = 'started'
   returning 1
-)`, b.p(w.inboxOutcome), b.p(nullJSON(w.result)), b.p(nullText(w.errText)), b.p(w.unknown), lockClass, b.p(lockID(w.key)), sagaP, key(), b.p(w.attempt)))
+)`, b.p(w.inboxOutcome), b.p(nullJSON(w.result)), b.p(nullText(w.errText)), b.p(w.unknown), lockClass, b.p(lockID(w.key)), sagaP, key(), b.p(w.attempt))
 		gate = "exists (select from i)"
 	}
-	var next, assert string
-	if m := w.move; m != nil {
-		var moveCTEs []string
-		moveCTEs, next, assert = m.ctes(&b, sagaP, gate, w.fence, w.handOff)
-		ctes = append(ctes, moveCTEs...)
+	next, dispatched, assert := "null::bigint", "false", "null::int"
+	if w.move != nil {
+		cte()
+		next, dispatched, assert = w.move.build(b, sh, sagaP, gate, w.handOff)
+	}
+	// Where the move did not apply (or there is none), what the attempt
+	// leaves instead: the result in the inbox row, the reply.
+	var when []string
+	if gate != "" {
+		when = append(when, gate)
+	}
+	if w.move != nil {
+		when = append(when, "not exists (select from u)")
+	}
+	cond := func(prefix string) string {
+		if len(when) == 0 {
+			return ""
+		}
+		return prefix + strings.Join(when, " and ")
+	}
+	if sh.keepResult && (w.move != nil || w.reply != nil) {
+		cte()
+		b.f(`r as (
+  update idemsaga.inbox set result = %s::jsonb where saga_id = %s and step_key = %s%s
+)`, b.p(nullJSON(w.result)), sagaP, key(), cond(" and "))
 	}
 	replyID := "null::bigint"
 	if w.reply != nil {
-		when := []string{}
-		if gate != "" {
-			when = append(when, gate)
-		}
-		if w.move != nil {
-			when = append(when, "not exists (select from u)")
-		}
-		if w.lead == leadNone && len(w.result) > 0 {
-			// The result of a success answered by a reply goes to its
-			// inbox row, for a later duplicate's answer.
-			cond := ""
-			if len(when) > 0 {
-				cond = " and " + strings.Join(when, " and ")
-			}
-			ctes = append(ctes, fmt.Sprintf(`r as (
-  update idemsaga.inbox set result = %s::jsonb where saga_id = %s and step_key = %s%s
-)`, b.p(nullJSON(w.result)), sagaP, key(), cond))
-		}
-		cond := ""
-		if len(when) > 0 {
-			cond = "\n  where " + strings.Join(when, " and ")
-		}
-		ctes = append(ctes, fmt.Sprintf(`rep as (
+		cte()
+		b.f(`rep as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
   select %s::text, %s::text, %s::bytea, %s, clock_timestamp() + %s::bigint * interval '1 millisecond'%s
   returning id
-)`, b.p(w.reply.Subject), b.p(w.reply.MsgID), b.p(w.reply.Payload), sagaP, b.p(w.handOff), cond))
+)`, b.p(w.reply.Subject), b.p(w.reply.MsgID), b.p(w.reply.Payload), sagaP, b.p(w.handOff), cond("\n  where "))
 		replyID = "(select id from rep)"
 	}
-	led := "true"
+	led, created := "true", "null::timestamptz"
 	if gate != "" {
 		led = gate
 	}
-	created := "null::timestamptz"
 	if w.move != nil {
 		created = "(select created_at from u)"
-	} else {
-		next = "null::bigint"
 	}
-	if assert == "" {
-		assert = "null::int"
-	}
-	sql := "with " + strings.Join(ctes, ",\n") + fmt.Sprintf("\nselect %s, %s, %s, %s, %s", led, created, next, replyID, assert)
-	return sql, b.args
+	b.f("\nselect %s, %s, %s, %s, %s, %s", led, created, dispatched, next, replyID, assert)
 }
 
-// ctes writes the move's part of a statement: the saga's update (u), the
+// build writes the move's part of a statement: the saga's update (u), the
 // step's (f), its timeline's under fenceLocked (a), and the next step's
-// row and command (st, o). It returns the expression of the command's
-// outbox id and the invariant's check.
-func (m *Move) ctes(b *stmtBuilder, sagaP, gate string, fn fence, handOff any) (ctes []string, next, assert string) {
-	var set strings.Builder
-	fmt.Fprintf(&set, "state = %s::text, version = version + 1, updated_at = now()", b.p(string(m.To)))
+// row (st) and, unless it runs eagerly, its command (o). It returns the
+// expressions of the command's outbox id, of whether the next step was
+// dispatched, and of the invariant's check.
+func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) (next, dispatched, assert string) {
+	b.f("u as (\n  update idemsaga.sagas set state = %s::text, version = version + 1, updated_at = now()", b.p(string(m.To)))
 	if m.Finished {
-		set.WriteString(", finished_at = now()")
+		b.f(", finished_at = now()")
 	}
 	if m.Error != "" {
-		fmt.Fprintf(&set, ", error = %s::text", b.p(m.Error))
+		b.f(", error = %s::text", b.p(m.Error))
 	}
 	if m.ResultStep != "" {
-		fmt.Fprintf(&set, ", results = results || jsonb_build_object(%s::text, coalesce(%s::jsonb, 'null'::jsonb))", b.p(m.ResultStep), b.p(nullJSON(m.Result)))
+		b.f(", results = results || jsonb_build_object(%s::text, coalesce(%s::jsonb, 'null'::jsonb))", b.p(m.ResultStep), b.p(nullJSON(m.Result)))
 	}
-	where := fmt.Sprintf("id = %s and state = %s::text and version = %s::bigint", sagaP, b.p(string(m.From)), b.p(m.Version))
+	b.f("\n  where id = %s and state = %s::text and version = %s::bigint", sagaP, b.p(string(m.From)), b.p(m.Version))
 	if gate != "" {
-		where += " and " + gate
+		b.f(" and %s", gate)
 	}
-	ctes = append(ctes, fmt.Sprintf("u as (\n  update idemsaga.sagas set %s\n  where %s\n  returning created_at\n)", set.String(), where))
+	b.f("\n  returning created_at\n)")
 
 	status := "status = 'dispatched'"
-	if fn == fenceLocked {
+	if sh.fence == fenceLocked {
 		status = "status in ('dispatched', 'retrying')"
 	}
-	stErr := b.p(nullText(m.StepError))
 	stStatus := b.p(string(m.Status))
+	stErr := b.p(nullText(m.StepError))
 	pd := ""
 	if m.PossiblyDone {
 		pd = ", possibly_done = true"
 	}
-	ctes = append(ctes, fmt.Sprintf(`f as (
+	b.f(`, f as (
   update idemsaga.steps set status = %s::text, result = %s::jsonb, last_error = %s::text%s,
     lease_until = null, next_attempt_at = null, updated_at = now()
   where saga_id = %s and step = %s and phase = %s::text and attempt = %s::int and %s
     and exists (select from u)
   returning saga_id, step, phase, attempt
-)`, stStatus, b.p(nullJSON(m.StepResult)), stErr, pd, sagaP, b.p(m.Step), b.p(string(m.Phase)), b.p(m.Attempt), status))
-	if fn == fenceLocked {
-		ctes = append(ctes, fmt.Sprintf(`a as (
+)`, stStatus, b.p(nullJSON(m.StepResult)), stErr, pd, sagaP, b.p(m.Step), b.p(string(m.Phase)), b.p(m.Attempt), status)
+	if sh.fence == fenceLocked {
+		b.f(`, a as (
   update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
     outcome = case when x.outcome is null or x.outcome = 'retry' then %s::text else x.outcome end,
     error = coalesce(%s::text, x.error)
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
-)`, stStatus, stErr))
+)`, stStatus, stErr)
 	}
-	next = "null::bigint"
+	next, dispatched = "null::bigint", "false"
 	if d := m.Next; d != nil {
-		ctes = append(ctes, fmt.Sprintf(`st as (
+		b.f(`, st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select saga_id, %s::text, %s::text, %s::int, %s::uuid, 'dispatched', 1, now() + %s::bigint * interval '1 millisecond', now() from f
   on conflict (saga_id, step, phase) do nothing
   returning saga_id
-), o as (
+)`, b.p(d.Step), b.p(string(d.Phase)), b.p(d.Index), b.p(pguuid.Of(d.Key)), b.p(d.LeaseMillis))
+		dispatched = "exists (select from st)"
+		if !sh.eager {
+			b.f(`, o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
   select %s::text, %s::text, %s::bytea, saga_id, clock_timestamp() + %s::bigint * interval '1 millisecond' from st
   returning id
-)`, b.p(d.Step), b.p(string(d.Phase)), b.p(d.Index), b.p(pguuid.Of(d.Key)), b.p(d.LeaseMillis),
-			b.p(d.Subject), b.p(d.MsgID), b.p(d.Payload), b.p(handOff)))
-		next = "(select id from o)"
+)`, b.p(d.Subject), b.p(d.MsgID), b.p(d.Payload), b.p(handOff))
+			next = "(select id from o)"
+		}
 	}
 	what := b.p(fmt.Sprintf("the move of saga %s from %s at version %d to %s missed its step %s (%s) at attempt %d", m.Saga, m.From, m.Version, m.To, m.Step, m.Phase, m.Attempt))
-	if fn == fenceLocked {
+	if sh.fence == fenceLocked {
 		assert = fmt.Sprintf("case when not exists (select from u) or not exists (select from f) then idemsaga.invariant_broken(%s) end", what)
 	} else {
 		assert = fmt.Sprintf("case when exists (select from u) and not exists (select from f) then idemsaga.invariant_broken(%s) end", what)
 	}
-	return ctes, next, assert
+	return next, dispatched, assert
 }
 
 // scan reads what the statement reports into out, and records the outbox
@@ -328,7 +387,7 @@ func (w write) scan(tx *Tx, out *written) func(pgx.Row) error {
 	return func(row pgx.Row) error {
 		var created *time.Time
 		var invariant *int
-		if err := row.Scan(&out.led, &created, &out.nextID, &out.replyID, &invariant); err != nil {
+		if err := row.Scan(&out.led, &created, &out.dispatched, &out.nextID, &out.replyID, &invariant); err != nil {
 			return fmt.Errorf("record the outcome of step %q (%s) of saga %s at attempt %d: %w", w.step, w.phase, w.saga, w.attempt, err)
 		}
 		if created != nil {

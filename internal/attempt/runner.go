@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
@@ -69,6 +72,12 @@ type Config struct {
 	// Mover, if set, applies outcomes in the attempt's own transaction;
 	// without it every outcome is answered with a reply.
 	Mover Mover
+	// Eager runs here, at once, the step that an attempt's move dispatched,
+	// instead of publishing its command (needs Mover and Publish). The
+	// command's outbox row stays until the transaction that records that
+	// step's outcome deletes it; a crash before leaves it to the relay's
+	// sweep, after the hand-off.
+	Eager bool
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -76,6 +85,8 @@ type Runner struct {
 	cfg    Config
 	defs   map[string]*saga.Definition
 	recent *recent
+	// draining stops eager runs: their commands go to the broker.
+	draining atomic.Bool
 }
 
 // New returns a runner.
@@ -139,6 +150,14 @@ type attempt struct {
 	dropped bool
 	// unknown is set when an external attempt's outcome is unknown.
 	unknown bool
+
+	// row is the outbox row of the attempt's own command when it runs
+	// eagerly: the transaction that records the attempt's outcome deletes
+	// it (queued, then consumed once that transaction committed).
+	row              int64
+	queued, consumed bool
+	// next is the command the attempt's move dispatched, to run eagerly.
+	next *outbox.Committed
 }
 
 // Handle runs one command to a committed outcome and returns its reply:
@@ -147,16 +166,66 @@ type attempt struct {
 // command before (JetStream's NumDelivered above 1). An error means
 // nothing was committed and the command should be delivered again.
 func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
+	reply, a, err := r.handle(ctx, cmd, redelivered, 0)
+	if a != nil && a.next != nil {
+		r.handToBroker(ctx, *a.next) // one attempt only: the next goes to the broker
+	}
+	return reply, err
+}
+
+// Drain makes the runner publish the commands it would run eagerly: it is
+// stopping.
+func (r *Runner) Drain() { r.draining.Store(true) }
+
+func (r *Runner) publish(rows ...outbox.Committed) {
+	if r.cfg.Publish != nil {
+		r.cfg.Publish(rows...)
+	} else if r.cfg.Committed != nil && len(rows) > 0 {
+		r.cfg.Committed()
+	}
+}
+
+// runEager runs, one after another, the steps the attempts' moves
+// dispatch, starting with next, until a saga ends, a step is not applied
+// in its transaction, or the runner drains. A command not consumed by its
+// attempt (an error: nothing committed) goes to the broker.
+func (r *Runner) runEager(ctx context.Context, next *outbox.Committed) {
+	for next != nil {
+		row := *next
+		if r.draining.Load() {
+			r.handToBroker(ctx, row)
+			return
+		}
+		cmd, err := wire.DecodeCommand(row.Payload)
+		if err != nil {
+			r.handToBroker(ctx, row) // cannot happen: this process wrote it
+			return
+		}
+		_, a, err := r.handle(ctx, cmd, false, row.ID)
+		if err != nil || row.ID != 0 && !a.consumed {
+			if err != nil {
+				r.cfg.Logger.Debug("step worker: a step run at once failed; its command goes to the broker", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
+			}
+			r.handToBroker(ctx, row)
+		}
+		if err != nil {
+			return
+		}
+		next = a.next
+	}
+}
+
+func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool, row int64) (wire.Reply, *attempt, error) {
 	def, ok := r.defs[cmd.Definition]
 	if !ok {
-		return wire.Reply{}, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
+		return wire.Reply{}, nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
 	}
 	idx := def.StepIndex(cmd.Step)
 	if idx < 0 {
-		return wire.Reply{}, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
+		return wire.Reply{}, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
 	}
 	step := def.Step(idx)
-	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry,
+	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row,
 		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}}
 	if cmd.Phase == saga.PhaseCompensate {
 		a.handler, a.policy = step.Compensate, step.CompensateRetry
@@ -168,7 +237,7 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	ans, ok, release, err := r.await(waitCtx, cmd)
 	cancelWait()
 	if err != nil {
-		return wire.Reply{}, fmt.Errorf("another delivery of this attempt is still running in this worker: %w", err)
+		return wire.Reply{}, a, fmt.Errorf("another delivery of this attempt is still running in this worker: %w", err)
 	}
 	m := r.cfg.Metrics
 	if ok {
@@ -179,7 +248,7 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 		m.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), "duplicate").Inc()
 		reply := a.replyBase()
 		reply.Outcome, reply.Result, reply.Error, reply.Duplicate = ans.outcome, bytes.Clone(ans.result), ans.errText, true
-		return reply, nil
+		return reply, a, nil
 	}
 	defer release()
 	start := time.Now()
@@ -190,17 +259,13 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 		reply, err = a.database(ctx)
 	}
 	if err != nil {
-		return reply, err
+		return reply, a, err
 	}
 	if a.after != nil {
 		a.after()
 	}
 	r.remember(cmd, reply, a.stored)
-	if r.cfg.Publish != nil {
-		r.cfg.Publish(a.sent...)
-	} else if r.cfg.Committed != nil && len(a.sent) > 0 {
-		r.cfg.Committed()
-	}
+	r.publish(a.sent...)
 	m.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 	outcome := string(reply.Outcome)
 	switch {
@@ -215,7 +280,7 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	}
 	m.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), outcome).Inc()
 	m.StepHandler.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase)).Observe(time.Since(start).Seconds())
-	return reply, nil
+	return reply, a, nil
 }
 
 // HandleMsg runs one command message and acks it after its commit.
@@ -228,7 +293,14 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
-	if _, err := r.Handle(ctx, cmd, redelivered); err != nil {
+	_, a, err := r.handle(ctx, cmd, redelivered, 0)
+	if a != nil && a.next != nil {
+		// The move that dispatched it committed, whatever becomes of
+		// this message's ack: only this process knows of the next
+		// command until its lease runs out, so it runs in every case.
+		defer r.runEager(ctx, a.next)
+	}
+	if err != nil {
 		r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
 			"phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
 		_ = msg.NakWithDelay(time.Second)
@@ -246,6 +318,118 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		// The commit stands; a redelivery is absorbed by the inbox.
 		r.cfg.Logger.Debug("step worker: ack failed after commit", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
 	}
+}
+
+// deleteCommandRow consumes an eagerly run command's outbox row.
+const deleteCommandRow = `delete from idemsaga.outbox where id = $1`
+
+// insertReply writes one row into the outbox: a reply, or a command handed
+// to the broker ($5: the hand-off in milliseconds).
+const insertReply = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+values ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 millisecond') returning id`
+
+// consume queues, on tx, the deletion of the attempt's own command row
+// when it runs eagerly: the command is consumed with the outcome tx
+// records.
+func (a *attempt) consume(tx *Tx) {
+	if a.row != 0 && !a.consumed {
+		tx.Exec(deleteCommandRow, nil, a.row)
+		a.queued = true
+	}
+}
+
+// committed takes what a committed transaction of the attempt leaves: the
+// outbox rows to publish, its own command consumed if tx deleted its row,
+// and the next command its move dispatched without an outbox row, to run
+// here at once (Config.Eager).
+func (a *attempt) committed(tx *Tx, out *written, m *Move) {
+	a.sent = append(a.sent, tx.Published()...)
+	if a.queued {
+		a.consumed = true
+	}
+	if out != nil && out.dispatched && out.nextID == nil && m != nil && m.Next != nil {
+		d := m.Next
+		a.next = &outbox.Committed{Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload}
+	}
+}
+
+// eager reports whether a move of this attempt leaves out the outbox row
+// of the step it dispatches, which this process then runs at once.
+func (a *attempt) eager() bool {
+	return a.plan.InStep && a.r.cfg.Eager && a.r.cfg.Publish != nil && !a.r.draining.Load()
+}
+
+// commitWrite queues w on tx, with the deletion of the attempt's own
+// command row when it runs eagerly, and commits. A move carries no reply:
+// if it missed (the saga moved since the command was written), the reply
+// is written afterwards, in a transaction of its own on tx's connection;
+// should that fail, the outcome stands in the inbox, where the step's next
+// attempt finds it. Without a move, the reply goes with w.
+func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbox.Message) (written, error) {
+	if w.move != nil {
+		w.eager = a.eager()
+	} else {
+		w.reply = reply
+	}
+	var out written
+	w.queue(tx, &out)
+	a.consume(tx)
+	if err := tx.Commit(ctx); err != nil {
+		return out, err
+	}
+	a.committed(tx, &out, w.move)
+	if w.move != nil && out.led && !out.moved && reply != nil {
+		if err := a.writeReply(ctx, tx.Conn(), reply); err != nil {
+			a.r.cfg.Logger.Warn("step worker: the outcome is recorded, but its reply could not be written; the step's next attempt will find the outcome",
+				"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "error", err)
+		}
+	}
+	return out, nil
+}
+
+// writeReply writes a reply into the outbox, in a transaction of its own.
+func (a *attempt) writeReply(ctx context.Context, c *pgx.Conn, reply *outbox.Message) error {
+	tx := Implicit(c)
+	tx.Queue(insertReply, func(row pgx.Row) error {
+		var id int64
+		if err := row.Scan(&id); err != nil {
+			return err
+		}
+		tx.Sent(outbox.Committed{ID: id, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload})
+		return nil
+	}, reply.Subject, reply.MsgID, reply.Payload, pguuid.Of(a.cmd.SagaID), a.handOff())
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	a.sent = append(a.sent, tx.Published()...)
+	return nil
+}
+
+// handToBroker writes the outbox row of a command that was to run eagerly
+// and publishes it: the runner drains, or the attempt failed. Should that
+// fail, the step's lease drives it again.
+func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
+	if c.ID != 0 {
+		r.publish(c)
+		return
+	}
+	cmd, err := wire.DecodeCommand(c.Payload)
+	if err == nil {
+		err = r.cfg.Pool.QueryRow(ctx, insertReply, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis()).Scan(&c.ID)
+	}
+	if err != nil {
+		r.cfg.Logger.Warn("step worker: a step to run at once could not be handed to the broker; its lease will drive it again",
+			"subject", c.Subject, "msg_id", c.MsgID, "error", err)
+		return
+	}
+	r.publish(c)
+}
+
+func (r *Runner) handOffMillis() any {
+	if r.cfg.Publish == nil {
+		return nil
+	}
+	return r.cfg.HandOff.Milliseconds()
 }
 
 func (a *attempt) replyBase() wire.Reply {

@@ -103,15 +103,14 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 		m = a.move(Outcome{Status: wire.OutcomeSucceeded, Result: st.result})
 		w.move = m
 	}
-	if w.reply, err = a.replyMessage(reply); err != nil {
+	msg, err := a.replyMessage(reply)
+	if err != nil {
 		return reply, err
 	}
-	var out written
-	w.queue(tx, &out)
-	if err := tx.Commit(ctx); err != nil {
+	out, err := a.commitWrite(ctx, tx, w, msg)
+	if err != nil {
 		return reply, fmt.Errorf("answer a duplicate delivery: %w", err)
 	}
-	a.sent = tx.Published()
 	a.afterMove(m, &out)
 	a.stored = st.outcome != "tombstone"
 	return reply, nil

@@ -46,6 +46,15 @@ func Begin(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
 // PostgreSQL's implicit transaction. It must not Flush.
 func Implicit(conn *pgx.Conn) *Tx { return &Tx{conn: conn, implicit: true} }
 
+// beginAfter returns a transaction on conn whose first batch sends sql
+// (a ROLLBACK of what conn holds) before its BEGIN.
+func beginAfter(conn *pgx.Conn, sql string) *Tx {
+	t := &Tx{conn: conn, batch: &pgx.Batch{}, begun: true}
+	t.batch.Queue(sql)
+	t.batch.Queue("begin")
+	return t
+}
+
 // Conn returns the connection, for reads that the queue must not wait for.
 func (t *Tx) Conn() *pgx.Conn { return t.conn }
 
@@ -131,6 +140,38 @@ func (t *Tx) Commit(ctx context.Context) error {
 	}
 	t.done = true
 	return nil
+}
+
+// CommitAndBegin commits as Commit does and, in the same round trip, begins
+// the next transaction on the connection with the statements then queues
+// on it. It returns that transaction, open, and whether t committed: an
+// error after t's COMMIT is the next transaction's (t committed; roll the
+// next one back).
+func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx, committed bool, err error) {
+	if t.done || t.implicit || !t.begun {
+		return nil, false, errors.New("attempt: CommitAndBegin needs an explicit transaction with its statements queued")
+	}
+	b := t.next()
+	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return errors.New("the transaction had failed; COMMIT rolled it back")
+		}
+		committed = true
+		return nil
+	})
+	next = &Tx{conn: t.conn, batch: b, begun: true}
+	b.Queue("begin")
+	then(next)
+	t.batch, next.batch = nil, nil
+	err = Interpret(t.conn.SendBatch(ctx, b).Close())
+	t.done = true
+	if err != nil {
+		if committed {
+			return next, true, fmt.Errorf("begin the next transaction: %w", err)
+		}
+		return nil, false, fmt.Errorf("write and commit: %w", err)
+	}
+	return next, true, nil
 }
 
 // Rollback ends a transaction that did not commit, if one is open. A
