@@ -67,9 +67,11 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	}
 
 	var claimed int
-	tx.Queue(claimTx, func(row pgx.Row) error {
-		var idle string
-		if err := row.Scan(&claimed, &idle); err != nil {
+	tx.Query(claimTx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			claimed++
+		}
+		if err := rows.Err(); err != nil {
 			return fmt.Errorf("claim step key: %w", err)
 		}
 		return nil

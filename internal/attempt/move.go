@@ -245,20 +245,20 @@ func (w write) build(b *stmtBuilder, sh shape) {
 		b.f(`i as (
   insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome, error)
   select s.id, %s, %s, %s::text, %s::int, 'failed', %s::text
-  from idemsaga.sagas s, (select pg_advisory_xact_lock_shared(%d, %s)) l
-  where s.id = %s
+  from idemsaga.sagas s
+  where s.id = %s and pg_advisory_xact_lock_shared(%d, %s) is not null
   on conflict (saga_id, step_key) do nothing
   returning 1
-)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.errText), lockClass, b.p(lockID(w.key)), sagaP)
+)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.errText), sagaP, lockClass, b.p(lockID(w.key)))
 		gate = "exists (select from i)"
 	case leadExternal:
 		cte()
 		b.f(`i as (
   update idemsaga.inbox x set outcome = %s::text, result = %s::jsonb, error = %s::text, unknown = x.unknown or %s::bool
-  from (select pg_advisory_xact_lock_shared(%d, %s)) l
   where x.saga_id = %s and x.step_key = %s and x.attempt = %s::int and x.outcome = 'started'
+    and pg_advisory_xact_lock_shared(%d, %s) is not null
   returning 1
-)`, b.p(w.inboxOutcome), b.p(nullJSON(w.result)), b.p(nullText(w.errText)), b.p(w.unknown), lockClass, b.p(lockID(w.key)), sagaP, key(), b.p(w.attempt))
+)`, b.p(w.inboxOutcome), b.p(nullJSON(w.result)), b.p(nullText(w.errText)), b.p(w.unknown), sagaP, key(), b.p(w.attempt), lockClass, b.p(lockID(w.key)))
 		gate = "exists (select from i)"
 	}
 	next, dispatched, assert := "null::bigint", "false", "null::int"
