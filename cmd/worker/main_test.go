@@ -358,7 +358,9 @@ func TestBench(t *testing.T) {
 	require.NotNil(t, m, r.stdout)
 	memory, _ := strconv.ParseFloat(m[2], 64)
 	inbox, _ := strconv.ParseFloat(m[3], 64)
-	require.Greater(t, memory+inbox, 1.5, "about two commands per saga, each delivered again")
+	// One command per saga crosses the broker, its first step's: the step
+	// that step's transaction dispatches runs at once in the same process.
+	require.InDelta(t, 1.0, memory+inbox, 0.3, "about one command per saga, each delivered again")
 	require.Contains(t, r.stdout, "after a warm-up of 20")
 	require.Contains(t, r.stdout, "2 pools of 5 connections")
 	for _, figure := range []string{"throughput", "latency", "commits and", "found in them per saga", "messages per saga", "CPU per saga", "pgbench ceiling", "ratio"} {

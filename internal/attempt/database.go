@@ -33,61 +33,57 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	cmd := a.cmd
 	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
 	defer cancel()
-	conn, err := a.r.cfg.Pool.Acquire(actx)
-	if err != nil {
-		return a.replyBase(), fmt.Errorf("acquire a connection: %w", err)
+	var tx *Tx
+	var cl *claim
+	if p := a.given; p != nil && p.conn != nil && p.key == cmd.Key && p.attempt == cmd.Attempt {
+		// Claimed in the round trip of the move that dispatched it.
+		a.conn, tx, cl = p.conn, p.tx, p.claim
+		p.conn = nil
+	} else {
+		conn, err := a.r.cfg.Pool.Acquire(actx)
+		if err != nil {
+			return a.replyBase(), fmt.Errorf("acquire a connection: %w", err)
+		}
+		a.conn = conn
+		tx = Begin(conn.Conn())
 	}
-	c := conn.Conn()
-	tx := Begin(c)
+	c := a.conn.Conn()
 	// A connection still inside a transaction when released (an error
-	// midway that a rollback could not clear) is closed by the pool.
-	held := conn
+	// midway that a rollback could not clear) is closed by the pool. The
+	// attempt may hand its connection on (a.conn nil), to the claim of
+	// the step its move dispatched, or to the failure's record.
 	defer func() {
-		if held != nil {
+		if a.conn != nil {
 			tx.Rollback(ctx)
-			held.Release()
+			a.conn.Release()
+			a.conn = nil
 		}
 	}()
 
-	if a.plan.ReadFirst {
-		// What the inbox holds is final for a database step: a row is
-		// there only once its attempt committed. Nothing there, and the
-		// claim decides, as for any delivery.
-		st, found, err := readStoredOn(actx, c, cmd.SagaID, cmd.Key)
-		if err != nil {
-			return a.replyBase(), err
-		}
-		if found {
-			if err := a.checkKind(st); err != nil {
+	if cl == nil {
+		if a.plan.ReadFirst {
+			// What the inbox holds is final for a database step: a row is
+			// there only once its attempt committed. Nothing there, and the
+			// claim decides, as for any delivery.
+			st, found, err := readStoredOn(actx, c, cmd.SagaID, cmd.Key)
+			if err != nil {
 				return a.replyBase(), err
 			}
-			a.read = true
-			return a.answerStored(actx, c, st, false)
+			if found {
+				if err := a.checkKind(st); err != nil {
+					return a.replyBase(), err
+				}
+				a.read = true
+				return a.answerStored(actx, c, st, false)
+			}
+		}
+		cl = queueClaim(tx, cmd.SagaID, cmd.Key, cmd.Step, cmd.Phase, cmd.Attempt, a.policy)
+		if err := tx.Flush(actx); err != nil {
+			return a.replyBase(), err
 		}
 	}
-
-	var claimed int
-	tx.Query(claimTx, func(rows pgx.Rows) error {
-		for rows.Next() {
-			claimed++
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("claim step key: %w", err)
-		}
-		return nil
-	}, pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key), cmd.Step, string(cmd.Phase), cmd.Attempt, lockID(cmd.Key), idleTimeoutFor(a.policy))
-	var fwd *stored
-	var fwdFound bool
-	if cmd.Phase == saga.PhaseCompensate {
-		fwd = &stored{}
-		fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
-		tx.Exec(fenceForward, nil, pguuid.Of(cmd.SagaID), fwdKey, cmd.Step)
-		tx.Queue(readStored, fwd.scan(&fwdFound), pguuid.Of(cmd.SagaID), fwdKey)
-	}
-	if err := tx.Flush(actx); err != nil {
-		return a.replyBase(), err
-	}
-	if claimed == 0 {
+	fwd := cl.fwd
+	if !cl.taken {
 		// The key is held (or the saga is gone): nothing of this attempt
 		// was written. The ROLLBACK and a read of what the inbox holds go
 		// in one round trip; what it holds answers the delivery.
@@ -128,7 +124,8 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 		return a.commitSuccess(actx, tx, result)
 	}
 	// The handler failed: nothing it or the claim wrote survives.
-	held = nil
+	conn := a.conn
+	a.conn = nil
 	return a.recordFailure(ctx, conn, herr)
 }
 

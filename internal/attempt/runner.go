@@ -156,8 +156,18 @@ type attempt struct {
 	// it (queued, then consumed once that transaction committed).
 	row              int64
 	queued, consumed bool
-	// next is the command the attempt's move dispatched, to run eagerly.
+	// next is the command the attempt's move dispatched, to run eagerly,
+	// and pre its claim if it went with the move's COMMIT.
 	next *outbox.Committed
+	pre  *preclaim
+	// given is this attempt's own claim, if it came with the COMMIT of
+	// the attempt that dispatched it; the attempt takes it (nil).
+	given *preclaim
+
+	// conn is a database step's connection while the attempt holds it.
+	conn *pgxpool.Conn
+	// once is set for an attempt run alone (Handle), never eagerly.
+	once bool
 }
 
 // Handle runs one command to a committed outcome and returns its reply:
@@ -166,10 +176,7 @@ type attempt struct {
 // command before (JetStream's NumDelivered above 1). An error means
 // nothing was committed and the command should be delivered again.
 func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
-	reply, a, err := r.handle(ctx, cmd, redelivered, 0)
-	if a != nil && a.next != nil {
-		r.handToBroker(ctx, *a.next) // one attempt only: the next goes to the broker
-	}
+	reply, _, err := r.run(ctx, cmd, redelivered, 0, nil, true)
 	return reply, err
 }
 
@@ -189,19 +196,21 @@ func (r *Runner) publish(rows ...outbox.Committed) {
 // dispatch, starting with next, until a saga ends, a step is not applied
 // in its transaction, or the runner drains. A command not consumed by its
 // attempt (an error: nothing committed) goes to the broker.
-func (r *Runner) runEager(ctx context.Context, next *outbox.Committed) {
+func (r *Runner) runEager(ctx context.Context, next *outbox.Committed, pre *preclaim) {
 	for next != nil {
 		row := *next
 		if r.draining.Load() {
+			pre.close(ctx)
 			r.handToBroker(ctx, row)
 			return
 		}
 		cmd, err := wire.DecodeCommand(row.Payload)
 		if err != nil {
+			pre.close(ctx)
 			r.handToBroker(ctx, row) // cannot happen: this process wrote it
 			return
 		}
-		_, a, err := r.handle(ctx, cmd, false, row.ID)
+		_, a, err := r.handle(ctx, cmd, false, row.ID, pre)
 		if err != nil || row.ID != 0 && !a.consumed {
 			if err != nil {
 				r.cfg.Logger.Debug("step worker: a step run at once failed; its command goes to the broker", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
@@ -209,13 +218,26 @@ func (r *Runner) runEager(ctx context.Context, next *outbox.Committed) {
 			r.handToBroker(ctx, row)
 		}
 		if err != nil {
+			if a != nil {
+				a.pre.close(ctx)
+			}
 			return
 		}
-		next = a.next
+		next, pre = a.next, a.pre
 	}
 }
 
-func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool, row int64) (wire.Reply, *attempt, error) {
+// handle runs cmd; given, if not nil, is cmd's claim, sent with the COMMIT
+// of the attempt whose move dispatched it, and is closed here unless the
+// attempt takes it.
+func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool, row int64, given *preclaim) (wire.Reply, *attempt, error) {
+	return r.run(ctx, cmd, redelivered, row, given, false)
+}
+
+// run is handle; once runs the attempt alone: the step its move
+// dispatches goes to the broker, as its outbox row.
+func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, row int64, given *preclaim, once bool) (wire.Reply, *attempt, error) {
+	defer func() { given.close(ctx) }()
 	def, ok := r.defs[cmd.Definition]
 	if !ok {
 		return wire.Reply{}, nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
@@ -225,7 +247,7 @@ func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool,
 		return wire.Reply{}, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
 	}
 	step := def.Step(idx)
-	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row,
+	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row, given: given, once: once,
 		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}}
 	if cmd.Phase == saga.PhaseCompensate {
 		a.handler, a.policy = step.Compensate, step.CompensateRetry
@@ -293,12 +315,12 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
-	_, a, err := r.handle(ctx, cmd, redelivered, 0)
+	_, a, err := r.handle(ctx, cmd, redelivered, 0, nil)
 	if a != nil && a.next != nil {
 		// The move that dispatched it committed, whatever becomes of
 		// this message's ack: only this process knows of the next
 		// command until its lease runs out, so it runs in every case.
-		defer r.runEager(ctx, a.next)
+		defer r.runEager(ctx, a.next, a.pre)
 	}
 	if err != nil {
 		r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
@@ -356,7 +378,7 @@ func (a *attempt) committed(tx *Tx, out *written, m *Move) {
 // eager reports whether a move of this attempt leaves out the outbox row
 // of the step it dispatches, which this process then runs at once.
 func (a *attempt) eager() bool {
-	return a.plan.InStep && a.r.cfg.Eager && a.r.cfg.Publish != nil && !a.r.draining.Load()
+	return a.plan.InStep && a.r.cfg.Eager && !a.once && a.r.cfg.Publish != nil && !a.r.draining.Load()
 }
 
 // commitWrite queues w on tx, with the deletion of the attempt's own
@@ -374,7 +396,11 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 	var out written
 	w.queue(tx, &out)
 	a.consume(tx)
-	if err := tx.Commit(ctx); err != nil {
+	if a.chainable(w) && !tx.implicit {
+		if err := a.commitAndClaim(ctx, tx, w, &out); err != nil {
+			return out, err
+		}
+	} else if err := tx.Commit(ctx); err != nil {
 		return out, err
 	}
 	a.committed(tx, &out, w.move)
@@ -385,6 +411,30 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 		}
 	}
 	return out, nil
+}
+
+// commitAndClaim commits tx and, in the same round trip, begins the
+// transaction of the step w's move dispatches, with its claim: the step
+// runs next, here (chainable). The claim is kept (a.pre, with a.conn) only
+// if the move applied and dispatched that step.
+func (a *attempt) commitAndClaim(ctx context.Context, tx *Tx, w write, out *written) error {
+	m, d := w.move, w.move.Next
+	var cl *claim
+	next, committed, err := tx.CommitAndBegin(ctx, func(next *Tx) {
+		cl = queueClaim(next, m.Saga, d.Key, d.Step, d.Phase, 1, policyOf(a.def, d))
+	})
+	if !committed {
+		return err
+	}
+	if err != nil || !out.moved || !out.dispatched {
+		// The claim failed after the COMMIT, or is of no use (the move
+		// missed): the step, if dispatched, claims on its own.
+		next.Rollback(ctx)
+		return nil
+	}
+	a.pre = &preclaim{conn: a.conn, tx: next, key: d.Key, attempt: 1, claim: cl}
+	a.conn = nil
+	return nil
 }
 
 // writeReply writes a reply into the outbox, in a transaction of its own.

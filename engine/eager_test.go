@@ -1,0 +1,105 @@
+package engine_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestDispatchedStepsRunInTheProcess: a database step's transaction that
+// dispatches the next database step leaves its command off the broker;
+// the same process runs it at once, its claim sent with the COMMIT, on the
+// connection the first step held. With two connections for eight
+// handlers, every saga ends, only first steps cross the broker, and no
+// transaction is left open.
+func TestDispatchedStepsRunInTheProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	shared := testenv.DB(t)
+	seeded := seedForLoad(t, shared)
+	cfg := shared.Config().Copy()
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("EAGER")
+
+	var mu sync.Mutex
+	published := map[string]bool{}
+	sub, err := nc.Subscribe("t."+stream+".cmd.>", func(m *nats.Msg) {
+		mu.Lock()
+		published[m.Header.Get(nats.MsgIdHdr)] = true
+		mu.Unlock()
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+
+	def := transferDef(t)
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.StepConcurrency = 8 })
+	const n = 100
+	credited, compensated := submitTransfers(t, def, n, e.Client())
+	waitAllFinished(t, pool, time.Minute)
+	requireAudit(t, pool, seeded, credited, compensated)
+
+	mu.Lock()
+	require.Len(t, published, n, "one command per saga on the broker: its first step's")
+	mu.Unlock()
+	var steps, open int
+	require.NoError(t, shared.QueryRow(ctx, `select
+  (select count(*) from idemsaga.steps where phase = 'forward' and status in ('succeeded', 'failed')),
+  (select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%')`).Scan(&steps, &open))
+	require.Equal(t, 2*n, steps, "both forward steps of every saga ran")
+	require.Zero(t, open, "no claim left open")
+}
+
+// TestClaimWithTheCommitFindsTheKeyHeld: the claim of a dispatched step,
+// sent with the COMMIT of the step before, meets its key already held by a
+// success (another attempt's, committed first). The step's handler does
+// not run; the stored success moves the saga on at once, not a lease later.
+func TestClaimWithTheCommitFindsTheKeyHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("HELD")
+	def := transferDef(t)
+
+	// Started by a client whose engine runs nothing: the first command
+	// waits in the outbox for the relay of the engine started below.
+	starter := idleEngine(t, pool, nc, stream, prometheus.NewRegistry(), def)
+	res, err := starter.Client().Start(ctx, def, "held", transferInput(1, 2, 30))
+	require.NoError(t, err)
+	credit := def.Step(1).Name
+	creditKey := saga.StepKey(res.ID, credit, saga.PhaseForward)
+	_, err = pool.Exec(ctx, `insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome, result)
+values ($1, $2, $3, 'forward', 2, 'succeeded', '{"by": "another attempt"}')`, pguuid.Of(res.ID), pguuid.Of(creditKey), credit)
+	require.NoError(t, err)
+
+	// A lease far longer than the wait: the step must not need the reaper.
+	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.LeaseGrace = time.Hour })
+	waitAllFinished(t, pool, 15*time.Second)
+
+	var state, result string
+	var ledger int
+	require.NoError(t, pool.QueryRow(ctx, `select s.state, s.results->>$2,
+  (select count(*) from transfer.ledger l where l.saga_id = s.id)
+from idemsaga.sagas s where s.id = $1`, res.ID, credit).Scan(&state, &result, &ledger))
+	require.Equal(t, string(transfer.StateCredited), state)
+	require.JSONEq(t, `{"by": "another attempt"}`, result, "the stored success is the step's result")
+	require.Equal(t, 1, ledger, "the deduct ran; the credit's handler did not run again")
+}
