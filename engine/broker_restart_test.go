@@ -27,11 +27,14 @@ func TestBrokerRestartLosingEverything(t *testing.T) {
 	def, err := transfer.NewDefinition(policy)
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
-	e := startEngine(t, pool, nc, testenv.Name("RESTART"), []*saga.Definition{def}, func(c *engine.Config) {
+	stream := testenv.Name("RESTART")
+	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.LeaseGrace = time.Second
 	})
 
-	credited, compensated := submitTransfers(t, def, 100, e.Client())
+	// Started from a client without step workers: the first commands are
+	// in the stream when the broker loses everything.
+	credited, compensated := submitTransfers(t, def, 100, brokerClient(t, pool, stream, def))
 	addr := srv.Addr().String()
 	srv.Shutdown()
 	srv.WaitForShutdown()

@@ -44,6 +44,9 @@ type core struct {
 	// publish will publish; rows written while it does not are the
 	// relay's at once, wherever one runs.
 	publishing func() bool
+	// offer, if set, runs a committed command in this process's step
+	// workers at once (attempt.Runner.Offer).
+	offer func(outbox.Committed) bool
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
@@ -85,10 +88,24 @@ func (c *core) handOffArg() any {
 	return c.handOff.Milliseconds()
 }
 
-// sent publishes rows a transaction committed, or wakes the relay to.
+// sent publishes rows a transaction committed, or wakes the relay to. A
+// command this process's step workers can take at once is run here
+// instead (offer): its row stays until its attempt deletes it, or the
+// relay publishes it after the hand-off.
 func (c *core) sent(rows []outbox.Committed) {
 	if len(rows) == 0 {
 		return
+	}
+	if c.offer != nil {
+		kept := rows[:0:0]
+		for _, r := range rows {
+			if !c.offer(r) {
+				kept = append(kept, r)
+			}
+		}
+		if rows = kept; len(rows) == 0 {
+			return
+		}
 	}
 	if c.publish != nil {
 		c.publish(rows...)

@@ -2,6 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/google/uuid"
 	"sync"
 	"testing"
 	"time"
@@ -18,11 +21,13 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// TestDispatchedStepsRunInTheProcess: a database step's transaction that
-// dispatches the next database step leaves its command off the broker;
-// the same process runs it at once, its claim sent with the COMMIT, on the
-// connection the first step held. With two connections for eight
-// handlers, every saga ends, only first steps cross the broker, and no
+// TestDispatchedStepsRunInTheProcess: a saga started by an engine's own
+// client runs its first step in that engine's process when a slot is free
+// (else through the broker), and a database step's transaction that
+// dispatches the next step leaves its command off the broker: the same
+// process runs it at once, its claim sent with the COMMIT, on the
+// connection the first step held. With two connections for eight slots,
+// every saga ends, no step but a first one crosses the broker, and no
 // transaction is left open.
 func TestDispatchedStepsRunInTheProcess(t *testing.T) {
 	t.Parallel()
@@ -54,8 +59,21 @@ func TestDispatchedStepsRunInTheProcess(t *testing.T) {
 	waitAllFinished(t, pool, time.Minute)
 	requireAudit(t, pool, seeded, credited, compensated)
 
+	firsts := map[string]bool{}
+	rows, err := shared.Query(ctx, `select id from idemsaga.sagas`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id uuid.UUID
+		require.NoError(t, rows.Scan(&id))
+		firsts["c-"+saga.MessageID(saga.StepKey(id, transfer.StepDeduct, saga.PhaseForward), 1)] = true
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, firsts, n)
 	mu.Lock()
-	require.Len(t, published, n, "one command per saga on the broker: its first step's")
+	for id := range published {
+		require.True(t, firsts[id], "only first steps cross the broker; %s did", id)
+	}
+	t.Logf("%d of %d first steps crossed the broker", len(published), n)
 	mu.Unlock()
 	var steps, open int
 	require.NoError(t, shared.QueryRow(ctx, `select
@@ -63,6 +81,26 @@ func TestDispatchedStepsRunInTheProcess(t *testing.T) {
   (select count(*) from pg_stat_activity where datname = current_database() and state like 'idle in transaction%')`).Scan(&steps, &open))
 	require.Equal(t, 2*n, steps, "both forward steps of every saga ran")
 	require.Zero(t, open, "no claim left open")
+
+	// One saga at a time, every slot free: none crosses the broker.
+	mu.Lock()
+	before := len(published)
+	mu.Unlock()
+	for i := range 10 {
+		res, err := e.Client().Start(ctx, def, fmt.Sprintf("alone-%d", i), transferInput(1, 2, 1))
+		require.NoError(t, err)
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		sg, err := e.Client().Wait(wctx, res.ID)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, transfer.StateCredited, sg.State)
+	}
+	mu.Lock()
+	require.Equal(t, before, len(published), "each ran in the process that started it")
+	mu.Unlock()
+	var left int
+	require.NoError(t, shared.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&left))
+	require.Zero(t, left, "each first command's row was deleted with its step's outcome")
 }
 
 // TestClaimWithTheCommitFindsTheKeyHeld: the claim of a dispatched step,

@@ -291,10 +291,12 @@ func New(cfg Config) (*Engine, error) {
 	e.steps, err = attempt.New(attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
+		Slots: cfg.StepConcurrency,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: %w", err)
 	}
+	c.offer = e.steps.Offer
 	return e, nil
 }
 
@@ -388,6 +390,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	commands := e.consumerFunc("_steps", e.subjects.AllCommands())
 	if err := e.stepRunner.Start(ctx, func(ctx context.Context) {
 		broker.Pool(ctx, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
+	}, func(ctx context.Context) {
+		// Commands this process commits run here at once when a slot is
+		// free, rather than through the broker.
+		e.steps.Serve(ctx)
 	}); err != nil {
 		return err
 	}

@@ -122,7 +122,7 @@ func TestEveryCommandPublishedThreeTimes(t *testing.T) {
 	seeded := seedForLoad(t, pool)
 	reg := prometheus.NewRegistry()
 	stream := testenv.Name("TRIPLE")
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Registerer = reg })
+	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Registerer = reg })
 
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -148,8 +148,10 @@ func TestEveryCommandPublishedThreeTimes(t *testing.T) {
 	require.NoError(t, err)
 	defer sub.Unsubscribe() //nolint:errcheck
 
+	// Started from a client without step workers, so that every first
+	// command crosses the broker, where it is copied.
 	const n = 100
-	credited, compensated := submitTransfers(t, def, n, e.Client())
+	credited, compensated := submitTransfers(t, def, n, brokerClient(t, pool, stream, def))
 	waitAllFinished(t, pool, 2*time.Minute)
 	require.NoError(t, sub.Unsubscribe())
 	copies.Wait()

@@ -75,3 +75,14 @@ func transferInput(from, to, amount int64) transfer.Input {
 }
 
 func key(i int) string { return fmt.Sprintf("tr-%05d", i) }
+
+// brokerClient returns a client without step workers of its own, as in a
+// process that only starts sagas: the first command of each saga it
+// starts crosses the broker (a relay publishes it), where an engine's own
+// client would run it in the engine's process.
+func brokerClient(t testing.TB, pool *pgxpool.Pool, stream string, defs ...*saga.Definition) *engine.Client {
+	t.Helper()
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream, Logger: quietLogger()})
+	require.NoError(t, err)
+	return cl
+}

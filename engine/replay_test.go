@@ -113,7 +113,7 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	stream := testenv.Name("REPLAY")
 	prefix := "t." + stream
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
+	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.Registerer = reg
 		c.Retention.PublishedOutbox = time.Hour // keep published rows, to count them
 	})
@@ -138,8 +138,10 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	require.NoError(t, sub.SetPendingLimits(-1, -1))
 	require.NoError(t, listener.Flush())
 
+	// Started from a client without step workers, so that every first
+	// command crosses the broker and is replayed.
 	const n = 100
-	credited, compensated := submitTransfers(t, def, n, e.Client())
+	credited, compensated := submitTransfers(t, def, n, brokerClient(t, pool, stream, def))
 	waitAllFinished(t, pool, 2*time.Minute)
 	waitQuiet(t, pool, js, stream)
 	requireAudit(t, pool, seeded, credited, compensated)
@@ -244,7 +246,7 @@ func TestPurgedStreamIsRecoveredByLeases(t *testing.T) {
 	seeded := seedForLoad(t, pool)
 	reg := prometheus.NewRegistry()
 	stream := testenv.Name("PURGE")
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
+	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.LeaseGrace = time.Second
 		c.Registerer = reg
 		// One command and one reply at a time, so that a backlog waits in
@@ -283,7 +285,9 @@ func TestPurgedStreamIsRecoveredByLeases(t *testing.T) {
 		}
 	}()
 
-	credited, compensated := submitTransfers(t, def, 100, e.Client())
+	// Started from a client without step workers: the first commands wait
+	// in the stream, where the purges lose them.
+	credited, compensated := submitTransfers(t, def, 100, brokerClient(t, pool, stream, def))
 	lost := <-purged
 	require.Positive(t, lost, "the purges removed messages")
 	waitAllFinished(t, pool, 2*time.Minute)

@@ -244,23 +244,24 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	_, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	stream := testenv.Name("RETLATE")
-	// Published rows are kept, so the test can read the deduct command.
-	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Retention.PublishedOutbox = time.Hour })
-	res, err := e.Client().Start(ctx, def, "late", transferInput(1, 2, 40))
+	// Started by a client that runs nothing, so the test can read the
+	// deduct command before an engine runs it: a copy as the broker could
+	// still hold it.
+	res, err := brokerClient(t, pool, stream, def).Start(ctx, def, "late", transferInput(1, 2, 40))
 	require.NoError(t, err)
+	var payload []byte
+	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject = $1 order by id limit 1`, wire.Subjects{Prefix: "t." + stream}.Command(def.Name(), transfer.StepDeduct)).Scan(&payload))
+	cmd, err := wire.DecodeCommand(payload)
+	require.NoError(t, err)
+	require.Equal(t, res.ID, cmd.SagaID)
+
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	sg, err := e.Client().Wait(wctx, res.ID)
 	require.NoError(t, err)
 	require.Equal(t, transfer.StateCredited, sg.State)
 	require.NoError(t, e.Stop(wctx))
-
-	// Keep the deduct command as the broker could still hold it.
-	var payload []byte
-	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject = $1 order by id limit 1`, wire.Subjects{Prefix: "t." + stream}.Command(def.Name(), transfer.StepDeduct)).Scan(&payload))
-	cmd, err := wire.DecodeCommand(payload)
-	require.NoError(t, err)
-	require.Equal(t, res.ID, cmd.SagaID)
 
 	require.Equal(t, int64(2), countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID))
 	execSQL(t, pool, `update idemsaga.sagas set finished_at = now() - interval '8 days' where id = $1`, res.ID)

@@ -20,12 +20,19 @@ import (
 // BenchmarkTransferSaga runs whole transfer sagas, one after another, on
 // one connection: the start, then the debit and the credit as the
 // engine's step workers run them (each applied to its saga in the step's
-// own transaction), the commands handed from one to the next in memory
-// instead of through the broker. Nothing else runs: no relay (the outbox
+// own transaction). "eager" runs the debit as a delivery from the broker
+// and the credit at once after it, claimed with the debit's COMMIT, as
+// the engine does; "alone" runs each as one attempt (Handle), the commands
+// handed from one to the next in memory. Nothing else runs: no relay (the outbox
 // rows stay; the relay deletes them in batches), no reaper, no
 // orchestrator. Under scripts/pg-instructions.sh, the instructions of the
 // one backend over b.N are what the happy path of a saga costs PostgreSQL.
 func BenchmarkTransferSaga(b *testing.B) {
+	b.Run("eager", func(b *testing.B) { benchmarkTransferSaga(b, true) })
+	b.Run("alone", func(b *testing.B) { benchmarkTransferSaga(b, false) })
+}
+
+func benchmarkTransferSaga(b *testing.B, eager bool) {
 	ctx := context.Background()
 	shared := testenv.DB(b)
 	if _, err := transfer.Seed(ctx, shared, 2, 1<<50); err != nil {
@@ -59,7 +66,7 @@ func BenchmarkTransferSaga(b *testing.B) {
 	c.handOff = cfg.RelayHandOff
 	w, err := attempt.New(attempt.Config{
 		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.metrics,
-		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c,
+		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c, Eager: eager,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -82,13 +89,19 @@ func BenchmarkTransferSaga(b *testing.B) {
 			if err != nil {
 				b.Fatalf("saga %d: the engine handed on what is not a command (%s): %v", i, row.Subject, err)
 			}
-			if _, err := w.Handle(ctx, cmd, false); err != nil {
+			if eager {
+				w.Run(ctx, cmd, false, func(err error) {
+					if err != nil {
+						b.Fatal(err)
+					}
+				})
+			} else if _, err := w.Handle(ctx, cmd, false); err != nil {
 				b.Fatal(err)
 			}
 			steps++
 		}
-		if steps != 2 {
-			b.Fatalf("saga %d ran %d steps, not the transfer's 2", i, steps)
+		if want := 2; eager && steps != 1 || !eager && steps != want {
+			b.Fatalf("saga %d handed %d commands on, not 1 (eager) or 2 (alone)", i, steps)
 		}
 	}
 	var credited int

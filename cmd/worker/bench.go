@@ -47,8 +47,8 @@ type benchCmd struct {
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
 	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
-	Redeliver      float64       `default:"0" help:"Fraction of commands delivered a second time under a new message id (1: every command twice); the inbox absorbs them."`
-	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them."`
+	Redeliver      float64       `default:"0" help:"Fraction of the commands crossing the broker delivered a second time under a new message id (1: every one twice); the inbox absorbs them."`
+	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them. With it or --redeliver, sagas start from a client without step workers, so that every first command crosses the broker (the pools' relays poll every 5ms); the steps those dispatch still run at once."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
 	NATSURL        string        `name:"nats-url" help:"Use this NATS server (with JetStream) instead of one embedded in this process, so that the process holds only the workers; the broker's CPU is then counted apart (processes named nats-server). The benchmark uses a stream of its own there, IDEMSAGA_BENCH, deleted at the end."`
 	MemoryEvery    time.Duration `name:"memory-every" default:"0s" help:"Also print the heap (after a GC) and resident memory at this interval during the run (0: only after the warm-up and at the end), to see whether memory stays flat."`
@@ -107,6 +107,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		}
 	}
 
+	viaBroker := b.LostAcks > 0 || b.Redeliver > 0
 	natsURL, stream, prefix := b.NATSURL, engine.StreamDefault, engine.SubjectPrefixDefault
 	if natsURL == "" {
 		ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
@@ -181,11 +182,26 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		cfg.Stream, cfg.SubjectPrefix = stream, prefix
 		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.DisableRetention = per, per, true
 		cfg.Logger, cfg.OnFinishedFunc = newLogger("error"), onFinished
+		if viaBroker {
+			cfg.RelayPollInterval = remotePoll
+		}
 	})
 	if err != nil {
 		return err
 	}
 	defer stopPools()
+	// A pool's own client runs the first step in the pool's process; with
+	// the broker's faults, sagas start from a client without step
+	// workers, so that every first command crosses the broker.
+	clients := make([]*engine.Client, len(engines))
+	for i, e := range engines {
+		clients[i] = e.Client()
+		if viaBroker {
+			if clients[i], err = engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, Stream: stream, SubjectPrefix: prefix}); err != nil {
+				return err
+			}
+		}
+	}
 	jsConn, err := connectNATS(natsURL, "bench-stats")
 	if err != nil {
 		return err
@@ -201,7 +217,7 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 		errc := make(chan error, 1)
 		var wg sync.WaitGroup
 		for w := range b.Concurrency {
-			cl := engines[w%len(engines)].Client()
+			cl := clients[w%len(clients)]
 			wg.Go(func() {
 				for i := range jobs {
 					from := 1 + int64(i*7919%accounts)
@@ -423,6 +439,10 @@ func defaultBenchConns(cpus, pools int) int {
 // connections as the pools have, next to the pools' own, and PostgreSQL
 // refuses connections past its max_connections (100 by default).
 const maxBenchConns = 1000
+
+// remotePoll is the relays' poll interval when sagas start from a client
+// without step workers, whose rows only a relay publishes.
+const remotePoll = 5 * time.Millisecond
 
 // spread reports whether the i-th saga is one of a fraction of them chosen
 // evenly: with 0.05, every 20th. The failing transfers are spread so, not

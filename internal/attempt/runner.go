@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +74,9 @@ type Config struct {
 	// Mover, if set, applies outcomes in the attempt's own transaction;
 	// without it every outcome is answered with a reply.
 	Mover Mover
+	// Slots, if positive, bounds the commands handled at once, delivered
+	// (HandleMsg) or offered (Offer); without it Offer takes none.
+	Slots int
 	// Eager runs here, at once, the step that an attempt's move dispatched,
 	// instead of publishing its command (needs Mover and Publish). The
 	// command's outbox row stays until the transaction that records that
@@ -87,6 +92,14 @@ type Runner struct {
 	recent *recent
 	// draining stops eager runs: their commands go to the broker.
 	draining atomic.Bool
+	// slots bound the commands handled at once (Config.Slots): deliveries
+	// wait for one, offered commands take a free one or go to the broker.
+	slots     chan struct{}
+	cmdPrefix string
+	serveMu   sync.RWMutex
+	serving   bool
+	serveCtx  context.Context
+	offers    sync.WaitGroup
 }
 
 // New returns a runner.
@@ -94,7 +107,11 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Pool == nil || cfg.Subjects.Prefix == "" || len(cfg.Definitions) == 0 || cfg.Logger == nil || cfg.Metrics == nil {
 		return nil, errors.New("attempt: Config.Pool, Subjects, Definitions, Logger and Metrics are required")
 	}
-	r := &Runner{cfg: cfg, defs: make(map[string]*saga.Definition, len(cfg.Definitions))}
+	r := &Runner{cfg: cfg, defs: make(map[string]*saga.Definition, len(cfg.Definitions)),
+		cmdPrefix: strings.TrimSuffix(cfg.Subjects.AllCommands(), ">")}
+	if cfg.Slots > 0 {
+		r.slots = make(chan struct{}, cfg.Slots)
+	}
 	for _, d := range cfg.Definitions {
 		if _, dup := r.defs[d.Name()]; dup {
 			return nil, fmt.Errorf("definition %q is given twice", d.Name())
@@ -183,6 +200,45 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 // Drain makes the runner publish the commands it would run eagerly: it is
 // stopping.
 func (r *Runner) Drain() { r.draining.Store(true) }
+
+// Offer runs at once, on a goroutine of its own, a command whose outbox
+// row committed, if one of the runner's slots is free (Config.Slots); the
+// attempt that records its outcome deletes the row. It returns false, and
+// the caller publishes the row, when no slot is free, the runner is not
+// serving or drains, or c is not a command.
+func (r *Runner) Offer(c outbox.Committed) bool {
+	if r.slots == nil || c.ID == 0 || !strings.HasPrefix(c.Subject, r.cmdPrefix) {
+		return false
+	}
+	r.serveMu.RLock()
+	defer r.serveMu.RUnlock()
+	if !r.serving || r.draining.Load() {
+		return false
+	}
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		return false
+	}
+	r.offers.Go(func() {
+		defer func() { <-r.slots }()
+		r.runEager(context.WithoutCancel(r.serveCtx), &c, nil)
+	})
+	return true
+}
+
+// Serve takes offered commands (Offer) until ctx ends, then waits for
+// those in hand.
+func (r *Runner) Serve(ctx context.Context) {
+	r.serveMu.Lock()
+	r.serving, r.serveCtx = true, ctx
+	r.serveMu.Unlock()
+	<-ctx.Done()
+	r.serveMu.Lock()
+	r.serving = false
+	r.serveMu.Unlock()
+	r.offers.Wait()
+}
 
 func (r *Runner) publish(rows ...outbox.Committed) {
 	if r.cfg.Publish != nil {
@@ -315,31 +371,45 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
+	if r.slots != nil {
+		r.slots <- struct{}{}
+		defer func() { <-r.slots }()
+	}
+	r.Run(ctx, cmd, redelivered, func(err error) {
+		if err != nil {
+			r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
+				"phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
+			return // as if the ack was lost: JetStream redelivers after AckWait
+		}
+		if mdErr == nil && md.NumDelivered == 1 && failpoint.Inject(failpoint.StepRedeliver) != nil {
+			// As if the ack was lost, without waiting for AckWait.
+			_ = msg.Nak()
+			return
+		}
+		if err := msg.Ack(); err != nil {
+			// The commit stands; a redelivery is absorbed by the inbox.
+			r.cfg.Logger.Debug("step worker: ack failed after commit", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
+		}
+	})
+}
+
+// Run runs cmd as a delivery from the broker: done receives nil once its
+// outcome committed (or was found committed), or the error that left
+// nothing committed; then the steps its moves dispatched run here, one
+// after another (Config.Eager).
+func (r *Runner) Run(ctx context.Context, cmd wire.Command, redelivered bool, done func(error)) {
 	_, a, err := r.handle(ctx, cmd, redelivered, 0, nil)
 	if a != nil && a.next != nil {
 		// The move that dispatched it committed, whatever becomes of
-		// this message's ack: only this process knows of the next
+		// the delivery's ack: only this process knows of the next
 		// command until its lease runs out, so it runs in every case.
 		defer r.runEager(ctx, a.next, a.pre)
 	}
-	if err != nil {
-		r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
-			"phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
-	}
-	if err := failpoint.Inject(failpoint.StepBeforeAck); err != nil {
-		return // as if the ack was lost: JetStream redelivers after AckWait
-	}
-	if mdErr == nil && md.NumDelivered == 1 && failpoint.Inject(failpoint.StepRedeliver) != nil {
-		// As if the ack was lost, without waiting for AckWait.
-		_ = msg.Nak()
-		return
-	}
-	if err := msg.Ack(); err != nil {
-		// The commit stands; a redelivery is absorbed by the inbox.
-		r.cfg.Logger.Debug("step worker: ack failed after commit", "saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
-	}
+	done(err)
 }
 
 // deleteCommandRow consumes an eagerly run command's outbox row.
