@@ -17,18 +17,25 @@
 //     Duplicate set; a different input returns saga.ErrIdempotencyKeyReused
 //     and writes nothing.
 //   - Every state change is one conditional update on (state, version) in
-//     the same transaction as the step's outcome and the next command in
-//     the outbox. The engine's own step workers apply a success in the
-//     step's transaction, with the inbox row and the business write; a
-//     failure comes back as a reply. A reply or success already applied,
+//     the same transaction as the step's outcome and the next step's row.
+//     The engine's own step workers apply an outcome in the step's
+//     transaction, with the inbox row and the business write; a retry, an
+//     external step's unknown outcome and an outcome whose saga moved
+//     meanwhile come back as a reply. A reply or outcome already applied,
 //     or from an older attempt, changes nothing.
-//   - What a process commits to the outbox it publishes right after the
+//   - A command this process committed runs here when a step slot is free
+//     (Config.StepConcurrency), and a database step the previous step's
+//     transaction dispatched runs at once after it, claimed in the round
+//     trip of that COMMIT. Anything else is published right after the
 //     commit; the relay publishes what is left after Config.RelayHandOff.
 //   - A dispatched step holds a lease taken from the database clock. When
 //     it expires with no reply, the step is dispatched again with the same
-//     key and the next attempt number; when the last attempt's lease
-//     expires, the step is compensated, and its compensation tombstones the
-//     forward key first so a late delivery does nothing.
+//     key and the next attempt number. A step given up (attempts exhausted,
+//     its last lease expired, a cancel) is settled through the inbox first:
+//     a tombstone under its key, unless it holds a final outcome, so a late
+//     delivery does nothing. An external step any of whose attempts had an
+//     unknown outcome is possibly done: its own compensation runs first, or
+//     the saga parks (saga.StateParked) when it has none.
 //   - Retries wait for a due time stored in the database, not a timer in
 //     memory, so they survive restarts.
 //   - Any number of engines may share one database and one stream. The

@@ -197,7 +197,11 @@ func (b *benchCmd) Run(ctx context.Context, g *globals) error {
 	for i, e := range engines {
 		clients[i] = e.Client()
 		if viaBroker {
-			if clients[i], err = engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, Stream: stream, SubjectPrefix: prefix}); err != nil {
+			// Its own registry, counted with the pools' (duplicates
+			// absorbed at the start).
+			reg := prometheus.NewRegistry()
+			regs = append(regs, reg)
+			if clients[i], err = engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, Stream: stream, SubjectPrefix: prefix, Registerer: reg}); err != nil {
 				return err
 			}
 		}

@@ -118,7 +118,7 @@ func (w *orderChaos) env() []string         { return []string{"IDEMSAGA_PAYMENTS
 func (w *orderChaos) count(c *chaosCmd) int { return c.Orders }
 
 func (w *orderChaos) describe() {
-	fmt.Printf("  payment service at %s: 5%% of answers lost after the charge or refund committed (always for %v), 4%% 500 before charging, 3%% 503, 2%% answered after the step timeout\\n",
+	fmt.Printf("  payment service at %s: 5%% of answers lost after the charge or refund committed (always for %v), 4%% 500 before charging, 3%% 503, 2%% answered after the step timeout\n",
 		w.url, chaosUnlucky)
 }
 

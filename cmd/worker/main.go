@@ -59,7 +59,7 @@ type globals struct {
 type cli struct {
 	globals
 
-	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's and the transfer example's tables."`
+	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's tables and the examples' (transfer, order, payment service)."`
 	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator and lease reaper, until SIGINT or SIGTERM."`
 	Transfer  transferCmd  `cmd:"" help:"Start a money transfer saga (the same key gives the same saga)."`
 	Order     orderCmd     `cmd:"" help:"Start an order saga: reserve stock, charge at the payment service, ship (the same key gives the same saga)."`

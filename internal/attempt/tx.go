@@ -46,15 +46,6 @@ func Begin(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
 // PostgreSQL's implicit transaction. It must not Flush.
 func Implicit(conn *pgx.Conn) *Tx { return &Tx{conn: conn, implicit: true} }
 
-// beginAfter returns a transaction on conn whose first batch sends sql
-// (a ROLLBACK of what conn holds) before its BEGIN.
-func beginAfter(conn *pgx.Conn, sql string) *Tx {
-	t := &Tx{conn: conn, batch: &pgx.Batch{}, begun: true}
-	t.batch.Queue(sql)
-	t.batch.Queue("begin")
-	return t
-}
-
 // Conn returns the connection, for reads that the queue must not wait for.
 func (t *Tx) Conn() *pgx.Conn { return t.conn }
 
