@@ -336,6 +336,13 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 	if possibly {
 		m.Error = fmt.Sprintf("step %q (key %s) was given up and may have taken effect: %s; it is compensated first", step.Name, key, reason)
 	}
+	return c.compensate(m, after, def, plan)
+}
+
+// compensate makes m start plan: with nothing to undo the saga ends
+// compensated; otherwise it is compensating and m dispatches the plan's
+// first compensation.
+func (c *core) compensate(m *attempt.Move, after *saga.Instance, def *saga.Definition, plan []int) (*attempt.Move, error) {
 	if len(plan) == 0 {
 		finish(m, string(saga.StateCompensated))
 		return m, nil

@@ -199,14 +199,7 @@ func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptN
 	step := def.Step(idx)
 	m, after := moveFrom(sg, to, step.Name, saga.PhaseForward, attemptNo)
 	m.Status, m.StepResult, m.ResultStep, m.Result, m.Error = saga.StepSucceeded, result, step.Name, result, msg
-	if len(plan) == 0 {
-		finish(m, string(saga.StateCompensated))
-		return m, nil
-	}
-	after.State = saga.StateCompensating
-	var err error
-	m.Next, err = c.dispatch(after, def, plan[0], saga.PhaseCompensate)
-	return m, err
+	return c.compensate(m, after, def, plan)
 }
 
 // cancelParked compensates the steps before a parked saga's step.
