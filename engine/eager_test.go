@@ -2,7 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"sync"
@@ -140,4 +142,53 @@ from idemsaga.sagas s where s.id = $1`, res.ID, credit).Scan(&state, &result, &l
 	require.Equal(t, string(transfer.StateCredited), state)
 	require.JSONEq(t, `{"by": "another attempt"}`, result, "the stored success is the step's result")
 	require.Equal(t, 1, ledger, "the deduct ran; the credit's handler did not run again")
+}
+
+// TestSlowStepRunWhereCommittedIsNotSweptMeanwhile: a command run in the
+// process that committed it keeps its outbox row locked from its claim to
+// its outcome, so the relay's sweep does not publish it while the step
+// runs past the hand-off: the step runs once, and nothing crosses the
+// broker.
+func TestSlowStepRunWhereCommittedIsNotSweptMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	_, err := pool.Exec(ctx, `create table effects (saga_id uuid, step text, phase text)`)
+	require.NoError(t, err)
+	slow := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		if _, err := sc.Tx.Exec(ctx, `select pg_sleep(0.4)`); err != nil {
+			return nil, err
+		}
+		return recorder("slow", nil)(ctx, sc)
+	}
+	def := saga.MustNew("slow",
+		saga.Step{Kind: saga.DatabaseStep, Name: "slow", Reaches: "slow_done", Forward: slow},
+		saga.Step{Kind: saga.DatabaseStep, Name: "after", Reaches: "after_done", Forward: recorder("after", nil)},
+	)
+	stream := testenv.Name("SLOW")
+	var published atomic.Int64
+	sub, err := nc.Subscribe("t."+stream+".cmd.>", func(*nats.Msg) { published.Add(1) })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	reg := prometheus.NewRegistry()
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
+		c.Registerer = reg
+		c.RelayHandOff = 50 * time.Millisecond // far shorter than the step
+		c.RelayPollInterval = 10 * time.Millisecond
+	})
+	res, err := e.Client().Start(ctx, def, "slow", map[string]int{})
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	sg, err := e.Client().Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.State("after_done"), sg.State)
+
+	var effects int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects where saga_id = $1`, res.ID).Scan(&effects))
+	require.Equal(t, 2, effects, "each step took effect once")
+	require.NoError(t, nc.Flush())
+	require.Zero(t, published.Load(), "the relay did not publish the command of the step in hand")
+	require.Zero(t, stepDuplicates(t, reg), "no second delivery to absorb")
 }

@@ -16,7 +16,7 @@ import (
 
 type listCmd struct {
 	Definition string        `help:"Only sagas of this definition."`
-	State      string        `help:"Only sagas in this state (init, deducted, credited, compensating, compensated, failed)."`
+	State      string        `help:"Only sagas in this state: init, compensating, compensated, failed, parked, or a step's (deducted, credited; reserved, charged, shipped)."`
 	OlderThan  time.Duration `name:"older-than" help:"Only sagas created longer ago than this."`
 	Stuck      bool          `help:"Only running sagas with no step in flight or an overdue lease or retry."`
 	StuckAfter time.Duration `name:"stuck-after" default:"30s" help:"How overdue a lease or retry must be to count as stuck."`

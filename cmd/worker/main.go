@@ -60,14 +60,15 @@ type cli struct {
 	globals
 
 	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's tables and the examples' (transfer, order, payment service)."`
+	Seed      seedCmd      `cmd:"" help:"Create the examples' accounts and products (after migrate), which reconcile checks money and stock against."`
 	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator and lease reaper, until SIGINT or SIGTERM."`
 	Transfer  transferCmd  `cmd:"" help:"Start a money transfer saga (the same key gives the same saga)."`
 	Order     orderCmd     `cmd:"" help:"Start an order saga: reserve stock, charge at the payment service, ship (the same key gives the same saga)."`
 	Payments  paymentsCmd  `cmd:"" help:"Run the order example's payment service, optionally misbehaving (lost answers, 500s, slow answers)."`
 	List      listCmd      `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
 	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step attempt."`
-	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation (same step keys: nothing runs twice)."`
-	Cancel    cancelCmd    `cmd:"" help:"Stop a running saga and compensate what it completed."`
+	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation, or run a parked saga's step again (same step keys: nothing runs twice)."`
+	Cancel    cancelCmd    `cmd:"" help:"Stop a running saga, or a parked one, and compensate what it completed."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's and the examples' invariants; print each difference and exit non-zero when any is found."`
 	Demo      demoCmd      `cmd:"" help:"Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database."`
 	Chaos     chaosCmd     `cmd:"" help:"Run transfers or orders across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile."`

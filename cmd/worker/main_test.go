@@ -207,6 +207,34 @@ func TestWorkerCommands(t *testing.T) {
 	require.Contains(t, runErr.String(), "stopped cleanly")
 }
 
+// TestSeed: `worker seed` gives a migrated database the examples'
+// accounts and products and records them for reconcile; run again, it
+// refuses and changes nothing unless told to replace them.
+func TestSeed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := testenv.DBWithURL(t)
+	env := []string{"DATABASE_URL=" + dbURL}
+	r := worker(t, env, "seed", "--accounts", "7", "--balance", "50", "--products", "3", "--stock", "9")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "seeded 7 accounts holding 350 in all, and 3 products of 9 units")
+	var money, stock int64
+	require.NoError(t, pool.QueryRow(ctx, `select (select sum(balance) from transfer.accounts), (select sum(stock) from orders.products)`).Scan(&money, &stock))
+	require.Equal(t, []int64{350, 27}, []int64{money, stock})
+	r = worker(t, env, "reconcile")
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+
+	r = worker(t, env, "seed", "--accounts", "2")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "already holds 7 accounts and 3 products; pass --replace")
+	require.NoError(t, pool.QueryRow(ctx, `select sum(balance) from transfer.accounts`).Scan(&money))
+	require.Equal(t, int64(350), money, "nothing changed")
+	r = worker(t, env, "seed", "--accounts", "2", "--replace")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, pool.QueryRow(ctx, `select sum(balance) from transfer.accounts`).Scan(&money))
+	require.Equal(t, int64(2_000_000), money)
+}
+
 func TestWorkerErrorsAreOneLine(t *testing.T) {
 	t.Parallel()
 	r := worker(t, []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "status", "x")

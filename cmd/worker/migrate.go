@@ -43,14 +43,17 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// checkExamplesMigrated fails when the examples' tables lack this build's
-// migrations (the engine checks its own at start).
+// checkExamplesMigrated fails, saying to run `worker migrate`, when the
+// engine's or the examples' tables lack this build's migrations.
 func checkExamplesMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
 	defer conn.Release()
+	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+		return err
+	}
 	if err := transfer.CheckMigrated(ctx, conn.Conn()); err != nil {
 		return err
 	}

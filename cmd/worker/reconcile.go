@@ -119,7 +119,7 @@ func reconcile(ctx context.Context, p *pgxpool.Pool, defs []*saga.Definition, st
 			if transfers == 0 {
 				return res, nil
 			}
-			return res, errors.New("no seed recorded for the transfer accounts; pass --expect-total with the money the accounts should hold")
+			return res, errors.New("no seed recorded for the transfer accounts (`worker seed` records one); pass --expect-total with the money the accounts should hold")
 		}
 		expect = total
 	}

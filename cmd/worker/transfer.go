@@ -43,6 +43,9 @@ func startAndWait(ctx context.Context, g *globals, pool *pgxpool.Pool, name, wha
 	if err != nil {
 		return err
 	}
+	if err := checkExamplesMigrated(ctx, pool); err != nil {
+		return err
+	}
 	res, err := cl.Start(ctx, def, key, in)
 	if err != nil {
 		if errors.Is(err, saga.ErrIdempotencyKeyReused) {

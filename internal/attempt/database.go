@@ -78,6 +78,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 			}
 		}
 		cl = queueClaim(tx, cmd.SagaID, cmd.Key, cmd.Step, cmd.Phase, cmd.Attempt, a.policy)
+		a.consume(tx)
 		if err := tx.Flush(actx); err != nil {
 			return a.replyBase(), err
 		}
@@ -92,6 +93,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 		var found bool
 		end := Implicit(c)
 		end.Exec("rollback", nil)
+		a.unconsume()
 		a.consume(end)
 		end.Queue(readStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
 		if err := end.Commit(actx); err != nil {
@@ -207,7 +209,7 @@ func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr er
 		if c.PgConn().TxStatus() != 'I' {
 			tx.Exec("rollback", nil)
 		}
-		a.queued = false
+		a.unconsume()
 		var err error
 		out, err = a.commitWrite(rctx, tx, w, msg)
 		return err

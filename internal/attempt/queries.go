@@ -10,20 +10,22 @@ var (
 	// goes in first, before any business write, so a concurrent duplicate
 	// waits on the key and then finds the committed outcome; if the
 	// attempt rolls back, so does the row. A key held already (or a saga
-	// gone) inserts nothing and returns 0; the caller then reads what the
-	// inbox holds (readStored). The claim takes its key's advisory lock
+	// gone) inserts nothing and returns no row; the caller then reads what
+	// the inbox holds (readStored). The claim takes its key's advisory lock
 	// shared for the whole attempt (see lockClass), and bounds how long
 	// the transaction may sit idle ($7): a stalled process must not hold
-	// the key forever. The lock is a filter and the bound is what the
-	// statement returns, rather than a join and a CTE's count: a plain
-	// INSERT starts fewer executor nodes, 27,000 instructions less per
-	// step under callgrind (scripts/pg-instructions.sh).
+	// the key forever. Both are filters on the saga's row, so they hold
+	// whether or not the key was free, rather than a join on a one-row
+	// subquery and a CTE's count: a plain INSERT starts fewer executor
+	// nodes, 27,000 instructions less per step under callgrind
+	// (scripts/pg-instructions.sh).
 	claimTx = fmt.Sprintf(`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'succeeded'
 from idemsaga.sagas s
 where s.id = $1 and pg_advisory_xact_lock_shared(%d, $6) is not null
+  and set_config('idle_in_transaction_session_timeout', $7, true) is not null
 on conflict (saga_id, step_key) do nothing
-returning set_config('idle_in_transaction_session_timeout', $7, true)`, lockClass)
+returning 1`, lockClass)
 
 	// claimCall is an external attempt's claim, in a transaction of its
 	// own committed before the call: the key's row becomes started at this

@@ -303,6 +303,10 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 		return wire.Reply{}, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
 	}
 	step := def.Step(idx)
+	if given != nil && (step.Kind != saga.DatabaseStep || given.key != cmd.Key || given.attempt != cmd.Attempt) {
+		given.close(ctx) // not this attempt's: let its key go before anything waits
+		given = nil
+	}
 	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row, given: given, once: once,
 		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}}
 	if cmd.Phase == saga.PhaseCompensate {
@@ -422,13 +426,19 @@ values ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 millisecond
 
 // consume queues, on tx, the deletion of the attempt's own command row
 // when it runs eagerly: the command is consumed with the outcome tx
-// records.
+// records. A database step queues it with its claim, so that the row stays
+// locked, and the relay's sweep (SKIP LOCKED) leaves it, however long the
+// attempt runs; a transaction that rolls it back must say so (unconsume).
 func (a *attempt) consume(tx *Tx) {
-	if a.row != 0 && !a.consumed {
+	if a.row != 0 && !a.consumed && !a.queued {
 		tx.Exec(deleteCommandRow, nil, a.row)
 		a.queued = true
 	}
 }
+
+// unconsume records that the transaction which deleted the command's row
+// rolled back.
+func (a *attempt) unconsume() { a.queued = false }
 
 // committed takes what a committed transaction of the attempt leaves: the
 // outbox rows to publish, its own command consumed if tx deleted its row,
