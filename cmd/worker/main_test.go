@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
@@ -37,6 +39,7 @@ func TestMain(m *testing.M) {
 		os.Stderr.Write(out)
 		panic(err)
 	}
+	testenv.WithTables(transfer.Migrate, order.Migrate, payments.Migrate)
 	code := m.Run()
 	testenv.Cleanup()
 	os.RemoveAll(dir)

@@ -24,7 +24,7 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.Main(m, order.Migrate, payments.Migrate) }
 
 // fault is what the network between the saga and the payment service does
 // to one request.

@@ -19,7 +19,7 @@ import (
 	"github.com/idemsaga/idemsaga/steps"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.Main(m, transfer.Migrate) }
 
 func TestInputValidate(t *testing.T) {
 	t.Parallel()

@@ -26,9 +26,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/idemsaga/idemsaga/examples/order"
-	"github.com/idemsaga/idemsaga/examples/order/payments"
-	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/migrations"
 )
 
@@ -41,6 +38,18 @@ func AdminURL() string {
 	}
 	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 }
+
+// Migrator creates or updates a package's own tables, such as an
+// example's (transfer.Migrate).
+type Migrator func(ctx context.Context, conn *pgx.Conn) error
+
+// tables are the migrators a test process added to the engine's.
+var tables []Migrator
+
+// WithTables adds, to every test database of this process, the tables the
+// migrators create next to the engine's. Call it from TestMain before
+// m.Run (Main does).
+func WithTables(migrate ...Migrator) { tables = append(tables, migrate...) }
 
 var (
 	templateOnce sync.Once
@@ -71,8 +80,9 @@ func passwordPart(p string) string {
 	return " password='" + strings.ReplaceAll(p, "'", `\'`) + "'"
 }
 
-// template creates, once per test process, a database with every
-// migration applied; test databases are cloned from it.
+// template creates, once per test process, a database with the engine's
+// migrations and the process's own tables (WithTables) applied; test
+// databases are cloned from it.
 func template(ctx context.Context) (string, error) {
 	templateOnce.Do(func() {
 		templateName = "idemsaga_tmpl_" + randomSuffix()
@@ -101,7 +111,7 @@ func template(ctx context.Context) (string, error) {
 			templateErr = err
 			return
 		}
-		for _, m := range []func(context.Context, *pgx.Conn) error{transfer.Migrate, order.Migrate, payments.Migrate} {
+		for _, m := range tables {
 			if templateErr = m(ctx, conn); templateErr != nil {
 				return
 			}
@@ -111,8 +121,11 @@ func template(ctx context.Context) (string, error) {
 }
 
 // Main runs a package's tests, drops the template database, and fails the
-// run when goroutines leak. Call it from TestMain: testenv.Main(m).
-func Main(m *testing.M) {
+// run when goroutines leak. Call it from TestMain: testenv.Main(m), with
+// the migrators of the tables the tests need besides the engine's
+// (testenv.Main(m, transfer.Migrate)).
+func Main(m *testing.M, migrate ...Migrator) {
+	WithTables(migrate...)
 	ignore := goleak.IgnoreCurrent()
 	code := m.Run()
 	Cleanup()
@@ -141,7 +154,7 @@ func Cleanup() {
 }
 
 // DB returns a pool on a new database holding the engine's tables and the
-// examples' (transfer, order, payments), dropped when the test ends.
+// process's own (WithTables), dropped when the test ends.
 func DB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool, _ := DBWithURL(t)

@@ -16,7 +16,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.Main(m, payments.Migrate) }
 
 func post(t *testing.T, srv *httptest.Server, path string, key uuid.UUID, body any) (int, map[string]any) {
 	t.Helper()
