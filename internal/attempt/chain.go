@@ -15,9 +15,8 @@ import (
 // claim is what a database step's claim reports once sent: whether it
 // took the key and, for a compensation, the forward key's outcome.
 type claim struct {
-	taken    bool
-	fwd      *stored
-	fwdFound bool
+	taken bool
+	fwd   *stored
 }
 
 // queueClaim queues, on tx (open, explicit), the claim of one attempt of a
@@ -37,7 +36,7 @@ func queueClaim(tx *Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, at
 		cl.fwd = &stored{}
 		fwdKey := pguuid.Of(saga.StepKey(sagaID, step, saga.PhaseForward))
 		tx.Exec(fenceForward, nil, pguuid.Of(sagaID), fwdKey, step)
-		tx.Queue(readStored, cl.fwd.scan(&cl.fwdFound), pguuid.Of(sagaID), fwdKey)
+		tx.Queue(readStored, cl.fwd.scan(nil), pguuid.Of(sagaID), fwdKey)
 	}
 	return cl
 }

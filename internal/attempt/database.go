@@ -73,7 +73,6 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 				if err := a.checkKind(st); err != nil {
 					return a.replyBase(), err
 				}
-				a.read = true
 				return a.answerStored(actx, c, st, false)
 			}
 		}

@@ -27,7 +27,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 
 	var claimed int64
 	var st, fwd stored
-	var found, fwdFound, byRead bool
+	var found, byRead bool
 	err := a.r.cfg.Pool.AcquireFunc(actx, func(conn *pgxpool.Conn) error {
 		c := conn.Conn()
 		if a.plan.ReadFirst {
@@ -45,7 +45,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		if cmd.Phase == saga.PhaseCompensate {
 			fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
 			tx.Exec(fenceForward, nil, sagaID, fwdKey, cmd.Step)
-			tx.Queue(readStored, fwd.scan(&fwdFound), sagaID, fwdKey)
+			tx.Queue(readStored, fwd.scan(nil), sagaID, fwdKey)
 		}
 		// Run eagerly, the command is consumed by its claim: should the
 		// process die during the call, the lease drives it again.
@@ -61,7 +61,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	}
 	switch {
 	case found && st.final():
-		a.read, a.conflict = byRead, !byRead
+		a.conflict = !byRead
 		var reply wire.Reply
 		err := a.r.cfg.Pool.AcquireFunc(actx, func(c *pgxpool.Conn) error {
 			var err error

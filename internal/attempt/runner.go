@@ -158,8 +158,6 @@ type attempt struct {
 	after func()
 	// stored is set when the inbox holds this attempt's final outcome.
 	stored bool
-	// read is set when a read of the inbox answered a redelivery.
-	read bool
 	// conflict is set when the claim met the key's row.
 	conflict bool
 	// dropped is set when the attempt wrote nothing and answers nothing:

@@ -32,18 +32,24 @@ func (st stored) final() bool {
 // had an unknown outcome.
 func (st stored) undo() bool { return st.outcome == "succeeded" || st.unknown }
 
-// scan reads a row of readStored into st; found is false for no row.
+// scan reads a row of readStored into st; found, if not nil, is false for
+// no row (st then stays the zero value: nothing stored).
 func (st *stored) scan(found *bool) func(pgx.Row) error {
+	set := func(v bool) {
+		if found != nil {
+			*found = v
+		}
+	}
 	return func(row pgx.Row) error {
 		err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt, &st.unknown)
 		if errors.Is(err, pgx.ErrNoRows) {
-			*found = false
+			set(false)
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read the inbox: %w", err)
 		}
-		*found = true
+		set(true)
 		if string(st.result) == "null" {
 			st.result = nil
 		}
