@@ -333,7 +333,7 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 	defer release()
 	start := time.Now()
 	var reply wire.Reply
-	if step.Kind == saga.ExternalStep {
+	if a.plan.Kind == saga.ExternalStep {
 		reply, err = a.external(ctx)
 	} else {
 		reply, err = a.database(ctx)
