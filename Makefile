@@ -4,9 +4,13 @@ WORKER_PKG := ./cmd/worker
 
 .PHONY: test lint demo build migrate chaos chaos-orders bench compare-dbos
 
-# Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
-# scripts/ensure-postgres.sh sets that up when it is missing.
+# Needs cgo and a C compiler for -race (scripts/ensure-cc.sh installs gcc and
+# libc6-dev on Debian/Ubuntu when they are missing), and PostgreSQL at
+# 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
+# scripts/ensure-postgres.sh sets that up when it is missing (its trust rule
+# lets every local user in as postgres: not for shared or production machines).
 test:
+	GO="$(GO)" ./scripts/ensure-cc.sh
 	./scripts/ensure-postgres.sh
 	$(GO) test -race -count=1 -timeout 15m ./...
 
@@ -41,14 +45,14 @@ chaos-orders:
 	$(GO) run $(WORKER_PKG) chaos --saga order
 
 # Sagas per second, latency and cost per saga against the local PostgreSQL,
-# with pgbench as the ceiling (docs/benchmarks.md).
+# with pgbench as the ceiling (bench/JOURNAL.md).
 bench:
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) bench
 
 # The same transfer load on DBOS Transact Go, to compare the two on one
-# machine in one sitting (compare/dbos is a module of its own: the engine
-# does not depend on DBOS). Run it alternately with `make bench`.
+# machine in one sitting (bench/compare/dbos is a module of its own: the
+# engine does not depend on DBOS). Run it alternately with `make bench`.
 compare-dbos:
 	./scripts/ensure-postgres.sh
-	cd compare/dbos && $(GO) run .
+	cd bench/compare/dbos && $(GO) run .

@@ -6,12 +6,14 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
@@ -20,13 +22,44 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// MaxKeyLength bounds an idempotency key.
-const MaxKeyLength = 255
+// MaxKeyLength bounds an idempotency key (saga.CheckKey).
+const MaxKeyLength = saga.MaxKeyLength
 
 // Client starts and reads sagas. It needs only the database: the first
 // command goes into the outbox in the same transaction as the saga, and a
 // relay publishes it.
-type Client struct{ c *core }
+type Client struct {
+	c   *core
+	cfg Config
+
+	mu      sync.Mutex
+	checked bool
+}
+
+func (cl *Client) markChecked() {
+	cl.mu.Lock()
+	cl.checked = true
+	cl.mu.Unlock()
+}
+
+// Check compares the client's shared settings (SubjectPrefix, LeaseGrace)
+// and definitions with the deployment's, recording what it has not
+// recorded yet, and returns ErrDeploymentMismatch on a difference: a
+// client that would write commands on another subject prefix, or leases
+// of another grace, must not start sagas. Start runs it until it once
+// succeeds; call it at start-up to fail early.
+func (cl *Client) Check(ctx context.Context) error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.checked {
+		return nil
+	}
+	if err := cl.c.checkDeployment(ctx, &cl.cfg, false); err != nil {
+		return err
+	}
+	cl.checked = true
+	return nil
+}
 
 // StartResult is what Start returns.
 type StartResult struct {
@@ -79,14 +112,27 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	if def == nil {
 		return StartResult{}, nil, errors.New("idemsaga: start saga: definition is nil")
 	}
-	registered, err := cl.c.definition(def.Name())
+	if err := cl.Check(ctx); err != nil {
+		return StartResult{}, nil, err
+	}
+	registered, err := cl.c.resolve(ctx, def.Name())
 	if err != nil {
 		return StartResult{}, nil, err
 	}
-	if err := validKey(key); err != nil {
+	if def != registered && def.Describe().Fingerprint() != registered.Describe().Fingerprint() {
+		return StartResult{}, nil, fmt.Errorf("%w: definition %q given to Start differs from the one this client uses (%s)", ErrDeploymentMismatch, def.Name(),
+			describeDifference(registered.Describe(), def.Describe()))
+	}
+	if err := saga.CheckKey(key); err != nil {
 		return StartResult{}, nil, err
 	}
-	canonical, err := saga.CanonicalInput(input)
+	// The caller's own definition knows the input type; one rebuilt from
+	// the deployment's record checks the JSON only.
+	checker := registered
+	if def.Runnable() {
+		checker = def
+	}
+	canonical, err := checker.Input(input)
 	if err != nil {
 		return StartResult{}, nil, err
 	}
@@ -149,18 +195,6 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload}}
 	}
 	return StartResult{ID: id, State: saga.StateInit}, sent, nil
-}
-
-func validKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("idemsaga: idempotency key is empty; give the business identifier of this intent (such as a transfer request number)")
-	case len(key) > MaxKeyLength:
-		return fmt.Errorf("idemsaga: idempotency key is %d bytes; keep it within %d", len(key), MaxKeyLength)
-	case !utf8.ValidString(key):
-		return errors.New("idemsaga: idempotency key is not valid UTF-8")
-	}
-	return nil
 }
 
 // Get returns the saga with the given ID, with its step executions.
@@ -226,7 +260,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	defer rows.Close()
-	def, _ := cl.c.definition(sg.Definition)
+	def, _ := cl.c.resolve(ctx, sg.Definition)
 	sg.Steps = sg.Steps[:0]
 	for rows.Next() {
 		var s saga.StepExecution
@@ -278,6 +312,48 @@ type ListOptions struct {
 	StuckAfter time.Duration
 	// Limit bounds the result. Defaults to 100.
 	Limit int
+	// Cursor continues a listing after the last saga of a page: pass
+	// Cursor(last). Empty starts with the newest.
+	Cursor string
+}
+
+// Cursor returns the cursor that continues a listing after sg.
+func Cursor(sg *saga.Instance) string {
+	return sg.CreatedAt.UTC().Format(time.RFC3339Nano) + "_" + sg.ID.String()
+}
+
+func parseCursor(c string) (*time.Time, pgtype.UUID, error) {
+	if c == "" {
+		return nil, pgtype.UUID{}, nil
+	}
+	at, id, ok := strings.Cut(c, "_")
+	t, terr := time.Parse(time.RFC3339Nano, at)
+	u, uerr := uuid.Parse(id)
+	if !ok || terr != nil || uerr != nil {
+		return nil, pgtype.UUID{}, fmt.Errorf("idemsaga: list sagas: cursor %q is not one List's caller got from Cursor; start again without one", c)
+	}
+	return &t, pguuid.Of(u), nil
+}
+
+// Counts returns how many sagas are in each state, of one definition or
+// of all (definition ""). It reads the whole table: for dashboards, use
+// the sagas_started_total and sagas_finished_total metrics.
+func (cl *Client) Counts(ctx context.Context, definition string) (map[saga.State]int64, error) {
+	rows, err := cl.c.pool.Query(ctx, countSagas, definition)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: count sagas: %w", err)
+	}
+	defer rows.Close()
+	out := map[saga.State]int64{}
+	for rows.Next() {
+		var st string
+		var n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("idemsaga: count sagas: %w", err)
+		}
+		out[saga.State(st)] = n
+	}
+	return out, rows.Err()
 }
 
 // List returns sagas matching opts, newest first, without their steps.
@@ -288,7 +364,11 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if opts.StuckAfter <= 0 {
 		opts.StuckAfter = StaleAfterDefault
 	}
-	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit)
+	after, afterID, err := parseCursor(opts.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

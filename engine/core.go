@@ -25,8 +25,11 @@ import (
 // core is what the client, the orchestrator, the reaper and the engine's
 // own step workers share.
 type core struct {
-	pool       *pgxpool.Pool
+	pool *pgxpool.Pool
+	// defs are this process's definitions; remote those known only by
+	// the deployment's record (Client.Definition).
 	defs       map[string]*saga.Definition
+	remote     described
 	subjects   wire.Subjects
 	leaseGrace time.Duration
 	maxInput   int
@@ -52,11 +55,13 @@ type core struct {
 }
 
 func (c *core) definition(name string) (*saga.Definition, error) {
-	d, ok := c.defs[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, name)
+	if d, ok := c.defs[name]; ok {
+		return d, nil
 	}
-	return d, nil
+	if d, ok := c.remote.get(name); ok {
+		return d, nil
+	}
+	return nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, name)
 }
 
 // stepOf returns a saga's definition and the index of its named step.

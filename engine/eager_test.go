@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/google/uuid"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"

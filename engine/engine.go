@@ -48,7 +48,10 @@ type Config struct {
 	// New; NewClient does not need it.
 	NATS *nats.Conn
 	// Definitions are the sagas this engine runs. Every process sharing a
-	// database must run the same definitions. Required.
+	// database must run the same description of a definition (steps,
+	// kinds, policies): each checks its own against the deployment's
+	// record at start. Required by New; a client without them starts and
+	// repairs sagas from the recorded descriptions (Client.Definition).
 	Definitions []*saga.Definition
 	// Stream is the JetStream stream name. Defaults to StreamDefault.
 	Stream string
@@ -118,7 +121,7 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.Pool is required: open one with pgxpool.New(ctx, DATABASE_URL)")
 	case needNATS && c.NATS == nil:
 		return errors.New("idemsaga: Config.NATS is required: connect with nats.Connect(NATS_URL)")
-	case len(c.Definitions) == 0:
+	case needNATS && len(c.Definitions) == 0:
 		return errors.New("idemsaga: Config.Definitions is empty: give the engine the sagas it runs")
 	case c.StepConcurrency < 0, c.ReplyConcurrency < 0, c.RelayBatch < 0:
 		return errors.New("idemsaga: Config.StepConcurrency, ReplyConcurrency and RelayBatch must not be negative")
@@ -166,6 +169,9 @@ func (c *Config) validate(needNATS bool) error {
 	for _, d := range c.Definitions {
 		if d == nil {
 			return errors.New("idemsaga: Config.Definitions holds a nil definition")
+		}
+		if needNATS && !d.Runnable() {
+			return fmt.Errorf("idemsaga: Config.Definitions: %q has no handlers (it was rebuilt from a description); an engine runs steps, so give it the definition built with saga.New", d.Name())
 		}
 		if seen[d.Name()] {
 			return fmt.Errorf("idemsaga: Config.Definitions names %q twice", d.Name())
@@ -217,13 +223,15 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{c: c}, nil
+	return &Client{c: c, cfg: cfg}, nil
 }
 
 // Engine is one worker process's share of the work: the outbox relay, the
 // step workers, the orchestrator and the reaper of due retries and expired
 // leases. Any number of engines may share one database and one stream.
 type Engine struct {
+	// id names this engine in idemsaga.workers.
+	id       uuid.UUID
 	cfg      Config
 	c        *core
 	client   *Client
@@ -255,7 +263,7 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("idemsaga: register the outbox backlog metric: %w", err)
 		}
 	}
-	e := &Engine{cfg: cfg, c: c, client: &Client{c: c}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
+	e := &Engine{id: uuid.New(), cfg: cfg, c: c, client: &Client{c: c, cfg: cfg}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
 	e.js, err = jetstream.New(cfg.NATS,
 		jetstream.WithPublishAsyncMaxPending(4096),
 		jetstream.WithPublishAsyncTimeout(outbox.PublishTimeoutDefault))
@@ -330,17 +338,16 @@ func (e *Engine) consumerFunc(suffix, filter string) broker.ConsumerFunc {
 // Client returns a client whose starts wake this engine's relay at once.
 func (e *Engine) Client() *Client { return e.client }
 
-// ApplyReply records one reply; exposed for tools and tests. The engine's
-// orchestrator calls it for every reply it consumes.
-func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+// applyReply records one reply, as the orchestrator does for every reply
+// it consumes.
+func (e *Engine) applyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	return e.c.ApplyReply(ctx, r)
 }
 
-// HandleCommand runs one step command as the engine's step workers do: an
+// handleCommand runs one step command as the engine's step workers do: an
 // outcome moves the saga on in the step's own transaction when it can,
-// anything else is answered with a reply in the outbox. Exposed for tools
-// and tests.
-func (e *Engine) HandleCommand(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+// anything else is answered with a reply in the outbox.
+func (e *Engine) handleCommand(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
 	return e.steps.Handle(ctx, cmd, false)
 }
 
@@ -365,6 +372,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
 		return err
 	}
+	if err := e.c.checkDeployment(ctx, &e.cfg, true); err != nil {
+		return err
+	}
+	e.client.markChecked()
 	if e.cfg.NATS.Opts.MaxReconnect >= 0 {
 		e.cfg.Logger.Warn("the NATS connection stops reconnecting after a while; connect with nats.MaxReconnects(-1) so the engine survives long broker outages",
 			"max_reconnects", e.cfg.NATS.Opts.MaxReconnect)
@@ -402,6 +413,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
 		},
 		e.reapLoop,
+		e.heartbeat,
 	)
 }
 

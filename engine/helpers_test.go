@@ -14,6 +14,9 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -42,6 +45,9 @@ func startEngine(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, stream string,
 	}
 	e, err := engine.New(cfg)
 	require.NoError(t, err)
+	// Tests set up sagas by hand with other clients first (short leases,
+	// say); the engine declares the deployment as `migrate` would.
+	require.NoError(t, engine.Deploy(context.Background(), cfg))
 	require.NoError(t, e.Start(context.Background()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -82,7 +88,33 @@ func key(i int) string { return fmt.Sprintf("tr-%05d", i) }
 // client would run it in the engine's process.
 func brokerClient(t testing.TB, pool *pgxpool.Pool, stream string, defs ...*saga.Definition) *engine.Client {
 	t.Helper()
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream, Logger: quietLogger()})
+	// Configured like the deployment's engines (startEngine's grace, or
+	// the one a test gave them).
+	grace := 10 * time.Second
+	var recorded string
+	if err := pool.QueryRow(context.Background(), `select value from idemsaga.settings where name = 'lease_grace'`).Scan(&recorded); err == nil {
+		grace, err = time.ParseDuration(recorded)
+		require.NoError(t, err)
+	}
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: grace, Logger: quietLogger()})
 	require.NoError(t, err)
 	return cl
+}
+
+// replyWorker is a stand-alone step worker (outcomes answered by replies
+// in the outbox, not applied in the step's transaction), for tests that
+// drive commands and replies by hand.
+type replyWorker struct{ r *attempt.Runner }
+
+func newReplyWorker(t testing.TB, pool *pgxpool.Pool, prefix string, recent int, defs ...*saga.Definition) replyWorker {
+	t.Helper()
+	m, err := metrics.New(nil)
+	require.NoError(t, err)
+	r, err := attempt.New(attempt.Config{Pool: pool, Definitions: defs, Subjects: wire.Subjects{Prefix: prefix}, Logger: quietLogger(), Metrics: m, Recent: recent})
+	require.NoError(t, err)
+	return replyWorker{r}
+}
+
+func (w replyWorker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
+	return w.r.Handle(ctx, cmd, false)
 }

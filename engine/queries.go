@@ -53,7 +53,7 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
   returning id
 ), st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  select id, $6, 'forward', 0, $7, 'dispatched', 1, now() + $8 * interval '1 millisecond', now() from s
+  select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
 ), o as (
   insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
@@ -82,18 +82,18 @@ from (select 1) one left join lateral (
 ), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1,
-    lease_until = now() + $5 * interval '1 millisecond',
-    next_attempt_at = null, dispatched_at = now(), updated_at = now()
+    lease_until = idemsaga.now() + $5 * interval '1 millisecond',
+    next_attempt_at = null, dispatched_at = idemsaga.now(), updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
   returning saga_id, attempt
 ), old as (
   insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome)
-  select saga_id, step, phase, attempt, dispatched_at, now(), 'lease expired' from cur where exists (select 1 from r)
+  select saga_id, step, phase, attempt, dispatched_at, idemsaga.now(), 'lease expired' from cur where exists (select 1 from r)
   on conflict (saga_id, step, phase, attempt) do update set
-    finished_at = coalesce(idemsaga.step_attempts.finished_at, now()),
+    finished_at = coalesce(idemsaga.step_attempts.finished_at, idemsaga.now()),
     outcome = coalesce(idemsaga.step_attempts.outcome, 'lease expired')
 ), v as (
-  update idemsaga.sagas set version = version + 1, updated_at = now()
+  update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()
   where id = $1 and version = $6 and exists (select 1 from r)
   returning id
 ), o as (
@@ -113,15 +113,15 @@ select (select attempt from r), (select id from o),
   update idemsaga.steps set
     status = 'retrying', last_error = $5, lease_until = null,
     possibly_done = possibly_done or $7::text = 'unknown',
-    next_attempt_at = now() + $6 * interval '1 millisecond', updated_at = now()
+    next_attempt_at = idemsaga.now() + $6 * interval '1 millisecond', updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'
   returning saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
 ), a as (
   insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
-  select saga_id, step, phase, attempt, dispatched_at, now(), $7, $5 from f
-  on conflict (saga_id, step, phase, attempt) do update set finished_at = now(), outcome = excluded.outcome, error = excluded.error
+  select saga_id, step, phase, attempt, dispatched_at, idemsaga.now(), $7, $5 from f
+  on conflict (saga_id, step, phase, attempt) do update set finished_at = idemsaga.now(), outcome = excluded.outcome, error = excluded.error
 ), v as (
-  update idemsaga.sagas set version = version + 1, updated_at = now()
+  update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()
   where id = $1 and version = $8 and exists (select 1 from f)
   returning id
 )
@@ -131,11 +131,11 @@ select case when not exists (select 1 from f) or not exists (select 1 from v)
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
-where st.status = 'retrying' and st.next_attempt_at <= now()
+where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
-where st.status = 'dispatched' and st.lease_until < now()
+where st.status = 'dispatched' and st.lease_until < idemsaga.now()
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes
@@ -144,8 +144,8 @@ order by st.lease_until limit $1`
 	lockSagaOfStep = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1 for no key update skip locked`
 
 	selectStepForReap = `select step_index, phase::text, status::text, attempt, possibly_done,
-(status = 'retrying' and next_attempt_at <= now()) as due,
-(status = 'dispatched' and lease_until < now()) as expired
+(status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
+(status = 'dispatched' and lease_until < idemsaga.now()) as expired
 from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 
 	// settleRead reads what the inbox holds for a step being settled, once
@@ -191,13 +191,17 @@ order by dispatched_at, attempt`
 const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
-  and ($3::float8 = 0 or s.created_at < now() - $3::float8 * interval '1 second')
+  and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
   and (not $4 or (s.finished_at is null and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
-          (st.status = 'dispatched' and st.lease_until >= now() - $5::float8 * interval '1 second')
-          or (st.status = 'retrying' and st.next_attempt_at >= now() - $5::float8 * interval '1 second')))))
-order by s.created_at desc
+          (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
+          or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')))))
+  and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
+order by s.created_at desc, s.id desc
 limit $6`
+
+// countSagas counts sagas by state, of one definition or all.
+const countSagas = `select state::text, count(*) from idemsaga.sagas where ($1 = '' or definition = $1) group by state`
 
 // retryFailedStep re-opens a failed step for an operator's retry; the
 // failed attempt goes into the timeline.
@@ -207,8 +211,8 @@ const retryFailedStep = `with cur as (
 ), r as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1, last_error = null,
-    lease_until = now() + $5 * interval '1 millisecond', next_attempt_at = null,
-    dispatched_at = now(), updated_at = now()
+    lease_until = idemsaga.now() + $5 * interval '1 millisecond', next_attempt_at = null,
+    dispatched_at = idemsaga.now(), updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'failed'
   returning attempt
 ), old as (

@@ -96,10 +96,10 @@ group by s.id having count(*) > 1`, nil},
 		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying')`, nil},
-		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from now() - st.lease_until)) || 's ago'
-from idemsaga.steps st where st.status = 'dispatched' and st.lease_until < now() - $1 * interval '1 second'`, []any{stale}},
-		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from now() - st.next_attempt_at)) || 's ago'
-from idemsaga.steps st where st.status = 'retrying' and st.next_attempt_at < now() - $1 * interval '1 second'`, []any{stale}},
+		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago'
+from idemsaga.steps st where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago'
+from idemsaga.steps st where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
@@ -120,9 +120,9 @@ where s.state = 'compensated'
   and c.status is distinct from 'succeeded'`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
-		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from now() - created_at)) || 's'
+		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
-from idemsaga.outbox where published_at is null and (coalesce(publish_after, created_at) < now() - $1 * interval '1 second' or attempts > 0)
+from idemsaga.outbox where published_at is null and (coalesce(publish_after, created_at) < idemsaga.now() - $1 * interval '1 second' or attempts > 0)
 order by id limit 100`, []any{stale}},
 	}
 	for _, c := range checks {

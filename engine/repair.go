@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -38,9 +40,12 @@ const repairBusyWait = 10 * time.Second
 // failure or tombstone is cleared from the inbox in the same transaction,
 // so the retried attempt runs; every other step key keeps its record, so
 // nothing that took effect runs twice.
-func (cl *Client) Retry(ctx context.Context, id uuid.UUID) error {
+func (cl *Client) Retry(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
 	c := cl.c
-	return c.withSagaLocked(ctx, id, "retry", func(tx *attempt.Tx, sg *saga.Instance) error {
+	if err := cl.resolveSaga(ctx, id); err != nil {
+		return RepairResult{}, err
+	}
+	return c.recorded(ctx, id, "retry", r, func(tx *attempt.Tx, sg *saga.Instance) error {
 		var phase saga.Phase
 		switch sg.State {
 		case saga.StateFailed:
@@ -97,7 +102,7 @@ values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond') retur
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
 		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload))
-		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = now()
+		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now()
 where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
 		if err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
@@ -123,14 +128,17 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 // hand), and the steps before it are compensated.
 //
 // A saga already compensating or finished is refused.
-func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
+func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
 	c := cl.c
+	if err := cl.resolveSaga(ctx, id); err != nil {
+		return RepairResult{}, err
+	}
 	msg := "cancelled by an operator"
-	if reason != "" {
-		msg += ": " + reason
+	if r.Reason != "" {
+		msg += ": " + r.Reason
 	}
 	fx := &effects{}
-	return c.withSagaLocked(ctx, id, "cancel", func(tx *attempt.Tx, sg *saga.Instance) error {
+	return c.recorded(ctx, id, "cancel", r, func(tx *attempt.Tx, sg *saga.Instance) error {
 		fx = &effects{}
 		if sg.State == saga.StateParked {
 			return c.cancelParked(ctx, tx, sg, msg, fx)
@@ -232,7 +240,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		first := def.Step(plan[0]).Name
 		if err := tx.Conn().QueryRow(ctx, `with st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  values ($1, $2, 'compensate', $3, $4, 'dispatched', 1, now() + $5 * interval '1 millisecond', now())
+  values ($1, $2, 'compensate', $3, $4, 'dispatched', 1, idemsaga.now() + $5 * interval '1 millisecond', idemsaga.now())
   on conflict (saga_id, step, phase) do nothing
   returning saga_id
 )
@@ -247,8 +255,8 @@ select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond' fr
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
 	}
 	var created time.Time
-	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = now(),
-  finished_at = case when $5::bool then now() end
+	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
+  finished_at = case when $5::bool then idemsaga.now() end
 where id = $1 and version = $2 returning created_at`,
 		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(plan) == 0).Scan(&created); err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
@@ -259,6 +267,105 @@ where id = $1 and version = $2 returning created_at`,
 	}
 	_ = step
 	return nil
+}
+
+// Repair is an operator's request to Retry or Cancel a saga.
+type Repair struct {
+	// Key makes the request safe to send again: a second request with
+	// the same key for the same saga changes nothing and answers with the
+	// first one's result (Replayed set). The same key with another
+	// operation or reason is ErrRepairKeyReused. Empty: a new key, so the
+	// request is never taken for an earlier one.
+	Key string
+	// Reason says why, for the saga's error and the record.
+	Reason string
+	// By names who asked (a person, a tool), for the record.
+	By string
+}
+
+// RepairResult is what a repair did.
+type RepairResult struct {
+	// ID is the saga's.
+	ID uuid.UUID
+	// Operation is "retry" or "cancel".
+	Operation string
+	// State is the saga's state right after the repair committed.
+	State saga.State
+	// Key is the request's key (Repair.Key, or the one made up for it).
+	Key string
+	// At is when the repair committed, on the database clock.
+	At time.Time
+	// Replayed is true when the key named a repair already done: nothing
+	// was written, and the rest is that repair's.
+	Replayed bool
+}
+
+// ErrRepairKeyReused is returned when a repair's key already names
+// another request for the saga (another operation or reason). Nothing is
+// written.
+var ErrRepairKeyReused = errors.New("idemsaga: this repair key was already used for another request on this saga; use a new key")
+
+// resolveSaga loads the definition of saga id when this process does not
+// have its code, so that the repair can plan from its description.
+func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
+	var def string
+	err := cl.c.pool.QueryRow(ctx, `select definition from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
+	}
+	if err != nil {
+		return fmt.Errorf("idemsaga: read saga %s: %w", id, err)
+	}
+	_, err = cl.c.resolve(ctx, def)
+	return err
+}
+
+// recorded runs a repair under the saga's lock and records it in
+// idemsaga.repairs in the same transaction, so that a request sent again
+// after a lost answer (a crash, a timeout) finds the first one's record
+// and changes nothing.
+func (c *core) recorded(ctx context.Context, id uuid.UUID, op string, r Repair, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (RepairResult, error) {
+	if r.Key == "" {
+		r.Key = uuid.NewString()
+	}
+	if err := saga.CheckKey(r.Key); err != nil {
+		return RepairResult{}, err
+	}
+	sum := sha256.Sum256([]byte(op + "\x00" + r.Reason))
+	var res RepairResult
+	err := c.withSagaLocked(ctx, id, op, func(tx *attempt.Tx, sg *saga.Instance) error {
+		res = RepairResult{ID: id, Operation: op, Key: r.Key}
+		var hash []byte
+		var state string
+		err := tx.Conn().QueryRow(ctx, `select request_hash, state_after, created_at from idemsaga.repairs where saga_id = $1 and request_key = $2`,
+			pguuid.Of(id), r.Key).Scan(&hash, &state, &res.At)
+		switch {
+		case err == nil && bytes.Equal(hash, sum[:]):
+			res.State, res.Replayed = saga.State(state), true
+			return nil
+		case err == nil:
+			return fmt.Errorf("%w (saga %s, key %q)", ErrRepairKeyReused, id, r.Key)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("idemsaga: %s saga %s: read its repairs: %w", op, id, err)
+		}
+		if err := fn(tx, sg); err != nil {
+			return err
+		}
+		// Queued after the repair's own writes: it reads the state they
+		// leave.
+		tx.Queue(`insert into idemsaga.repairs (saga_id, request_key, operation, request_hash, reason, requested_by, state_after)
+select id, $2, $3, $4, $5, $6, state from idemsaga.sagas where id = $1
+returning state_after, created_at`, func(row pgx.Row) error {
+			var st string
+			if err := row.Scan(&st, &res.At); err != nil {
+				return fmt.Errorf("idemsaga: %s saga %s: record the repair: %w", op, id, err)
+			}
+			res.State = saga.State(st)
+			return nil
+		}, pguuid.Of(id), r.Key, op, sum[:], r.Reason, r.By)
+		return nil
+	}, after)
+	return res, err
 }
 
 // errCommitted wraps the error of a repair whose writes are to commit

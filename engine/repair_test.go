@@ -17,7 +17,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
 )
 
 // TestCancelRunningSaga cancels a transfer whose deduction is done and
@@ -35,8 +34,7 @@ func TestCancelRunningSaga(t *testing.T) {
 	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, LeaseGrace: time.Hour, Logger: quietLogger(),
 		Stream: stream, SubjectPrefix: "t." + stream})
 	require.NoError(t, err)
-	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "x"}, Definitions: []*saga.Definition{def}, Logger: quietLogger()})
-	require.NoError(t, err)
+	w := newReplyWorker(t, pool, "x", 0, def)
 	cl := e.Client()
 	run := func(id saga.Instance, step string) wire.Reply {
 		r, err := w.Handle(ctx, wire.Command{SagaID: id.ID, Definition: def.Name(), Step: step, Phase: saga.PhaseForward,
@@ -56,15 +54,16 @@ func TestCancelRunningSaga(t *testing.T) {
 	}
 
 	pending := start("cancel-me")
-	require.NoError(t, cl.Cancel(ctx, pending.ID, "customer changed their mind"))
-	err = cl.Cancel(ctx, pending.ID, "again")
+	_, err = cl.Cancel(ctx, pending.ID, engine.Repair{Reason: "customer changed their mind"})
+	require.NoError(t, err)
+	_, err = cl.Cancel(ctx, pending.ID, engine.Repair{Reason: "again"})
 	require.ErrorIs(t, err, engine.ErrStateForbids)
 	late := run(pending, transfer.StepCredit) // a late credit delivery
 	require.True(t, late.Duplicate, "the credit's key was fenced by the cancel")
 
 	ran := start("too-late")
 	run(ran, transfer.StepCredit) // took effect; its reply never arrived
-	err = cl.Cancel(ctx, ran.ID, "")
+	_, err = cl.Cancel(ctx, ran.ID, engine.Repair{})
 	require.ErrorIs(t, err, engine.ErrStateForbids)
 	require.ErrorContains(t, err, "completed before it could be cancelled")
 
@@ -129,7 +128,7 @@ func TestRetryFailedSaga(t *testing.T) {
 	for range 5 {
 		wg.Go(func() {
 			<-gate
-			err := cl.Retry(ctx, res.ID)
+			_, err := cl.Retry(ctx, res.ID, engine.Repair{})
 			if err == nil {
 				retried.Add(1)
 				return
@@ -223,7 +222,7 @@ func TestConcurrentCancels(t *testing.T) {
 		for range 4 {
 			wg.Go(func() {
 				<-gate
-				err := cl.Cancel(ctx, ids[i].ID, "race")
+				_, err := cl.Cancel(ctx, ids[i].ID, engine.Repair{Reason: "race"})
 				switch {
 				case err == nil:
 					wins[i].Add(1)
@@ -245,4 +244,66 @@ func TestConcurrentCancels(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"compensated": 10}, rep.ByState)
+}
+
+// TestRepairKeyAbsorbsResends: twenty copies of one cancel request (one
+// key), sent at once as a client that lost its answers would: one cancels,
+// every other answers with that cancel's result and writes nothing; the
+// same key with another reason is refused; a process without the
+// definition's code (a client built with no definitions) repairs from the
+// deployment's record.
+func TestRepairKeyAbsorbsResends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	_, err := transfer.Seed(ctx, pool, 2, 10_000)
+	require.NoError(t, err)
+	stream := testenv.Name("RESEND")
+	cl := brokerClient(t, pool, stream, def)
+	res, err := cl.Start(ctx, def, "resend", transferInput(1, 2, 5))
+	require.NoError(t, err)
+
+	codeless, err := engine.NewClient(engine.Config{Pool: pool, SubjectPrefix: "t." + stream, LeaseGrace: 10 * time.Second})
+	require.NoError(t, err)
+	const n = 20
+	results := make([]engine.RepairResult, n)
+	errs := make([]error, n)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			who := cl
+			if i%2 == 1 {
+				who = codeless
+			}
+			results[i], errs[i] = who.Cancel(ctx, res.ID, engine.Repair{Key: "ticket-7", Reason: "customer asked", By: "ann"})
+		})
+	}
+	close(gate)
+	wg.Wait()
+	fresh := 0
+	for i := range n {
+		require.NoError(t, errs[i], "copy %d", i)
+		if !results[i].Replayed {
+			fresh++
+		}
+		require.Equal(t, results[0].State, results[i].State)
+		require.True(t, results[0].At.Equal(results[i].At), "every copy answers with the one repair's time")
+	}
+	require.Equal(t, 1, fresh, "exactly one copy cancelled")
+	// Its deduction never ran: settled as not done, nothing to undo.
+	require.Equal(t, saga.StateCompensated, results[0].State)
+	require.EqualValues(t, 1, countSQL(t, pool, `select count(*) from idemsaga.repairs`))
+	require.EqualValues(t, 1, countSQL(t, pool, `select count(*) from idemsaga.inbox where outcome = 'tombstone'`), "one cancel fenced the step")
+
+	_, err = cl.Cancel(ctx, res.ID, engine.Repair{Key: "ticket-7", Reason: "another reason"})
+	require.ErrorIs(t, err, engine.ErrRepairKeyReused)
+	_, err = cl.Retry(ctx, res.ID, engine.Repair{Key: "ticket-7"})
+	require.ErrorIs(t, err, engine.ErrRepairKeyReused)
+	_, err = cl.Cancel(ctx, res.ID, engine.Repair{Key: "ticket-8"})
+	require.ErrorIs(t, err, engine.ErrStateForbids, "a new key is a new request, which the state refuses")
+	require.ErrorContains(t, err, "compensated")
+	require.EqualValues(t, 1, countSQL(t, pool, `select count(*) from idemsaga.repairs`), "refusals write nothing")
 }

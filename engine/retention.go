@@ -51,7 +51,7 @@ const (
 // RetentionConfig says how long the engine's records are kept and how the
 // Cleaner deletes them. The zero value means every default.
 //
-// Rules, all measured on the database clock (now()):
+// Rules, all measured on the database clock (idemsaga.now()):
 //
 //   - A saga is deleted only once it is finished (finished_at set) and
 //     older than FinishedSagas, never while it runs, never while one of its
@@ -141,7 +141,7 @@ func (c *RetentionConfig) validate() error {
 }
 
 // Retention SQL. Every window is a number of milliseconds compared with
-// now(), the database clock. Candidates are claimed with FOR UPDATE SKIP
+// idemsaga.now(), the database clock. Candidates are claimed with FOR UPDATE SKIP
 // LOCKED, so any number of cleaners can run at once, each deleting a row
 // at most once.
 const (
@@ -152,7 +152,7 @@ const (
 	// yet published (a row the broker refused, say), is kept even if marked
 	// finished: that message may still be delivered.
 	claimFinishedSagas = `select s.id from idemsaga.sagas s
-where s.finished_at < now() - $1 * interval '1 millisecond'
+where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
   and (s.state not in ('failed', 'parked') or $3::bool)
   and not exists (
     select 1 from idemsaga.steps st
@@ -171,20 +171,12 @@ for update of s skip locked`
 	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
 	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
 
-	// deleteExpiredHTTPKeys deletes stored HTTP answers past their own
-	// expires_at (the HTTP API's key TTL); $1 is unused slack (0).
-	deleteExpiredHTTPKeys = `delete from idemsaga.http_idempotency where key in (
-  select key from idemsaga.http_idempotency
-  where expires_at < now() - $1 * interval '1 millisecond'
-  order by expires_at
-  limit $2
-  for update skip locked)`
 
 	// deletePublishedOutbox deletes published rows past the window, in
 	// batches. Unpublished rows (published_at null) never match.
 	deletePublishedOutbox = `delete from idemsaga.outbox where id in (
   select id from idemsaga.outbox
-  where published_at < now() - $1 * interval '1 millisecond'
+  where published_at < idemsaga.now() - $1 * interval '1 millisecond'
   order by published_at
   limit $2
   for update skip locked)`
@@ -201,8 +193,6 @@ type CleanResult struct {
 	Inbox int64
 	// Outbox is the number of published outbox rows deleted.
 	Outbox int64
-	// HTTPKeys is the number of expired stored HTTP answers deleted.
-	HTTPKeys int64
 	// Batches is the number of committed transactions that deleted at
 	// least one row.
 	Batches int
@@ -213,7 +203,6 @@ func (r *CleanResult) add(o CleanResult) {
 	r.Steps += o.Steps
 	r.Inbox += o.Inbox
 	r.Outbox += o.Outbox
-	r.HTTPKeys += o.HTTPKeys
 	r.Batches += o.Batches
 }
 
@@ -282,8 +271,8 @@ func (c *Cleaner) loop(ctx context.Context) {
 }
 
 // CleanOnce deletes every record past its window: finished sagas with
-// their steps and inbox rows, then published outbox rows, then expired
-// HTTP idempotency keys. Each kind is deleted batch after batch, each
+// their steps, inbox rows and repair records, then published outbox
+// rows. Each kind is deleted batch after batch, each
 // batch its own transaction, until a batch comes back short (the rest, if
 // any, is held by another cleaner, which deletes it). When ctx ends, it
 // stops between batches; a batch in hand finishes under its own timeout.
@@ -298,7 +287,6 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 	}{
 		{"finished sagas", c.sagaBatch},
 		{"published outbox rows", c.outboxBatch},
-		{"expired HTTP idempotency keys", c.httpKeyBatch},
 	} {
 		for ctx.Err() == nil {
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retentionBatchTimeout)
@@ -374,11 +362,6 @@ func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	return CleanResult{Outbox: n}, n, err
 }
 
-// httpKeyBatch deletes one batch of expired HTTP idempotency answers.
-func (c *Cleaner) httpKeyBatch(ctx context.Context) (CleanResult, int64, error) {
-	n, err := c.deleteBatch(ctx, deleteExpiredHTTPKeys, 0)
-	return CleanResult{HTTPKeys: n}, n, err
-}
 
 // deleteBatch runs one single-statement delete in its own transaction.
 func (c *Cleaner) deleteBatch(ctx context.Context, sql string, window time.Duration) (int64, error) {

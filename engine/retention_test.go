@@ -20,7 +20,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
 )
 
 // Time passes by backdating rows: every timestamp the cleaner reads is set
@@ -118,8 +117,7 @@ func TestRetentionDeletesOnlyWhatCannotBeRedelivered(t *testing.T) {
 	// if a step worker had processed it; run-2 is marked finished while its
 	// step is still dispatched (an inconsistency the cleaner must not
 	// trust). All of it is 30 days old.
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: "t." + stream})
-	require.NoError(t, err)
+	cl := brokerClient(t, pool, stream, def)
 	for i, k := range []string{"run-0", "run-1", "run-2"} {
 		res, err := cl.Start(ctx, def, k, transferInput(1, 2, int64(i+1)))
 		require.NoError(t, err)
@@ -272,8 +270,7 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 
 	balances := rowsJSON(t, pool, `select id, balance from transfer.accounts`)
 	ledger := countSQL(t, pool, `select count(*) from transfer.ledger`)
-	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "t." + stream}, Definitions: []*saga.Definition{def}, Logger: quietLogger(), Recent: -1})
-	require.NoError(t, err)
+	w := newReplyWorker(t, pool, "t."+stream, 0, def)
 	reply, err := w.Handle(ctx, cmd)
 	require.NoError(t, err, "the late command is answered, not delivered again forever")
 	require.True(t, reply.Duplicate)
@@ -438,31 +435,6 @@ func TestCleanerStartStop(t *testing.T) {
 	require.Equal(t, engine.CleanResult{}, res)
 	require.True(t, strings.Contains(err.Error(), "retention"))
 	require.Equal(t, int64(1), countSQL(t, pool, `select count(*) from idemsaga.outbox`))
-}
-
-// TestRetentionDeletesExpiredHTTPKeys: stored HTTP answers go once their
-// own expiry passed, and not before.
-func TestRetentionDeletesExpiredHTTPKeys(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, err := pool.Exec(ctx, `insert into idemsaga.http_idempotency (key, request_hash, token, expires_at)
-values ('old', '\x00', gen_random_uuid(), now() - interval '1 minute'), ('young', '\x00', gen_random_uuid(), now() + interval '1 hour')`)
-	require.NoError(t, err)
-	c, err := engine.NewCleaner(pool, engine.RetentionConfig{}, quietLogger())
-	require.NoError(t, err)
-	res, err := c.CleanOnce(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, res.HTTPKeys)
-	var left []string
-	rows, err := pool.Query(ctx, `select key from idemsaga.http_idempotency`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var k string
-		require.NoError(t, rows.Scan(&k))
-		left = append(left, k)
-	}
-	require.Equal(t, []string{"young"}, left)
 }
 
 // TestRetentionKeepsASagaWithUnpublishedMessages: a finished saga whose

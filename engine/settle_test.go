@@ -13,7 +13,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
 )
 
 // TestGivenUpStepThatTookEffectIsApplied: the credit step (which has no
@@ -35,8 +34,7 @@ func TestGivenUpStepThatTookEffectIsApplied(t *testing.T) {
 			require.NoError(t, err)
 			e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, LeaseGrace: time.Hour, Logger: quietLogger()})
 			require.NoError(t, err)
-			w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "x"}, Definitions: []*saga.Definition{def}, Logger: quietLogger()})
-			require.NoError(t, err)
+			w := newReplyWorker(t, pool, "x", 0, def)
 
 			res, err := e.Client().Start(ctx, def, "k", transferInput(1, 2, 30))
 			require.NoError(t, err)

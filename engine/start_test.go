@@ -123,7 +123,8 @@ func TestStartBadInputWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = cl.Start(ctx, def, "", transferInput(1, 2, 1))
-	require.ErrorContains(t, err, "idempotency key is empty")
+	require.ErrorIs(t, err, saga.ErrInvalidKey)
+	require.ErrorContains(t, err, "it is empty")
 	_, err = cl.Start(ctx, def, "k", []byte(`{not json`))
 	require.ErrorContains(t, err, "not valid JSON")
 	other := saga.MustNew("other", saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
@@ -206,6 +207,8 @@ func TestADuplicateStartThatWaitedReadsTheSagaAfter(t *testing.T) {
 	require.NoError(t, err)
 	first, err := engine.NewClient(engine.Config{Pool: shared, Definitions: []*saga.Definition{def}})
 	require.NoError(t, err)
+	require.NoError(t, cl.Check(ctx), "the one-time check of the deployment is not what this test counts")
+	require.NoError(t, first.Check(ctx))
 
 	tx, err := shared.Begin(ctx)
 	require.NoError(t, err)

@@ -17,6 +17,16 @@
 -- difference beyond the noise (-10% to +22%). The inbox's also keeps a
 -- claim from landing for a saga that retention is deleting.
 
+-- idemsaga.now() is the engine's clock: every lease, retry time and
+-- retention cutoff is measured by it, on the database, never on a
+-- worker's clock. It is pg_catalog.now(), inlined by the planner; the
+-- test kit (package sagatest) replaces it in its own test databases with
+-- a clock it can move forward, so that backoffs, leases and retention
+-- can be skipped in tests.
+create function idemsaga.now() returns timestamptz
+    language sql stable parallel safe
+    return pg_catalog.now();
+
 create domain idemsaga.phase as text
     constraint phase_known check (value in ('forward', 'compensate'));
 
@@ -60,8 +70,8 @@ create table idemsaga.sagas (
     version     bigint not null default 1,
     results     jsonb not null default '{}'::jsonb,
     error       text,
-    created_at  timestamptz not null default now(),
-    updated_at  timestamptz not null default now(),
+    created_at  timestamptz not null default idemsaga.now(),
+    updated_at  timestamptz not null default idemsaga.now(),
     finished_at timestamptz,
     constraint sagas_definition_key_unique unique (definition, idem_key)
 );
@@ -91,8 +101,8 @@ create table idemsaga.steps (
     dispatched_at   timestamptz,
     last_error      text,
     result          jsonb,
-    created_at      timestamptz not null default now(),
-    updated_at      timestamptz not null default now(),
+    created_at      timestamptz not null default idemsaga.now(),
+    updated_at      timestamptz not null default idemsaga.now(),
     primary key (saga_id, step, phase)
 );
 
@@ -107,7 +117,7 @@ create table idemsaga.step_attempts (
     step          text not null,
     phase         idemsaga.phase not null,
     attempt       int not null,
-    dispatched_at timestamptz not null default now(),
+    dispatched_at timestamptz not null default idemsaga.now(),
     finished_at   timestamptz,
     outcome       idemsaga.attempt_outcome,
     error         text,
@@ -133,7 +143,7 @@ create table idemsaga.inbox (
     unknown    boolean not null default false,
     result     jsonb,
     error      text,
-    created_at timestamptz not null default now(),
+    created_at timestamptz not null default idemsaga.now(),
     primary key (saga_id, step_key)
 );
 
@@ -153,7 +163,7 @@ create table idemsaga.outbox (
     msg_id        text not null,
     payload       bytea not null,
     headers       jsonb,
-    created_at    timestamptz not null default now(),
+    created_at    timestamptz not null default idemsaga.now(),
     publish_after timestamptz,
     published_at  timestamptz,
     saga_id       uuid,
@@ -163,37 +173,6 @@ create table idemsaga.outbox (
 
 create index outbox_unpublished_idx on idemsaga.outbox (id) where published_at is null;
 create index outbox_published_idx on idemsaga.outbox (published_at) where published_at is not null;
-
--- The HTTP API's Idempotency-Key records (draft-ietf-httpapi-idempotency-
--- key-header): a retried POST gets the first answer back byte for byte, a
--- concurrent one a 409, a key reused with another body a 422. A request
--- claims its key with INSERT ... ON CONFLICT DO NOTHING; every later change
--- is a conditional update fenced by the claim's token. The answer commits
--- in the transaction that starts the saga.
-create table idemsaga.http_idempotency (
-    key          text primary key check (length(key) between 1 and 255),
-    -- SHA-256 of the request's canonical JSON.
-    request_hash bytea not null,
-    -- Fencing token of the current claim: a stale claim taken over gets a
-    -- new one, so the request that lost it cannot record its answer.
-    token        uuid not null,
-    -- The stored answer, null while the request is in flight.
-    status       int,
-    body         bytea,
-    content_type text,
-    location     text,
-    created_at   timestamptz not null default now(),
-    claimed_at   timestamptz not null default now(),
-    completed_at timestamptz,
-    -- After this the key may be claimed anew (the saga's own unique key
-    -- still deduplicates); the retention cleaner deletes such rows.
-    expires_at   timestamptz not null,
-    constraint http_idempotency_answer_complete check (
-        (completed_at is null and status is null and body is null)
-        or (completed_at is not null and status is not null and body is not null))
-);
-
-create index http_idempotency_expires_idx on idemsaga.http_idempotency (expires_at);
 
 -- invariant_broken raises when a write the engine makes under a saga's row
 -- lock missed its row, which the lock rules out: it is a bug, reported as
@@ -206,3 +185,57 @@ begin
         hint = 'this is a bug in idemsaga; nothing was written; report it with the saga''s `worker show --json`';
 end
 $$;
+
+-- The deployment's shared settings, one row per name (stream,
+-- subject_prefix, lease_grace): every process of a deployment must use
+-- the same, since a client writes the first command's subject and
+-- lease. The first process records them; every later one compares its
+-- own and refuses to start on a difference. `migrate` of the runtime
+-- records the settings it is given, which is how a deployment changes
+-- them.
+create table idemsaga.settings (
+    name       text primary key,
+    value      text not null,
+    set_by     text not null,
+    set_at     timestamptz not null default idemsaga.now()
+);
+
+-- The definitions a deployment runs, each as its description (steps,
+-- kinds, policies; saga.Description): a worker that runs another
+-- description of one name refuses to start, and a process without a
+-- definition's code (the admin CLI, a gateway) starts and repairs its
+-- sagas from it.
+create table idemsaga.definitions (
+    name        text primary key,
+    description jsonb not null,
+    fingerprint text not null,
+    set_by      text not null,
+    set_at      timestamptz not null default idemsaga.now()
+);
+
+-- The processes running engines, with the definitions each runs, renewed
+-- every few seconds: the admin CLI tells whether any live worker runs a
+-- definition before it queues work for one.
+create table idemsaga.workers (
+    id          uuid primary key,
+    host        text not null,
+    pid         int not null,
+    definitions text[] not null,
+    started_at  timestamptz not null default idemsaga.now(),
+    seen_at     timestamptz not null default idemsaga.now()
+);
+
+-- Every operator repair (retry, cancel), with who asked and why, keyed by
+-- the request's key: a repair sent again after a lost answer finds its
+-- record, written in the repair's own transaction, and changes nothing.
+create table idemsaga.repairs (
+    saga_id      uuid not null references idemsaga.sagas (id) on delete cascade,
+    request_key  text not null,
+    operation    text not null check (operation in ('retry', 'cancel')),
+    request_hash bytea not null,
+    reason       text not null,
+    requested_by text not null,
+    state_after  idemsaga.state_name not null,
+    created_at   timestamptz not null default idemsaga.now(),
+    primary key (saga_id, request_key)
+);

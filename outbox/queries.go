@@ -19,7 +19,7 @@ values ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond') r
 	// "id > last seen": ids commit out of order.
 	claimBatch = `select id, subject, msg_id, payload, headers
 from idemsaga.outbox
-where published_at is null and (publish_after is null or publish_after <= now())
+where published_at is null and (publish_after is null or publish_after <= idemsaga.now())
 order by id
 limit $1
 for update skip locked`
@@ -28,9 +28,9 @@ for update skip locked`
 	// would find a row, without a transaction or locks. Rows another relay
 	// holds count, so the claim may still find none.
 	anyDue = `select exists (select 1 from idemsaga.outbox
-where published_at is null and (publish_after is null or publish_after <= now()))`
+where published_at is null and (publish_after is null or publish_after <= idemsaga.now()))`
 
-	markPublished = `update idemsaga.outbox set published_at = now() where id = any($1)`
+	markPublished = `update idemsaga.outbox set published_at = idemsaga.now() where id = any($1)`
 
 	deletePublished = `delete from idemsaga.outbox where id = any($1)`
 
@@ -41,11 +41,11 @@ where published_at is null and (publish_after is null or publish_after <= now())
   select id from idemsaga.outbox where id = any($1) for update skip locked)`
 
 	// settleMark is settleDelete for KeepPublished.
-	settleMark = `update idemsaga.outbox set published_at = now() where id in (
+	settleMark = `update idemsaga.outbox set published_at = idemsaga.now() where id in (
   select id from idemsaga.outbox where id = any($1) and published_at is null for update skip locked)`
 
 	markFailed = `update idemsaga.outbox set attempts = attempts + 1, last_error = $2 where id = $1`
 
-	backlog = `select count(*), coalesce(extract(epoch from now() - min(created_at)), 0)
+	backlog = `select count(*), coalesce(extract(epoch from idemsaga.now() - min(created_at)), 0)
 from idemsaga.outbox where published_at is null`
 )

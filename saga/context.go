@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 
+	jsonv2 "github.com/go-json-experiment/json"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,9 +65,11 @@ type StepContext struct {
 	Tx Tx
 }
 
-// DecodeInput decodes the saga input into v.
+// DecodeInput decodes the saga input into v. Member names match v's
+// fields exactly, case included (unlike encoding/json), so a handler
+// reads the input a gateway checked and nothing else.
 func (sc *StepContext) DecodeInput(v any) error {
-	if err := json.Unmarshal(sc.Input, v); err != nil {
+	if err := jsonv2.Unmarshal(sc.Input, v, forHandlers); err != nil {
 		return Permanent(fmt.Errorf("decode input of saga %s (%s): %w", sc.SagaID, sc.Definition, err))
 	}
 	return nil
@@ -78,7 +82,7 @@ func (sc *StepContext) DecodeResult(step string, v any) (bool, error) {
 	if !ok || len(raw) == 0 || string(raw) == "null" {
 		return false, nil
 	}
-	if err := json.Unmarshal(raw, v); err != nil {
+	if err := jsonv2.Unmarshal(raw, v, forHandlers); err != nil {
 		return false, Permanent(fmt.Errorf("decode result of step %q of saga %s: %w", step, sc.SagaID, err))
 	}
 	return true, nil

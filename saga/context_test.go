@@ -170,9 +170,20 @@ func TestHandle(t *testing.T) {
 		require.Nil(t, raw)
 		require.True(t, saga.IsPermanent(err))
 		require.False(t, called)
-		var typeErr *json.UnmarshalTypeError
-		require.ErrorAs(t, err, &typeErr)
+		require.Contains(t, err.Error(), "cannot unmarshal string")
 		require.Contains(t, err.Error(), "transfer")
+	})
+
+	t.Run("names match exactly", func(t *testing.T) {
+		t.Parallel()
+		var got transfer
+		h := saga.Handle(func(_ context.Context, _ *saga.StepContext, in transfer) (receipt, error) {
+			got = in
+			return receipt{}, nil
+		})
+		_, err := h(ctx, testStepContext(`{"AMOUNT":7000}`))
+		require.NoError(t, err)
+		require.Zero(t, got.Amount, "a member spelled in another case must not reach the field")
 	})
 
 	t.Run("handler error is returned as is", func(t *testing.T) {

@@ -89,6 +89,13 @@ type Definition struct {
 	name  string
 	steps []Step
 	index map[string]int
+	// input is the declared input type (WithInput), nil for any JSON.
+	input *inputType
+	// described is set on a definition rebuilt from a Description: it has
+	// no handlers, so it can start and repair sagas but not run steps.
+	described bool
+	// inputName is the described input type's name.
+	inputName string
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -96,6 +103,10 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // New validates and returns a definition. The error wraps
 // ErrInvalidDefinition and names the offending field.
 func New(name string, steps ...Step) (*Definition, error) {
+	return build(name, steps, false)
+}
+
+func build(name string, steps []Step, described bool) (*Definition, error) {
 	bad := func(field, format string, args ...any) error {
 		return &DefinitionError{Definition: name, Field: field, Problem: fmt.Sprintf(format, args...)}
 	}
@@ -105,7 +116,7 @@ func New(name string, steps ...Step) (*Definition, error) {
 	if len(steps) == 0 {
 		return nil, bad("steps", "a saga needs at least one step")
 	}
-	d := &Definition{name: name, index: make(map[string]int, len(steps))}
+	d := &Definition{name: name, index: make(map[string]int, len(steps)), described: described}
 	reached := map[State]string{}
 	for i, s := range steps {
 		field := fmt.Sprintf("steps[%d]", i)
@@ -130,7 +141,7 @@ func New(name string, steps ...Step) (*Definition, error) {
 		if s.Kind != DatabaseStep && s.Kind != ExternalStep {
 			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx) or saga.ExternalStep (it calls another system with sc.Key)", s.Name)
 		}
-		if s.Forward == nil {
+		if s.Forward == nil && !described {
 			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)
 		}
 		if err := s.Retry.validate(); err != nil {

@@ -2,6 +2,8 @@ package saga
 
 import (
 	"crypto/sha1"
+	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -55,4 +57,34 @@ func appendUUID(b []byte, id uuid.UUID) []byte {
 // retry (a new attempt) gets through.
 func MessageID(stepKey uuid.UUID, attempt int) string {
 	return stepKey.String() + "-" + strconv.Itoa(attempt)
+}
+
+// MaxKeyLength bounds a saga's idempotency key, in bytes.
+const MaxKeyLength = 255
+
+// ErrInvalidKey wraps every refusal of an idempotency key.
+var ErrInvalidKey = errors.New("idemsaga: invalid idempotency key")
+
+// CheckKey applies the one rule for saga idempotency keys, the same at
+// every entry point (library, CLI, HTTP): 1 to MaxKeyLength characters
+// of printable ASCII (space to '~'), neither starting nor ending with a
+// space. Keys are compared byte for byte, so the rule refuses rather
+// than trims or folds: "T-1" and " T-1" would otherwise be two intents
+// that look like one. Printable ASCII is what an HTTP header carries
+// without encoding, so every key can be replayed through any channel.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: it is empty; give the business identifier of this intent (such as a transfer request number)", ErrInvalidKey)
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("%w: it is %d bytes; keep it within %d", ErrInvalidKey, len(key), MaxKeyLength)
+	case key[0] == ' ' || key[len(key)-1] == ' ':
+		return fmt.Errorf("%w: %q starts or ends with a space; send it without the surrounding spaces", ErrInvalidKey, key)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return fmt.Errorf("%w: byte %d of it is 0x%02x; use printable ASCII only (space to '~'), for example a UUID or a business number", ErrInvalidKey, i, key[i])
+		}
+	}
+	return nil
 }

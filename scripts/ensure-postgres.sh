@@ -7,9 +7,27 @@
 #   server with psql and changes nothing.
 # - If the server already answers, it exits 0 at once and prints nothing.
 # - Otherwise it starts an existing cluster (pg_ctlcluster), or installs the
-#   `postgresql` package, creates a cluster, configures trust auth for local
-#   and 127.0.0.1/::1 connections on port 5432, and starts it.
+#   `postgresql` package (apt-get install --no-install-recommends), creates a
+#   cluster, configures trust auth for local and 127.0.0.1/::1 connections
+#   on port 5432, and starts it.
 # Progress lines go to stderr, and only when something is actually done.
+#
+# The trust rule is wide. When it creates or installs a cluster, or when
+# the postgres user cannot log in to a running one without a password, it
+# puts these lines, between "# idemsaga:" marker lines, at the top of that
+# cluster's pg_hba.conf (unless the file already trusts such connections),
+# and keeps the old file as pg_hba.conf.orig-idemsaga:
+#
+#   local   all   all                  trust
+#   host    all   all   127.0.0.1/32   trust
+#   host    all   all   ::1/128        trust
+#
+# That is: every database, every database user (the superuser postgres
+# included), no password, for anyone who can reach the Unix socket or
+# connect from 127.0.0.1 or ::1 on this machine, i.e. every local account and
+# every local process. Use it only on a machine of your own, a throwaway VM
+# or a CI runner; never on a shared or production machine (set DATABASE_URL
+# to a server of your own there instead).
 set -euo pipefail
 
 HOST=127.0.0.1
@@ -240,7 +258,8 @@ ensure_trust() {
 		rm -f "$tmp"
 		return 0
 	fi
-	say "configuring trust authentication for local connections in $hba"
+	say "configuring trust authentication in $hba (the old file is kept as $hba.orig-idemsaga)"
+	say "the rule: every database and every user, the superuser postgres included, with no password, over the local socket and from 127.0.0.1/32 and ::1/128; anyone on this machine can now connect as postgres, so this script must not be used on a shared or production machine"
 	{
 		echo "$MARK_BEGIN"
 		echo "local   all   all                  trust"
@@ -301,7 +320,7 @@ if [ -z "$(installed_version)" ]; then
 	need_root "to install PostgreSQL"
 	say "PostgreSQL is not installed; installing it with apt-get"
 	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >&2 ||
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql >&2 ||
 		die "apt-get install postgresql failed; install PostgreSQL by hand or set DATABASE_URL"
 	[ -n "$(installed_version)" ] || die "PostgreSQL server binaries not found after installing; install PostgreSQL by hand or set DATABASE_URL"
 	fresh=1

@@ -26,7 +26,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func newWorker(t testing.TB, pool *pgxpool.Pool, defs ...*saga.Definition) *steps.Worker {
 	t.Helper()
-	w, err := steps.New(steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: defs, Logger: quiet()})
+	w, err := steps.New(steps.Config{Pool: pool, SubjectPrefix: "t", Definitions: defs, Logger: quiet()})
 	require.NoError(t, err)
 	return w
 }
@@ -35,13 +35,12 @@ func newWorker(t testing.TB, pool *pgxpool.Pool, defs ...*saga.Definition) *step
 // its Config set by change.
 func meteredWorker(t testing.TB, pool *pgxpool.Pool, def *saga.Definition, change func(*steps.Config)) (*steps.Worker, *metrics.Metrics) {
 	t.Helper()
-	m, err := metrics.New(prometheus.NewRegistry())
-	require.NoError(t, err)
-	cfg := steps.Config{Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def}, Metrics: m, Logger: quiet()}
+	var err error
+	cfg := steps.Config{Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{def}, Logger: quiet()}
 	change(&cfg)
 	w, err := steps.New(cfg)
 	require.NoError(t, err)
-	return w, m
+	return w, w.Metrics()
 }
 
 // newSaga writes a saga of definition def, at its first step, and returns

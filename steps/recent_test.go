@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
@@ -52,14 +51,12 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 					return json.RawMessage(`"ok"`), nil
 				},
 			})
-			reg := prometheus.NewRegistry()
-			m, err := metrics.New(reg)
-			require.NoError(t, err)
 			w, err := steps.New(steps.Config{
-				Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-				Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{def},
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
 			require.NoError(t, err)
+			m := w.Metrics()
 			cmd := command(newSaga(t, pool, "slow"), "slow", "s", saga.PhaseForward, 1, nil)
 
 			const n = 6

@@ -12,7 +12,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/broker"
@@ -42,13 +41,12 @@ func TestHandleMsgReadsTheInboxOnARedelivery(t *testing.T) {
 			return nil, writeEffect(ctx, sc)
 		},
 	})
-	m, err := metrics.New(prometheus.NewRegistry())
-	require.NoError(t, err)
 	other, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
-		Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{def},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
+	m := other.Metrics()
 
 	_, nc := testenv.NATS(t)
 	js, err := jetstream.New(nc)

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/broker"
@@ -31,20 +33,32 @@ type Config struct {
 	// Pool is the engine's database: the inbox, the outbox, the sagas, and
 	// the business tables of database steps. Required.
 	Pool *pgxpool.Pool
-	// Consumer returns the consumer of commands, creating it again when the
-	// server lost it. Required by Start; Handle works without.
-	Consumer broker.ConsumerFunc
-	// Subjects names reply subjects. Required.
-	Subjects wire.Subjects
-	// Definitions the worker can run. Required.
+	// NATS is a connection to the deployment's JetStream server. The
+	// worker reads commands from the stream's shared durable consumer of
+	// step commands, the one engines read too, so engines and step workers
+	// split the commands between them. Required by Start.
+	NATS *nats.Conn
+	// Stream is the deployment's stream. Defaults to the engine's
+	// default, "IDEMSAGA".
+	Stream string
+	// SubjectPrefix is the deployment's subject prefix. Defaults to the
+	// engine's default, "idemsaga".
+	SubjectPrefix string
+	// AckWait is how long JetStream waits for an ack before redelivering;
+	// it must match the engines' (engine.Config.AckWait). Defaults to
+	// 60s, or the longest step Timeout plus 30s when that is longer.
+	AckWait time.Duration
+	// Definitions the worker can run. Every command the stream holds must
+	// be of one of them: give it the deployment's definitions. Required.
 	Definitions []*saga.Definition
 	// Concurrency is the number of commands handled at once. Defaults to
 	// ConcurrencyDefault.
 	Concurrency int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics, if set, is updated.
-	Metrics *metrics.Metrics
+	// Registerer receives the worker's metrics (the engine's step
+	// metrics). Nil registers nothing.
+	Registerer prometheus.Registerer
 	// CommittedFunc, if set, is called after each commit that wrote to the
 	// outbox, to wake a relay. It is not called when PublishFunc is set.
 	CommittedFunc func()
@@ -67,9 +81,11 @@ type Config struct {
 // reply for the orchestrator. An engine runs its own step workers, which
 // apply outcomes to their saga in the step's transaction instead.
 type Worker struct {
-	cfg    Config
-	runner *attempt.Runner
-	life   lifecycle.Runner
+	cfg      Config
+	subjects wire.Subjects
+	metrics  *metrics.Metrics
+	runner   *attempt.Runner
+	life     lifecycle.Runner
 }
 
 // New returns a worker; Start runs it.
@@ -77,8 +93,6 @@ func New(cfg Config) (*Worker, error) {
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("steps: Config.Pool is required")
-	case cfg.Subjects.Prefix == "":
-		return nil, errors.New("steps: Config.Subjects is required")
 	case len(cfg.Definitions) == 0:
 		return nil, errors.New("steps: Config.Definitions is empty; give the worker the sagas it runs")
 	case cfg.Concurrency < 0:
@@ -88,10 +102,26 @@ func New(cfg Config) (*Worker, error) {
 	case cfg.Recent < -1:
 		return nil, fmt.Errorf("steps: Config.Recent is %d; use a positive number, 0 for %d, or -1 to remember nothing", cfg.Recent, RecentDefault)
 	}
+	var longest time.Duration
 	for i, d := range cfg.Definitions {
 		if d == nil {
 			return nil, fmt.Errorf("steps: Config.Definitions[%d] is nil", i)
 		}
+		if !d.Runnable() {
+			return nil, fmt.Errorf("steps: Config.Definitions[%d] (%q) has no handlers; give the worker the definition built with saga.New", i, d.Name())
+		}
+		for _, st := range d.Steps() {
+			longest = max(longest, st.Retry.Timeout, st.CompensateRetry.Timeout)
+		}
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = streamDefault
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = subjectPrefixDefault
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = max(60*time.Second, longest+30*time.Second)
 	}
 	if cfg.Recent == 0 {
 		cfg.Recent = RecentDefault
@@ -105,30 +135,48 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics, _ = metrics.New(nil)
+	m, err := metrics.New(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("steps: %w", err)
 	}
+	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
 	r, err := attempt.New(attempt.Config{
-		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: cfg.Subjects, Logger: cfg.Logger, Metrics: cfg.Metrics,
+		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: cfg.PublishFunc, HandOff: cfg.HandOff, Committed: cfg.CommittedFunc, Recent: max(cfg.Recent, 0),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("steps: %w", err)
 	}
-	return &Worker{cfg: cfg, runner: r}, nil
+	return &Worker{cfg: cfg, subjects: subjects, metrics: m, runner: r}, nil
 }
 
 // Start checks the database and runs the worker in the background until
 // Stop.
 func (w *Worker) Start(ctx context.Context) error {
-	if w.cfg.Consumer == nil {
-		return errors.New("steps: Config.Consumer is required to start the worker")
+	if w.cfg.NATS == nil {
+		return errors.New("steps: Config.NATS is required to start the worker: connect with nats.Connect(NATS_URL)")
 	}
 	if err := CheckDatabase(ctx, w.cfg.Pool); err != nil {
 		return err
 	}
+	js, err := jetstream.New(w.cfg.NATS)
+	if err != nil {
+		return fmt.Errorf("steps: JetStream: %w", err)
+	}
+	consumer := func(ctx context.Context) (jetstream.Consumer, error) {
+		s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Subjects: []string{w.subjects.All()}})
+		if err != nil {
+			return nil, fmt.Errorf("steps: %w (check NATS_URL and that nats-server runs with -js)", err)
+		}
+		return broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
+			Durable: w.cfg.Stream + "_steps", Filter: w.subjects.AllCommands(), AckWait: w.cfg.AckWait, MaxAckPending: 10000,
+		})
+	}
+	if _, err := consumer(ctx); err != nil {
+		return err
+	}
 	return w.life.Start(ctx, func(ctx context.Context) {
-		broker.Pool(ctx, w.cfg.Logger, w.cfg.Consumer, w.cfg.Concurrency, w.runner.HandleMsg)
+		broker.Pool(ctx, w.cfg.Logger, consumer, w.cfg.Concurrency, w.runner.HandleMsg)
 	})
 }
 
@@ -153,19 +201,18 @@ func (w *Worker) Stop(ctx context.Context) error { return w.life.Stop(ctx) }
 // HandleMsg runs one command message and acks it after commit.
 func (w *Worker) HandleMsg(ctx context.Context, msg jetstream.Msg) { w.runner.HandleMsg(ctx, msg) }
 
-// Handle runs one command to a committed reply. It returns the reply: the
+// handle runs one command to a committed reply. It returns the reply: the
 // one written, or, for a delivery of an attempt already answered, the
 // stored outcome (Duplicate set), whose reply is already in the outbox. An
 // error means nothing was committed and the command should be delivered
-// again.
-func (w *Worker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
-	return w.runner.Handle(ctx, cmd, false)
+// again. redelivered reads the inbox before anything is claimed.
+func (w *Worker) handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
+	return w.runner.Handle(ctx, cmd, redelivered)
 }
 
-// HandleRedelivered is Handle for a command the transport delivered before
-// (JetStream's NumDelivered above 1; HandleMsg tells them apart by
-// itself): the inbox is read before anything is claimed, and a duplicate
-// is answered by that plain read.
-func (w *Worker) HandleRedelivered(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
-	return w.runner.Handle(ctx, cmd, true)
-}
+// The engine's defaults, which the worker must share with the engines of
+// its deployment (package engine imports this one).
+const (
+	streamDefault        = "IDEMSAGA"
+	subjectPrefixDefault = "idemsaga"
+)

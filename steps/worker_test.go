@@ -59,7 +59,7 @@ func TestSameCommandConcurrently(t *testing.T) {
 	// Remembering nothing, the worker sends every delivery to the
 	// database, as many workers would.
 	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{def},
+		Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{def},
 		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
@@ -276,7 +276,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.NoError(t, err)
 
 	forgetful, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
+		Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{transfer.Definition},
 		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
@@ -321,19 +321,18 @@ func TestStartRefusesADatabaseBehindItsMigrations(t *testing.T) {
 	pool := testenv.DB(t)
 	_, err := pool.Exec(ctx, `update idemsaga.schema_version set version = version - 1`)
 	require.NoError(t, err)
-	var consumed atomic.Bool
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
 	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
+		Pool: pool, NATS: nc, Stream: "BEHIND", SubjectPrefix: "t", Definitions: []*saga.Definition{transfer.Definition},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Consumer: func(context.Context) (jetstream.Consumer, error) {
-			consumed.Store(true)
-			return nil, errors.New("no broker in this test")
-		},
 	})
 	require.NoError(t, err)
 	require.ErrorContains(t, w.Start(ctx), "run `worker migrate` first")
 	require.NoError(t, w.Stop(ctx), "stopping a worker that never started is fine")
-	require.False(t, consumed.Load(), "nothing consumed")
+	_, err = js.Stream(ctx, "BEHIND")
+	require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "nothing consumed: the worker did not even create its stream")
 
 	_, err = pool.Exec(ctx, `update idemsaga.schema_version set version = version + 1`)
 	require.NoError(t, err)

@@ -322,7 +322,8 @@ func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
 	mu.Lock()
 	losing = false
 	mu.Unlock()
-	require.NoError(t, v.e.Client().Retry(ctx, sg.ID))
+	_, err = v.e.Client().Retry(ctx, sg.ID, engine.Repair{})
+	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	done, err := v.e.Client().Wait(wctx, sg.ID)

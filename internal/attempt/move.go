@@ -313,9 +313,9 @@ func (w write) build(b *stmtBuilder, sh shape) {
 // expressions of the command's outbox id, of whether the next step was
 // dispatched, and of the invariant's check.
 func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) (next, dispatched, assert string) {
-	b.f("u as (\n  update idemsaga.sagas set state = %s::text, version = version + 1, updated_at = now()", b.p(string(m.To)))
+	b.f("u as (\n  update idemsaga.sagas set state = %s::text, version = version + 1, updated_at = idemsaga.now()", b.p(string(m.To)))
 	if m.Finished {
-		b.f(", finished_at = now()")
+		b.f(", finished_at = idemsaga.now()")
 	}
 	if m.Error != "" {
 		b.f(", error = %s::text", b.p(m.Error))
@@ -341,14 +341,14 @@ func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) 
 	}
 	b.f(`, f as (
   update idemsaga.steps set status = %s::text, result = %s::jsonb, last_error = %s::text%s,
-    lease_until = null, next_attempt_at = null, updated_at = now()
+    lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = %s and step = %s and phase = %s::text and attempt = %s::int and %s
     and exists (select from u)
   returning saga_id, step, phase, attempt
 )`, stStatus, b.p(nullJSON(m.StepResult)), stErr, pd, sagaP, b.p(m.Step), b.p(string(m.Phase)), b.p(m.Attempt), status)
 	if sh.fence == fenceLocked {
 		b.f(`, a as (
-  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, now()),
+  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, idemsaga.now()),
     outcome = case when x.outcome is null or x.outcome = 'retry' then %s::text else x.outcome end,
     error = coalesce(%s::text, x.error)
   from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
@@ -358,7 +358,7 @@ func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) 
 	if d := m.Next; d != nil {
 		b.f(`, st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  select saga_id, %s::text, %s::text, %s::int, %s::uuid, 'dispatched', 1, now() + %s::bigint * interval '1 millisecond', now() from f
+  select saga_id, %s::text, %s::text, %s::int, %s::uuid, 'dispatched', 1, idemsaga.now() + %s::bigint * interval '1 millisecond', idemsaga.now() from f
   on conflict (saga_id, step, phase) do nothing
   returning saga_id
 )`, b.p(d.Step), b.p(string(d.Phase)), b.p(d.Index), b.p(pguuid.Of(d.Key)), b.p(d.LeaseMillis))

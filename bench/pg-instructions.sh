@@ -6,8 +6,10 @@
 # Counts repeat to about 0.02% for the same build; timings on a shared
 # 2-core machine do not.
 #
-# Usage: scripts/pg-instructions.sh <go test arguments>
-#   scripts/pg-instructions.sh -bench ExecLastStep -benchtime 2000x ./steps
+# Usage: bench/pg-instructions.sh <go test arguments>
+#   bench/pg-instructions.sh -bench 'TransferSaga/eager' -benchtime 500x ./engine
+# (run from the repository's root: the arguments go to `go test` as they
+# are, so package paths are relative to the current folder).
 #
 # The benchmark must do its work on one connection (the largest backend is
 # taken as its own); its connection start and warm-up are included, so use
@@ -22,7 +24,7 @@ PORT=${PORT:-5499}
 say() { echo "pg-instructions: $*" >&2; }
 die() { echo "pg-instructions: $*" >&2; exit 1; }
 
-[ $# -gt 0 ] || die "give the go test arguments, for example: -bench ExecLastStep -benchtime 2000x ./steps"
+[ $# -gt 0 ] || die "give the go test arguments, for example: -bench 'TransferSaga/eager' -benchtime 500x ./engine"
 command -v valgrind >/dev/null || die "valgrind is missing; install it (apt-get install valgrind)"
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -n "$bindir" ] && [ -x "$bindir/initdb" ] || die "PostgreSQL's server binaries are missing; install the postgresql package"

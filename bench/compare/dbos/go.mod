@@ -1,4 +1,4 @@
-module github.com/idemsaga/idemsaga/compare/dbos
+module github.com/idemsaga/idemsaga/bench/compare/dbos
 
 go 1.26.8
 

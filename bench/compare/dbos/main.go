@@ -1,11 +1,11 @@
 // Command dbos runs the transfer workload of `worker bench` on DBOS
 // Transact Go (v1.8.0), so that the two can be compared on one machine in
-// one sitting (docs/benchmarks.md, "Issue 5, fifth pass" and "sixth pass":
+// one sitting (bench/JOURNAL.md, "Issue 5, fifth pass" and "sixth pass":
 // the same failure spread and the same connections as worker bench).
 //
 // It is a module of its own: the engine never depends on DBOS.
 //
-//	cd compare/dbos && go run . --workflows 10000
+//	cd bench/compare/dbos && go run . --workflows 10000
 //
 // Each Transfer workflow runs a "deduct" step and a "credit" step, and a
 // compensating "refund" step when the credit hits the frozen account. Each
@@ -412,7 +412,7 @@ func main() {
 	}
 	// Sized as worker bench sizes its pools in all (--max-conns): more
 	// connections than PostgreSQL has cores cost both engines alike
-	// (docs/benchmarks.md).
+	// (bench/JOURNAL.md).
 	pcfg.MaxConns = int32(*maxConns)
 	appPool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

@@ -1,0 +1,280 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// ErrDeploymentMismatch is returned at start by an engine or client whose
+// shared settings (stream, subject prefix, lease grace) or definitions
+// differ from those the deployment recorded.
+var ErrDeploymentMismatch = errors.New("idemsaga: this process's settings differ from the deployment's")
+
+// HeartbeatIntervalDefault is how often a running engine renews its row in
+// idemsaga.workers; a row older than three intervals is not live.
+const HeartbeatIntervalDefault = 5 * time.Second
+
+// who names this process in what it records.
+func who() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s pid %d", host, os.Getpid())
+}
+
+// setting is one shared setting: its name, this process's value and the
+// flag that sets it, for messages.
+type setting struct{ name, value, flag string }
+
+func sharedSettings(cfg *Config, worker bool) []setting {
+	s := []setting{
+		{"subject_prefix", cfg.SubjectPrefix, "--subject-prefix / IDEMSAGA_SUBJECT_PREFIX / Config.SubjectPrefix"},
+		{"lease_grace", cfg.LeaseGrace.String(), "--lease-grace / IDEMSAGA_LEASE_GRACE / Config.LeaseGrace"},
+	}
+	if worker {
+		s = append(s, setting{"stream", cfg.Stream, "--stream / IDEMSAGA_STREAM / Config.Stream"})
+	}
+	return s
+}
+
+// Deploy records cfg's shared settings (Stream, SubjectPrefix, LeaseGrace)
+// and the descriptions of its Definitions as the deployment's, replacing
+// what was recorded. Engines and clients compare their own with these at
+// start and refuse to run on a difference. Run it once per deploy, from
+// the new build, before its workers start (the runtime's `migrate` does);
+// processes already running are not stopped.
+func Deploy(ctx context.Context, cfg Config) error {
+	if err := cfg.validate(false); err != nil {
+		return err
+	}
+	tx, err := cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: record the deployment: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	by := who()
+	for _, s := range sharedSettings(&cfg, true) {
+		if _, err := tx.Exec(ctx, `insert into idemsaga.settings (name, value, set_by) values ($1, $2, $3)
+on conflict (name) do update set value = excluded.value, set_by = excluded.set_by, set_at = idemsaga.now()
+where settings.value is distinct from excluded.value`, s.name, s.value, by); err != nil {
+			return fmt.Errorf("idemsaga: record setting %s: %w", s.name, err)
+		}
+	}
+	for _, d := range cfg.Definitions {
+		if !d.Runnable() {
+			continue
+		}
+		desc := d.Describe()
+		if _, err := tx.Exec(ctx, `insert into idemsaga.definitions (name, description, fingerprint, set_by) values ($1, $2, $3, $4)
+on conflict (name) do update set description = excluded.description, fingerprint = excluded.fingerprint, set_by = excluded.set_by, set_at = idemsaga.now()
+where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), desc, desc.Fingerprint(), by); err != nil {
+			return fmt.Errorf("idemsaga: record definition %q: %w", d.Name(), err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemsaga: record the deployment: %w", err)
+	}
+	return nil
+}
+
+// checkDeployment records what the deployment has not recorded yet and
+// compares the rest with this process's: the shared settings, and the
+// descriptions of the runnable definitions. worker adds the stream, which
+// a client does not use.
+func (c *core) checkDeployment(ctx context.Context, cfg *Config, worker bool) error {
+	by := who()
+	var errs []error
+	for _, s := range sharedSettings(cfg, worker) {
+		var value, setBy string
+		var setAt time.Time
+		err := c.pool.QueryRow(ctx, `with i as (
+  insert into idemsaga.settings (name, value, set_by) values ($1, $2, $3) on conflict (name) do nothing returning value, set_by, set_at)
+select value, set_by, set_at from i
+union all select value, set_by, set_at from idemsaga.settings where name = $1 and not exists (select from i)`, s.name, s.value, by).Scan(&value, &setBy, &setAt)
+		if err != nil {
+			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
+		}
+		if value != s.value {
+			errs = append(errs, fmt.Errorf("%w: %s is %q here but %q in the deployment (recorded by %s at %s); give every process the same %s, or record a new one for all with `migrate`",
+				ErrDeploymentMismatch, s.name, s.value, value, setBy, setAt.Format(time.RFC3339), s.flag))
+		}
+	}
+	for _, d := range c.defs {
+		if !d.Runnable() {
+			continue
+		}
+		desc := d.Describe()
+		var fp, setBy string
+		var setAt time.Time
+		var recorded saga.Description
+		err := c.pool.QueryRow(ctx, `with i as (
+  insert into idemsaga.definitions (name, description, fingerprint, set_by) values ($1, $2, $3, $4)
+  on conflict (name) do nothing returning fingerprint, description, set_by, set_at)
+select fingerprint, description, set_by, set_at from i
+union all select fingerprint, description, set_by, set_at from idemsaga.definitions where name = $1 and not exists (select from i)`,
+			d.Name(), desc, desc.Fingerprint(), by).Scan(&fp, &recorded, &setBy, &setAt)
+		if err != nil {
+			return fmt.Errorf("idemsaga: check definition %q against the deployment's: %w", d.Name(), err)
+		}
+		if fp != desc.Fingerprint() {
+			errs = append(errs, fmt.Errorf("%w: definition %q differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, or record this one for all with `migrate` (idemsaga/engine.Deploy) and restart the others",
+				ErrDeploymentMismatch, d.Name(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// describeDifference names the first thing that differs between the
+// recorded description and this process's.
+func describeDifference(recorded, here saga.Description) string {
+	if recorded.Input != here.Input {
+		return fmt.Sprintf("its input type is %q here, %q there", here.Input, recorded.Input)
+	}
+	if len(recorded.Steps) != len(here.Steps) {
+		return fmt.Sprintf("it has %d steps here, %d there", len(here.Steps), len(recorded.Steps))
+	}
+	for i := range here.Steps {
+		a, b := here.Steps[i], recorded.Steps[i]
+		if a != b {
+			ha, _ := json.Marshal(a)
+			hb, _ := json.Marshal(b)
+			return fmt.Sprintf("step %d is %s here, %s there", i, ha, hb)
+		}
+	}
+	return "their descriptions differ"
+}
+
+// described caches the definitions a process knows only by their
+// recorded descriptions.
+type described struct {
+	mu   sync.RWMutex
+	defs map[string]*saga.Definition
+}
+
+func (d *described) get(name string) (*saga.Definition, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	def, ok := d.defs[name]
+	return def, ok
+}
+
+// resolve returns the named definition: this process's own, or one
+// rebuilt from the deployment's record (without handlers).
+func (c *core) resolve(ctx context.Context, name string) (*saga.Definition, error) {
+	if d, ok := c.defs[name]; ok {
+		return d, nil
+	}
+	if d, ok := c.remote.get(name); ok {
+		return d, nil
+	}
+	var desc saga.Description
+	err := c.pool.QueryRow(ctx, `select description from idemsaga.definitions where name = $1`, name).Scan(&desc)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q is neither in this process nor recorded by the deployment (a worker running it records it at start)", saga.ErrUnknownDefinition, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: read definition %q: %w", name, err)
+	}
+	def, err := saga.FromDescription(desc)
+	if err != nil {
+		return nil, err
+	}
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	if c.remote.defs == nil {
+		c.remote.defs = map[string]*saga.Definition{}
+	}
+	c.remote.defs[name] = def
+	return def, nil
+}
+
+// Definition returns the named definition: this client's own, or, for a
+// definition whose code is not in this process, one rebuilt from the
+// description the deployment recorded (saga.FromDescription), which can
+// start, read and repair sagas while workers that have the code run the
+// steps. An unknown name is saga.ErrUnknownDefinition.
+func (cl *Client) Definition(ctx context.Context, name string) (*saga.Definition, error) {
+	return cl.c.resolve(ctx, name)
+}
+
+// Definitions returns the descriptions the deployment recorded, by name.
+func (cl *Client) Definitions(ctx context.Context) ([]saga.Description, error) {
+	rows, err := cl.c.pool.Query(ctx, `select description from idemsaga.definitions order by name`)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: list definitions: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[saga.Description])
+}
+
+// Worker is a running engine as it last reported itself.
+type Worker struct {
+	ID          uuid.UUID
+	Host        string
+	PID         int
+	Definitions []string
+	StartedAt   time.Time
+	SeenAt      time.Time
+}
+
+// Workers returns the engines that reported themselves within the last
+// three heartbeat intervals, with the definitions each runs.
+func (cl *Client) Workers(ctx context.Context) ([]Worker, error) {
+	rows, err := cl.c.pool.Query(ctx, `select id, host, pid, definitions, started_at, seen_at from idemsaga.workers
+where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_at`, (3 * HeartbeatIntervalDefault).Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: list workers: %w", err)
+	}
+	defer rows.Close()
+	var out []Worker
+	for rows.Next() {
+		var w Worker
+		if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Definitions, &w.StartedAt, &w.SeenAt); err != nil {
+			return nil, fmt.Errorf("idemsaga: list workers: %w", err)
+		}
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}
+
+// heartbeat records this engine in idemsaga.workers every interval until
+// ctx ends, then deletes its row.
+func (e *Engine) heartbeat(ctx context.Context) {
+	names := make([]string, 0, len(e.c.defs))
+	for n := range e.c.defs {
+		names = append(names, n)
+	}
+	host, _ := os.Hostname()
+	beat := func() {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions) values ($1, $2, $3, $4)
+on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names); err != nil && ctx.Err() == nil {
+			e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
+		}
+		// Rows of processes that died without deleting theirs.
+		_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
+	}
+	beat()
+	t := time.NewTicker(HeartbeatIntervalDefault)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_, _ = e.cfg.Pool.Exec(dctx, `delete from idemsaga.workers where id = $1`, pguuid.Of(e.id))
+			cancel()
+			return
+		case <-t.C:
+			beat()
+		}
+	}
+}

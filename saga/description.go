@@ -1,0 +1,124 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Description is a definition without its code: its name, its input
+// type's name and its steps with their kinds and policies. The engine
+// records each definition's description in the database, so that every
+// process of a deployment can check it runs the same definition, and so
+// that a process without the handlers (an admin CLI, an API gateway) can
+// start, show and repair sagas of it.
+type Description struct {
+	Name  string            `json:"name"`
+	Input string            `json:"input,omitempty"`
+	Steps []StepDescription `json:"steps"`
+}
+
+// StepDescription describes one step of a Description.
+type StepDescription struct {
+	Name            string            `json:"name"`
+	Reaches         State             `json:"reaches"`
+	Kind            string            `json:"kind"`
+	Compensates     bool              `json:"compensates"`
+	Retry           PolicyDescription `json:"retry"`
+	CompensateRetry PolicyDescription `json:"compensate_retry"`
+}
+
+// PolicyDescription is a RetryPolicy with readable durations.
+type PolicyDescription struct {
+	MaxAttempts    int     `json:"max_attempts"`
+	InitialBackoff string  `json:"initial_backoff"`
+	MaxBackoff     string  `json:"max_backoff"`
+	Multiplier     float64 `json:"multiplier"`
+	Jitter         float64 `json:"jitter"`
+	Timeout        string  `json:"timeout"`
+}
+
+func describePolicy(p RetryPolicy) PolicyDescription {
+	return PolicyDescription{MaxAttempts: p.MaxAttempts, InitialBackoff: p.InitialBackoff.String(), MaxBackoff: p.MaxBackoff.String(),
+		Multiplier: p.Multiplier, Jitter: p.Jitter, Timeout: p.Timeout.String()}
+}
+
+func (p PolicyDescription) policy() (RetryPolicy, error) {
+	var out RetryPolicy
+	var err error
+	out.MaxAttempts, out.Multiplier, out.Jitter = p.MaxAttempts, p.Multiplier, p.Jitter
+	for _, f := range []struct {
+		text string
+		to   *time.Duration
+	}{{p.InitialBackoff, &out.InitialBackoff}, {p.MaxBackoff, &out.MaxBackoff}, {p.Timeout, &out.Timeout}} {
+		if *f.to, err = time.ParseDuration(f.text); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// Describe returns the definition's description.
+func (d *Definition) Describe() Description {
+	desc := Description{Name: d.name, Input: d.InputType(), Steps: make([]StepDescription, len(d.steps))}
+	for i, s := range d.steps {
+		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
+			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
+	}
+	return desc
+}
+
+// Fingerprint returns the description as canonical JSON: two processes
+// run the same definition when their fingerprints are equal.
+func (desc Description) Fingerprint() string {
+	b, _ := json.Marshal(desc)
+	return string(b)
+}
+
+// FromDescription rebuilds a definition from its description. It has no
+// handlers: an engine client can start, read and repair sagas with it,
+// and the steps run in a process that has the definition's code. Its
+// input is checked as JSON (no duplicate or case-twin members), not
+// against the input type, which lives in that code.
+func FromDescription(desc Description) (*Definition, error) {
+	steps := make([]Step, len(desc.Steps))
+	for i, s := range desc.Steps {
+		st := Step{Name: s.Name, Reaches: s.Reaches, Forward: describedHandler}
+		switch s.Kind {
+		case DatabaseStep.String():
+			st.Kind = DatabaseStep
+		case ExternalStep.String():
+			st.Kind = ExternalStep
+		default:
+			return nil, fmt.Errorf("%w: description of %q: step %q has kind %q", ErrInvalidDefinition, desc.Name, s.Name, s.Kind)
+		}
+		var err error
+		if st.Retry, err = s.Retry.policy(); err != nil {
+			return nil, fmt.Errorf("%w: description of %q: step %q: retry: %v", ErrInvalidDefinition, desc.Name, s.Name, err)
+		}
+		if st.CompensateRetry, err = s.CompensateRetry.policy(); err != nil {
+			return nil, fmt.Errorf("%w: description of %q: step %q: compensate retry: %v", ErrInvalidDefinition, desc.Name, s.Name, err)
+		}
+		if s.Compensates {
+			st.Compensate = describedHandler
+		}
+		steps[i] = st
+	}
+	d, err := build(desc.Name, steps, true)
+	if err != nil {
+		return nil, err
+	}
+	d.inputName = desc.Input
+	return d, nil
+}
+
+// describedHandler stands for a compensation that lives in another
+// process: it tells the compensation exists, and refuses to run.
+func describedHandler(_ context.Context, sc *StepContext) (json.RawMessage, error) {
+	return nil, fmt.Errorf("idemsaga: the handlers of saga %q are not in this process; run its steps in a worker built with its code", sc.Definition)
+}
+
+// Runnable reports whether the definition has its handlers, so that an
+// engine can run its steps. A definition from FromDescription has not.
+func (d *Definition) Runnable() bool { return !d.described }

@@ -1,0 +1,243 @@
+package saga
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
+)
+
+// ErrInvalidInput wraps every refusal of a saga input: JSON that is not
+// valid, that names a member twice or in two spellings, that does not fit
+// the definition's input type, or that its validator refuses. Nothing is
+// written for such an input.
+var ErrInvalidInput = errors.New("idemsaga: invalid saga input")
+
+// InputError is a refused saga input: what is wrong, for the definition
+// that refused it. It wraps ErrInvalidInput.
+type InputError struct {
+	Definition string
+	Problem    string
+}
+
+func (e *InputError) Error() string {
+	return fmt.Sprintf("idemsaga: invalid input for saga %q: %s", e.Definition, e.Problem)
+}
+
+func (e *InputError) Unwrap() error { return ErrInvalidInput }
+
+// inputType is the declared input of a definition: its Go type and its
+// validator.
+type inputType struct {
+	typ      reflect.Type
+	decode   func(raw []byte) (any, error)
+	validate func(v any) error
+}
+
+// WithInput returns a copy of d whose saga input is of type In (usually a
+// struct), checked by validate (nil for none). Every start of a saga of
+// the copy decodes its input strictly into In: a member that In does not
+// have, a member named twice, or one whose name differs from a field's
+// only in case is refused; then validate runs. The stored input, which
+// handlers decode, is In encoded again, so it holds exactly what was
+// checked.
+//
+//	def := saga.WithInput(saga.MustNew("order", steps...), OrderInput.Validate)
+func WithInput[In any](d *Definition, validate func(In) error) *Definition {
+	c := *d
+	c.input = &inputType{
+		typ: reflect.TypeFor[In](),
+		decode: func(raw []byte) (any, error) {
+			var v In
+			err := jsonv2.Unmarshal(raw, &v, strictTyped)
+			return v, err
+		},
+	}
+	if validate != nil {
+		c.input.validate = func(v any) error { return validate(v.(In)) }
+	}
+	return &c
+}
+
+// strictTyped is encoding/json's semantics without its leniencies: names
+// match exactly, each at most once, and every member must be a field.
+var strictTyped = jsonv2.JoinOptions(
+	jsonv1.DefaultOptionsV1(),
+	jsonv2.MatchCaseInsensitiveNames(false),
+	jsonv1.MatchCaseSensitiveDelimiter(true),
+	jsontext.AllowDuplicateNames(false),
+	jsontext.AllowInvalidUTF8(false),
+	jsonv2.RejectUnknownMembers(true),
+	jsonv1.ReportErrorsWithLegacySemantics(false),
+)
+
+// forHandlers is encoding/json's semantics with names matched exactly,
+// for what handlers decode: the stored input, already checked.
+var forHandlers = jsonv2.JoinOptions(
+	jsonv1.DefaultOptionsV1(),
+	jsonv2.MatchCaseInsensitiveNames(false),
+	jsonv1.MatchCaseSensitiveDelimiter(true),
+	jsontext.AllowDuplicateNames(false),
+)
+
+// strictAny reads JSON of no declared type: each name at most once.
+var strictAny = jsonv2.JoinOptions(
+	jsonv1.DefaultOptionsV1(),
+	jsontext.AllowDuplicateNames(false),
+	jsontext.AllowInvalidUTF8(false),
+	jsonv1.ReportErrorsWithLegacySemantics(false),
+)
+
+// InputType returns the name of the definition's input type, "" when it
+// accepts any JSON value.
+func (d *Definition) InputType() string {
+	if d.input == nil {
+		return d.inputName
+	}
+	return d.input.typ.String()
+}
+
+// Input checks a saga input and returns it as canonical JSON (object keys
+// sorted, no insignificant whitespace), the form the engine stores and
+// hashes. v is raw JSON ([]byte or json.RawMessage) or any Go value,
+// which is encoded first.
+//
+// Raw JSON is read strictly: a name twice in one object, or two names in
+// one object that differ only in case, is refused, since a gateway that
+// reads the first and a decoder that keeps the last would see different
+// inputs. With an input type (WithInput) the input must also decode into
+// it exactly and pass its validator. Every refusal wraps ErrInvalidInput.
+func (d *Definition) Input(v any) (json.RawMessage, error) {
+	bad := func(format string, args ...any) error {
+		return &InputError{Definition: d.name, Problem: fmt.Sprintf(format, args...)}
+	}
+	var raw []byte
+	switch x := v.(type) {
+	case json.RawMessage:
+		raw = x
+	case []byte:
+		raw = x
+	default:
+		if d.input != nil && v != nil && reflect.TypeOf(v) == d.input.typ {
+			return d.checked(v)
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, bad("cannot encode it as JSON: %v", err)
+		}
+		raw = b
+	}
+	if d.input != nil {
+		typed, err := d.input.decode(raw)
+		if err != nil {
+			return nil, bad("%s", describeDecodeError(err, d.input.typ))
+		}
+		return d.checked(typed)
+	}
+	var tree any
+	if err := jsonv2.Unmarshal(raw, &tree, strictAny); err != nil {
+		return nil, bad("%s", describeDecodeError(err, nil))
+	}
+	if path, a, b, ok := caseTwins(tree, "$"); ok {
+		return nil, bad("object %s has members %q and %q, which differ only in case; send one", path, a, b)
+	}
+	out, err := json.Marshal(tree)
+	if err != nil {
+		return nil, bad("cannot encode it as JSON: %v", err)
+	}
+	return out, nil
+}
+
+// checked validates a value of the input type and encodes it.
+func (d *Definition) checked(v any) (json.RawMessage, error) {
+	if d.input.validate != nil {
+		if err := d.input.validate(v); err != nil {
+			return nil, &InputError{Definition: d.name, Problem: err.Error()}
+		}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, &InputError{Definition: d.name, Problem: fmt.Sprintf("cannot encode it as JSON: %v", err)}
+	}
+	// Re-read through a tree so that map keys and numbers come out in
+	// the one canonical form.
+	var tree any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&tree); err != nil {
+		return nil, &InputError{Definition: d.name, Problem: fmt.Sprintf("cannot encode it as JSON: %v", err)}
+	}
+	return json.Marshal(tree)
+}
+
+// caseTwins finds, anywhere in tree, an object with two member names that
+// are equal under Unicode case folding.
+func caseTwins(tree any, path string) (where, a, b string, found bool) {
+	switch x := tree.(type) {
+	case map[string]any:
+		names := make([]string, 0, len(x))
+		for k := range x {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		seen := make(map[string]string, len(names))
+		for _, k := range names {
+			f := strings.ToLower(k)
+			if other, ok := seen[f]; ok {
+				return path, other, k, true
+			}
+			seen[f] = k
+		}
+		for _, k := range names {
+			if w, a, b, ok := caseTwins(x[k], path+"."+k); ok {
+				return w, a, b, ok
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if w, a, b, ok := caseTwins(e, fmt.Sprintf("%s[%d]", path, i)); ok {
+				return w, a, b, ok
+			}
+		}
+	}
+	return "", "", "", false
+}
+
+// describeDecodeError turns a decoding error into one sentence that names
+// the member at fault.
+func describeDecodeError(err error, typ reflect.Type) string {
+	var se *jsonv2.SemanticError
+	var syn *jsontext.SyntacticError
+	switch {
+	case errors.As(err, &syn):
+		if errors.Is(syn.Err, jsontext.ErrDuplicateName) {
+			return fmt.Sprintf("member %s appears twice; send each member once", syn.JSONPointer)
+		}
+		return fmt.Sprintf("not valid JSON: %v", syn.Err)
+	case errors.As(err, &se):
+		where := string(se.JSONPointer)
+		if where == "" {
+			where = "/"
+		}
+		if errors.Is(se.Err, jsonv2.ErrUnknownName) {
+			if typ != nil {
+				return fmt.Sprintf("member %s is not a field of %s (names are matched exactly, case included)", where, typ)
+			}
+			return fmt.Sprintf("member %s is unknown", where)
+		}
+		if se.GoType != nil && se.JSONKind != 0 {
+			return fmt.Sprintf("member %s: a JSON %s cannot be a %s", where, se.JSONKind, se.GoType)
+		}
+		if se.Err != nil {
+			return fmt.Sprintf("member %s: %v", where, se.Err)
+		}
+	}
+	return err.Error()
+}

@@ -1,0 +1,113 @@
+package saga_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+type payment struct {
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Amount int64  `json:"amount"`
+	Note   string `json:"note,omitempty"`
+}
+
+func (p payment) validate() error {
+	if p.Amount <= 0 {
+		return errors.New("amount must be positive")
+	}
+	return nil
+}
+
+func inputDefinition(t *testing.T) (untyped, typed *saga.Definition) {
+	t.Helper()
+	untyped = saga.MustNew("pay", saga.Step{Name: "pay", Reaches: "paid", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	return untyped, saga.WithInput(untyped, payment.validate)
+}
+
+func TestInputRefusesSmuggledMembers(t *testing.T) {
+	t.Parallel()
+	untyped, typed := inputDefinition(t)
+	for _, tc := range []struct {
+		name, body, want string
+		defs             []*saga.Definition
+	}{
+		{"duplicate member", `{"from":1,"to":2,"amount":5,"amount":7000}`, "appears twice", []*saga.Definition{untyped, typed}},
+		{"nested duplicate", `{"a":{"b":1,"b":2}}`, "appears twice", []*saga.Definition{untyped}},
+		{"case twin", `{"from":1,"to":2,"amount":5,"AMOUNT":7000}`, "differ only in case", []*saga.Definition{untyped}},
+		{"case twin of a field", `{"from":1,"to":2,"amount":5,"AMOUNT":7000}`, "not a field", []*saga.Definition{typed}},
+		{"field in another case", `{"from":1,"to":2,"Amount":7000}`, "not a field", []*saga.Definition{typed}},
+		{"unknown member", `{"from":1,"to":2,"amount":5,"admin":true}`, "not a field", []*saga.Definition{typed}},
+		{"validator", `{"from":1,"to":2,"amount":0}`, "amount must be positive", []*saga.Definition{typed}},
+		{"wrong type", `{"from":1,"to":2,"amount":"5"}`, "cannot be", []*saga.Definition{typed}},
+		{"not JSON", `{"from":1,`, "not valid JSON", []*saga.Definition{untyped, typed}},
+		{"trailing data", `{"from":1} {}`, "not valid JSON", []*saga.Definition{untyped, typed}},
+	} {
+		for _, d := range tc.defs {
+			_, err := d.Input([]byte(tc.body))
+			require.ErrorIs(t, err, saga.ErrInvalidInput, "%s (%s)", tc.name, d.InputType())
+			require.ErrorContains(t, err, tc.want, "%s (%s)", tc.name, d.InputType())
+			var ie *saga.InputError
+			require.ErrorAs(t, err, &ie)
+			require.Equal(t, "pay", ie.Definition)
+		}
+	}
+}
+
+func TestInputIsCanonical(t *testing.T) {
+	t.Parallel()
+	untyped, typed := inputDefinition(t)
+	a, err := typed.Input([]byte(`{ "to":2, "amount":5, "from":1 }`))
+	require.NoError(t, err)
+	b, err := typed.Input(payment{From: 1, To: 2, Amount: 5})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"amount":5,"from":1,"to":2}`, string(a))
+	require.Equal(t, string(a), string(b), "the same intent as bytes and as a value must hash the same")
+	require.Equal(t, `{"amount":5,"from":1,"to":2}`, string(a))
+
+	c, err := untyped.Input(map[string]any{"z": 1, "a": []any{2, 3}})
+	require.NoError(t, err)
+	require.Equal(t, `{"a":[2,3],"z":1}`, string(c))
+	_, err = typed.Input(payment{From: 1, To: 2})
+	require.ErrorContains(t, err, "amount must be positive", "a Go value is validated too")
+}
+
+func TestCheckKey(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"T-1", "order 42", "a", "~!@#"} {
+		require.NoError(t, saga.CheckKey(ok), ok)
+	}
+	long := make([]byte, saga.MaxKeyLength+1)
+	for i := range long {
+		long[i] = 'k'
+	}
+	for _, bad := range []string{"", " T-1", "T-1 ", "T-\t1", "clé", "a\nb", string(long)} {
+		require.ErrorIs(t, saga.CheckKey(bad), saga.ErrInvalidKey, "%q", bad)
+	}
+	require.NoError(t, saga.CheckKey(string(long[:saga.MaxKeyLength])))
+}
+
+func TestDescriptionRoundTrip(t *testing.T) {
+	t.Parallel()
+	_, typed := inputDefinition(t)
+	desc := typed.Describe()
+	require.Equal(t, "saga_test.payment", desc.Input)
+	raw, err := json.Marshal(desc)
+	require.NoError(t, err)
+	var back saga.Description
+	require.NoError(t, json.Unmarshal(raw, &back))
+	rebuilt, err := saga.FromDescription(back)
+	require.NoError(t, err)
+	require.False(t, rebuilt.Runnable())
+	require.True(t, typed.Runnable())
+	require.Equal(t, desc.Fingerprint(), rebuilt.Describe().Fingerprint())
+	_, err = rebuilt.Step(0).Forward(context.Background(), &saga.StepContext{Definition: "pay"})
+	require.ErrorContains(t, err, "not in this process")
+}
