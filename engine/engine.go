@@ -19,6 +19,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -245,12 +246,22 @@ type Engine struct {
 	stepRunner lifecycle.Runner
 	runner     lifecycle.Runner
 
+	// dups are the copies of commands the test kit delivers.
+	dups sync.WaitGroup
+
 	mu      sync.Mutex
 	started bool
 }
 
+func init() {
+	testhook.NewEngine = func(cfg any, faults *attempt.Faults) (any, error) { return newEngine(cfg.(Config), faults) }
+	testhook.Busy = func(e any) int { return e.(*Engine).steps.Busy() }
+}
+
 // New returns an engine; Start runs it.
-func New(cfg Config) (*Engine, error) {
+func New(cfg Config) (*Engine, error) { return newEngine(cfg, nil) }
+
+func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
@@ -296,13 +307,30 @@ func New(cfg Config) (*Engine, error) {
 	}
 	// The engine's own step workers share its database: an outcome moves
 	// its saga on in the step's own transaction.
-	e.steps, err = attempt.New(attempt.Config{
+	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
-		Slots: cfg.StepConcurrency,
-	})
+		Slots: cfg.StepConcurrency, Faults: faults,
+	}
+	e.steps, err = attempt.New(acfg)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: %w", err)
+	}
+	if faults != nil {
+		// A copy goes to a runner that shares no memory with the first,
+		// as a delivery to another worker would.
+		acfg.Recent, acfg.Slots, acfg.Eager, acfg.Faults = 0, 0, false, nil
+		dup, err := attempt.New(acfg)
+		if err != nil {
+			return nil, fmt.Errorf("idemsaga: %w", err)
+		}
+		faults.Duplicate = func(cmd wire.Command) {
+			e.dups.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				_, _ = dup.Handle(ctx, cmd, false)
+			})
+		}
 	}
 	c.offer = e.steps.Offer
 	return e, nil
@@ -461,6 +489,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 			e.cfg.Logger.Warn("relay: final flush failed; rows stay in the outbox for the next relay", "error", err)
 		}
 	}
+	e.dups.Wait()
 	errs = append(errs, e.relay.Stop(ctx))
 	return errors.Join(errs...)
 }

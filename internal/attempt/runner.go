@@ -83,6 +83,8 @@ type Config struct {
 	// step's outcome deletes it; a crash before leaves it to the relay's
 	// sweep, after the hand-off.
 	Eager bool
+	// Faults, if set, injects the test kit's faults.
+	Faults *Faults
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -195,6 +197,9 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 	return reply, err
 }
 
+// Busy returns how many commands the runner has in hand in its slots.
+func (r *Runner) Busy() int { return len(r.slots) }
+
 // Drain makes the runner publish the commands it would run eagerly: it is
 // stopping.
 func (r *Runner) Drain() { r.draining.Store(true) }
@@ -301,6 +306,9 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 		return wire.Reply{}, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
 	}
 	step := def.Step(idx)
+	if r.cfg.Faults.take(DeliverTwice, cmd) && r.cfg.Faults.Duplicate != nil {
+		r.cfg.Faults.Duplicate(cmd)
+	}
 	if given != nil && (step.Kind != saga.DatabaseStep || given.key != cmd.Key || given.attempt != cmd.Attempt) {
 		given.close(ctx) // not this attempt's: let its key go before anything waits
 		given = nil
@@ -340,6 +348,12 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 	}
 	if err != nil {
 		return reply, a, err
+	}
+	if !reply.Duplicate && !a.dropped && (r.cfg.Faults.take(CrashAfterCommit, cmd) ||
+		a.plan.Kind == saga.DatabaseStep && r.cfg.Faults.take(LoseOutcome, cmd)) {
+		a.pre.close(ctx)
+		a.next, a.pre = nil, nil
+		return reply, a, ErrCrashed
 	}
 	if a.after != nil {
 		a.after()

@@ -1,0 +1,96 @@
+package attempt
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// FaultKind is a fault the test kit (package sagatest) injects into one
+// engine's attempts.
+type FaultKind int
+
+const (
+	// LoseOutcome: the attempt takes effect, and its outcome is lost: an
+	// external step's call returns and the worker dies before recording
+	// it (the attempt is unknown); a database step's transaction commits
+	// and the worker dies before anything else (as CrashAfterCommit).
+	LoseOutcome FaultKind = iota + 1
+	// CrashAfterCommit: the attempt's outcome commits, and the worker dies
+	// before it acknowledges the command, publishes what it committed or
+	// runs the next step.
+	CrashAfterCommit
+	// DeliverTwice: another copy of the command is delivered at once, to
+	// a runner that shares nothing in memory with this one.
+	DeliverTwice
+)
+
+// ErrCrashed is what an attempt returns where the test kit made its
+// worker die: nothing after that point happened.
+var ErrCrashed = errors.New("attempt: the worker crashed here (a fault injected by the test kit)")
+
+// Fault selects the attempts a fault hits.
+type Fault struct {
+	Kind FaultKind
+	// Definition and Step name the step; empty matches any.
+	Definition, Step string
+	// Phase is the step's phase; empty matches the forward phase.
+	Phase saga.Phase
+	// Attempt is the attempt number; 0 matches any.
+	Attempt int
+	// Times is how many attempts it hits; 0 means once.
+	Times int
+}
+
+// Faults holds the faults of one engine. A nil *Faults injects nothing.
+type Faults struct {
+	mu    sync.Mutex
+	rules []*Fault
+	fired map[FaultKind]int
+	// Duplicate delivers a copy of cmd (DeliverTwice); set by the engine.
+	Duplicate func(cmd wire.Command)
+}
+
+// Add arms a fault.
+func (f *Faults) Add(fault Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fault.Phase == "" {
+		fault.Phase = saga.PhaseForward
+	}
+	if fault.Times <= 0 {
+		fault.Times = 1
+	}
+	f.rules = append(f.rules, &fault)
+}
+
+// Fired returns how often faults of kind hit an attempt.
+func (f *Faults) Fired(kind FaultKind) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fired[kind]
+}
+
+// take reports whether a fault of kind hits cmd, using it up.
+func (f *Faults) take(kind FaultKind, cmd wire.Command) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.rules {
+		if r.Kind != kind || r.Times == 0 || (r.Definition != "" && r.Definition != cmd.Definition) ||
+			(r.Step != "" && r.Step != cmd.Step) || r.Phase != cmd.Phase || (r.Attempt != 0 && r.Attempt != cmd.Attempt) {
+			continue
+		}
+		r.Times--
+		if f.fired == nil {
+			f.fired = map[FaultKind]int{}
+		}
+		f.fired[kind]++
+		return true
+	}
+	return false
+}

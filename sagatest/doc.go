@@ -1,0 +1,41 @@
+// Package sagatest runs sagas in a test on the real engine: a database
+// of the test's own on PostgreSQL, an in-process JetStream server, and a
+// clock the test moves, so that backoffs, leases and retention take no
+// wall time.
+//
+//	func TestOrder(t *testing.T) {
+//		env := sagatest.New(t, sagatest.Config{
+//			Definitions: []*saga.Definition{orders.Definition},
+//			Migrations:  []service.Migration{{Schema: "orders", Files: orders.Migrations}},
+//		})
+//		env.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: "charge", Attempt: 1})
+//		sg := env.Run(t, orders.Definition, "order-1", orders.Input{...})
+//		require.Equal(t, orders.StateShipped, sg.State)
+//		require.Len(t, sg.Attempts, 4) // reserve, charge twice, ship
+//	}
+//
+// PostgreSQL is found through SAGATEST_DATABASE_URL, then DATABASE_URL,
+// then postgres://postgres@127.0.0.1:5432/postgres; its user must be
+// allowed to create databases. Each Env creates one database and drops
+// it when the test ends. A missing server fails the test; it never
+// skips.
+//
+// # The clock
+//
+// The engine measures leases, retry times and retention with
+// idemsaga.now(), on the database, never with a worker's clock. The kit
+// replaces that function in its own database with the database's clock
+// plus an offset (Clock.Advance). Wait moves the offset whenever the saga
+// only waits for time: to a retry's due time at once, and to an
+// attempt's lease once the engine has held no command for a moment (the
+// attempt's worker died). Handlers' own timeouts (RetryPolicy.Timeout)
+// stay on wall time.
+//
+// # Faults
+//
+// Env.Inject arms the faults a saga must survive: an attempt whose
+// outcome is lost after it took effect (LoseOutcome), a worker that dies
+// right after a commit (CrashAfterCommit), a command delivered twice
+// (DeliverTwice). They are the engine's own failure paths, reached
+// without killing the test process.
+package sagatest

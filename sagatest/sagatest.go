@@ -1,0 +1,349 @@
+package sagatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/testhook"
+	"github.com/idemsaga/idemsaga/migrations"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
+)
+
+// DatabaseURLDefault is the server the kit creates its databases on when
+// neither SAGATEST_DATABASE_URL nor DATABASE_URL is set.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// TimeoutDefault bounds Run and Wait, in wall time.
+const TimeoutDefault = 30 * time.Second
+
+// Config describes what a test runs. Only Definitions is required.
+type Config struct {
+	// Definitions are the sagas the engine runs. Required.
+	Definitions []*saga.Definition
+	// Migrations are the test's own tables, applied after the engine's.
+	Migrations []service.Migration
+	// Setup, if set, runs on the migrated database before the engine
+	// starts (to seed rows, say).
+	Setup func(ctx context.Context, pool *pgxpool.Pool) error
+	// Timeout bounds Run and Wait, in wall time. Defaults to
+	// TimeoutDefault.
+	Timeout time.Duration
+	// LeaseGrace is the engine's lease grace, on the test clock.
+	// Defaults to 5s.
+	LeaseGrace time.Duration
+	// Logger receives the engine's logs. Defaults to none.
+	Logger *slog.Logger
+}
+
+// Env is a real engine for one test: its own PostgreSQL database, an
+// in-process JetStream server, and a clock the test moves.
+type Env struct {
+	// Pool is the test's database, which holds the engine's tables and
+	// the test's own.
+	Pool *pgxpool.Pool
+	// Engine runs the definitions.
+	Engine *engine.Engine
+	// Client starts and reads sagas; its starts run in Engine at once.
+	Client *engine.Client
+	// Clock is the engine's clock.
+	Clock *Clock
+	// NATS is a connection to the in-process server.
+	NATS *nats.Conn
+
+	cfg    Config
+	faults *attempt.Faults
+	url    string
+}
+
+// T is what the kit needs of a test: *testing.T and *testing.B have it.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Fatal(args ...any)
+	TempDir() string
+}
+
+// New starts an engine for cfg's definitions on a database of its own
+// (created on the server of SAGATEST_DATABASE_URL, DATABASE_URL, or
+// DatabaseURLDefault, and dropped when the test ends) with an in-process
+// JetStream server. The test fails at once if PostgreSQL cannot be
+// reached: the kit never skips.
+func New(t T, cfg Config) *Env {
+	t.Helper()
+	if len(cfg.Definitions) == 0 {
+		t.Fatal("sagatest: Config.Definitions is empty: give the kit the sagas to run")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = TimeoutDefault
+	}
+	if cfg.LeaseGrace <= 0 {
+		cfg.LeaseGrace = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env := &Env{cfg: cfg, faults: &attempt.Faults{}}
+	env.Pool, env.url = newDatabase(ctx, t)
+	if err := migrate(ctx, env.Pool, cfg.Migrations); err != nil {
+		t.Fatalf("sagatest: migrate: %v", err)
+	}
+	env.Clock = &Clock{pool: env.Pool}
+	if cfg.Setup != nil {
+		if err := cfg.Setup(ctx, env.Pool); err != nil {
+			t.Fatalf("sagatest: Config.Setup: %v", err)
+		}
+	}
+	env.NATS = startNATS(t)
+
+	ecfg := engine.Config{
+		Pool: env.Pool, NATS: env.NATS, Definitions: cfg.Definitions,
+		Stream: "SAGATEST", SubjectPrefix: "sagatest", LeaseGrace: cfg.LeaseGrace,
+		ReapInterval: 5 * time.Millisecond, RelayPollInterval: 5 * time.Millisecond, RelayHandOff: 50 * time.Millisecond,
+		Logger: cfg.Logger,
+	}
+	if err := engine.Deploy(ctx, ecfg); err != nil {
+		t.Fatalf("sagatest: %v", err)
+	}
+	e, err := testhook.NewEngine(ecfg, env.faults)
+	if err != nil {
+		t.Fatalf("sagatest: %v", err)
+	}
+	env.Engine = e.(*engine.Engine)
+	if err := env.Engine.Start(ctx); err != nil {
+		t.Fatalf("sagatest: start the engine: %v", err)
+	}
+	env.Client = env.Engine.Client()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := env.Engine.Stop(sctx); err != nil {
+			t.Errorf("sagatest: stop the engine: %v", err)
+		}
+	})
+	return env
+}
+
+// Run starts a saga of def under key with input and runs it to its end,
+// skipping the time it would wait (see Wait). It returns the finished
+// saga with its steps and every attempt.
+func (e *Env) Run(t T, def *saga.Definition, key string, input any) *saga.Instance {
+	t.Helper()
+	res, err := e.Client.Start(context.Background(), def, key, input)
+	if err != nil {
+		t.Fatalf("sagatest: start %s %q: %v", def.Name(), key, err)
+	}
+	return e.Wait(t, res.ID)
+}
+
+// Wait waits until saga id finishes and returns it with its steps and
+// every attempt. While the saga waits for time to pass (a retry's
+// backoff, the lease of an attempt whose worker died), Wait moves the
+// clock to the moment it waits for, so a saga that would take minutes
+// finishes in milliseconds. It fails the test after Config.Timeout of
+// wall time.
+func (e *Env) Wait(t T, id uuid.UUID) *saga.Instance {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(e.cfg.Timeout)
+	var last string
+	quiet := time.Now()
+	for {
+		var sig string
+		var finished bool
+		err := e.Pool.QueryRow(ctx, `select s.version || '/' || s.state || '/' || (select count(*) from idemsaga.step_attempts a where a.saga_id = s.id)
+  || '/' || coalesce((select max(updated_at)::text from idemsaga.steps st where st.saga_id = s.id), ''), s.finished_at is not null
+from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
+		if err != nil {
+			t.Fatalf("sagatest: read saga %s: %v", id, err)
+		}
+		if finished {
+			sg, err := e.Client.Get(ctx, id)
+			if err != nil {
+				t.Fatalf("sagatest: read saga %s: %v", id, err)
+			}
+			return sg
+		}
+		if sig != last {
+			last, quiet = sig, time.Now()
+		} else if time.Since(quiet) > 20*time.Millisecond {
+			if e.skip(ctx, t, id, time.Since(quiet) > 200*time.Millisecond) {
+				quiet = time.Now()
+			}
+		}
+		if time.Now().After(deadline) {
+			sg, _ := e.Client.Get(ctx, id)
+			state := "unknown"
+			if sg != nil {
+				state = string(sg.State)
+			}
+			t.Fatalf("sagatest: saga %s still %s after %s of wall time (signature %s)", id, state, e.cfg.Timeout, sig)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// skip moves the clock to the next moment saga id waits for: a retry's
+// due time, or, once the engine has held no command for a while (idle),
+// the lease of an attempt nobody is running. It reports whether it moved.
+func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, idle bool) bool {
+	t.Helper()
+	leases := idle && testhook.Busy(e.Engine) == 0
+	var wait *time.Duration
+	err := e.Pool.QueryRow(ctx, `select min(due) - idemsaga.now() from (
+  select next_attempt_at as due from idemsaga.steps where saga_id = $1 and status = 'retrying'
+  union all
+  select lease_until from idemsaga.steps where saga_id = $1 and status = 'dispatched' and $2
+    and not exists (select 1 from idemsaga.outbox where saga_id = $1 and published_at is null)
+) d`, id, leases).Scan(&wait)
+	if err != nil {
+		t.Fatalf("sagatest: read what saga %s waits for: %v", id, err)
+	}
+	if wait == nil || *wait <= 0 {
+		return false
+	}
+	if err := e.Clock.Advance(ctx, *wait+time.Millisecond); err != nil {
+		t.Fatalf("sagatest: %v", err)
+	}
+	return true
+}
+
+// Clean runs the engine's retention once, on the test clock: move the
+// clock past the retention window first to see what it deletes.
+func (e *Env) Clean(t T) engine.CleanResult {
+	t.Helper()
+	c, err := engine.NewCleaner(e.Pool, engine.RetentionConfig{}, e.cfg.Logger)
+	if err != nil {
+		t.Fatalf("sagatest: %v", err)
+	}
+	res, err := c.CleanOnce(context.Background())
+	if err != nil {
+		t.Fatalf("sagatest: clean: %v", err)
+	}
+	return res
+}
+
+// DatabaseURL returns the connection string of the test's database, for
+// a process the test starts.
+func (e *Env) DatabaseURL() string { return e.url }
+
+func adminURL() string {
+	for _, k := range []string{"SAGATEST_DATABASE_URL", "DATABASE_URL"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return DatabaseURLDefault
+}
+
+// newDatabase creates a database for the test, dropped when it ends.
+func newDatabase(ctx context.Context, t T) (*pgxpool.Pool, string) {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "sagatest_" + hex.EncodeToString(b)
+	admin, err := pgx.Connect(ctx, adminURL())
+	if err != nil {
+		t.Fatalf("sagatest: PostgreSQL is required (set SAGATEST_DATABASE_URL or DATABASE_URL to a server where this user may create databases): %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
+		t.Fatalf("sagatest: create database %s: %v", name, err)
+	}
+	cfg, err := pgxpool.ParseConfig(adminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("sagatest: open database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, adminURL())
+		if err != nil {
+			t.Errorf("sagatest: drop database %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+			t.Errorf("sagatest: drop database %s: %v", name, err)
+		}
+	})
+	u := cfg.ConnConfig
+	return pool, fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", u.User, u.Host, u.Port, name)
+}
+
+// migrate applies the engine's migrations and the test's, then replaces
+// the engine's clock, idemsaga.now(), with one the test moves.
+func migrate(ctx context.Context, pool *pgxpool.Pool, ms []service.Migration) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if err := migrations.Migrate(ctx, conn.Conn()); err != nil {
+		return err
+	}
+	for _, m := range ms {
+		files, err := service.MigrationFiles(m)
+		if err != nil {
+			return err
+		}
+		if err := migrations.Apply(ctx, conn.Conn(), m.Schema, files); err != nil {
+			return err
+		}
+	}
+	_, err = conn.Exec(ctx, `create schema sagatest;
+create table sagatest.clock (offset_ms bigint not null);
+insert into sagatest.clock values (0);
+create or replace function idemsaga.now() returns timestamptz language sql stable parallel safe
+as $$ select pg_catalog.now() + (select offset_ms from sagatest.clock) * interval '1 millisecond' $$;`)
+	return err
+}
+
+// startNATS starts an in-process JetStream server on a loopback port,
+// shut down when the test ends, and connects to it.
+func startNATS(t T) *nats.Conn {
+	t.Helper()
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatalf("sagatest: nats server: %v", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("sagatest: nats server did not become ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("sagatest: connect to nats: %v", err)
+	}
+	t.Cleanup(func() {
+		nc.Close()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return nc
+}
