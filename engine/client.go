@@ -137,7 +137,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		return StartResult{}, nil, err
 	}
 	if len(canonical) > cl.c.maxInput {
-		return StartResult{}, nil, fmt.Errorf("idemsaga: saga input is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)
+		return StartResult{}, nil, &saga.InputError{Definition: def.Name(), Problem: fmt.Sprintf("it is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)}
 	}
 	sum := sha256.Sum256(canonical)
 
@@ -317,6 +317,9 @@ type ListOptions struct {
 	Cursor string
 }
 
+// ErrInvalidCursor is returned by List for a cursor Cursor did not make.
+var ErrInvalidCursor = errors.New("idemsaga: list sagas: invalid cursor")
+
 // Cursor returns the cursor that continues a listing after sg.
 func Cursor(sg *saga.Instance) string {
 	return sg.CreatedAt.UTC().Format(time.RFC3339Nano) + "_" + sg.ID.String()
@@ -330,7 +333,7 @@ func parseCursor(c string) (*time.Time, pgtype.UUID, error) {
 	t, terr := time.Parse(time.RFC3339Nano, at)
 	u, uerr := uuid.Parse(id)
 	if !ok || terr != nil || uerr != nil {
-		return nil, pgtype.UUID{}, fmt.Errorf("idemsaga: list sagas: cursor %q is not one List's caller got from Cursor; start again without one", c)
+		return nil, pgtype.UUID{}, fmt.Errorf("%w: %q is not one List's caller got from Cursor; start again without one", ErrInvalidCursor, c)
 	}
 	return &t, pguuid.Of(u), nil
 }

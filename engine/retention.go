@@ -171,7 +171,6 @@ for update of s skip locked`
 	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
 	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
 
-
 	// deletePublishedOutbox deletes published rows past the window, in
 	// batches. Unpublished rows (published_at null) never match.
 	deletePublishedOutbox = `delete from idemsaga.outbox where id in (
@@ -361,7 +360,6 @@ func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	n, err := c.deleteBatch(ctx, deletePublishedOutbox, window)
 	return CleanResult{Outbox: n}, n, err
 }
-
 
 // deleteBatch runs one single-statement delete in its own transaction.
 func (c *Cleaner) deleteBatch(ctx context.Context, sql string, window time.Duration) (int64, error) {

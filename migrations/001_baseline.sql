@@ -11,11 +11,9 @@
 --
 -- The foreign keys from steps, attempts and the inbox to their saga stay,
 -- although their checks are PostgreSQL's largest single cost on a saga's
--- happy path: dropping the two that fire on it (steps and inbox) saved
--- 176,000 of 2,041,000 instructions per transfer under callgrind, but six
--- interleaved pairs of `worker bench` at 16 and 64 in flight showed no
--- difference beyond the noise (-10% to +22%). The inbox's also keeps a
--- claim from landing for a saga that retention is deleting.
+-- happy path: dropping them showed no throughput difference beyond the
+-- noise (bench/JOURNAL.md). The inbox's also keeps a claim from landing
+-- for a saga that retention is deleting.
 
 -- idemsaga.now() is the engine's clock: every lease, retry time and
 -- retention cutoff is measured by it, on the database, never on a
@@ -33,8 +31,8 @@ create domain idemsaga.phase as text
 -- A saga's state: a built-in one (init, compensating, compensated, failed,
 -- parked) or the state a step of its definition reaches, 1 to 64
 -- characters as saga.New allows. Its characters are not matched here: a
--- regular expression cost 99,000 instructions per saga under callgrind
--- (three saga writes), a twentieth of PostgreSQL's work for a transfer.
+-- regular expression is a measurable share of PostgreSQL's work per saga
+-- (bench/JOURNAL.md), and saga.New already checked them.
 create domain idemsaga.state_name as text
     constraint state_name_valid check (length(value) between 1 and 64);
 

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/internal/attempt"
@@ -48,6 +49,8 @@ type Config struct {
 	LeaseGrace time.Duration
 	// Logger receives the engine's logs. Defaults to none.
 	Logger *slog.Logger
+	// Registerer, if set, receives the engine's metrics.
+	Registerer prometheus.Registerer
 }
 
 // Env is a real engine for one test: its own PostgreSQL database, an
@@ -118,7 +121,9 @@ func New(t T, cfg Config) *Env {
 		Pool: env.Pool, NATS: env.NATS, Definitions: cfg.Definitions,
 		Stream: "SAGATEST", SubjectPrefix: "sagatest", LeaseGrace: cfg.LeaseGrace,
 		ReapInterval: 5 * time.Millisecond, RelayPollInterval: 5 * time.Millisecond, RelayHandOff: 50 * time.Millisecond,
-		Logger: cfg.Logger,
+		Logger: cfg.Logger, Registerer: cfg.Registerer,
+		// Retention runs when the test says (Env.Clean), not behind it.
+		DisableRetention: true,
 	}
 	if err := engine.Deploy(ctx, ecfg); err != nil {
 		t.Fatalf("sagatest: %v", err)
@@ -140,6 +145,21 @@ func New(t T, cfg Config) *Env {
 		}
 	})
 	return env
+}
+
+// Database returns a database of the test's own, as New makes it (the
+// engine's tables, the migrations' and the test clock), with no engine
+// running: for tests of a saga's SQL, audits and fixtures. It is dropped
+// when the test ends.
+func Database(t T, ms ...service.Migration) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, _ := newDatabase(ctx, t)
+	if err := migrate(ctx, pool, ms); err != nil {
+		t.Fatalf("sagatest: migrate: %v", err)
+	}
+	return pool
 }
 
 // Run starts a saga of def under key with input and runs it to its end,

@@ -30,6 +30,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type benchCmd struct {
@@ -76,7 +77,8 @@ type benchResult struct {
 	RSSBefore, RSSAfter   uint64
 }
 
-func (b *benchCmd) Run(ctx context.Context, g *globals) error {
+func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	if b.Sagas < 1 || b.Concurrency < 1 || b.Pools < 1 || b.FailRate < 0 || b.FailRate > 1 || b.DupRate < 0 || b.DupRate > 1 ||
 		b.Redeliver < 0 || b.Redeliver > 1 || b.LostAcks < 0 || b.LostAcks > 1 || b.Prefill < 0 || b.Rate < 0 || b.WarmUp < 0 {
 		return errors.New("--sagas, --concurrency and --pools must be at least 1; --fail-rate, --dup-rate, --redeliver and --lost-acks between 0 and 1; --prefill, --rate and --warm-up not negative")

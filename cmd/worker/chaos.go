@@ -24,6 +24,7 @@ import (
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/internal/tcpproxy"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type chaosCmd struct {
@@ -65,7 +66,8 @@ const (
 	chaosMaxBackoff  = time.Second
 )
 
-func (c *chaosCmd) Run(ctx context.Context, g *globals) error {
+func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 {
 		return errors.New("--transfers, --orders and --workers must be at least 1")
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -16,11 +18,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type demoCmd struct {
@@ -34,7 +38,8 @@ type demoCmd struct {
 	Redeliver float64       `default:"0.1" help:"Fraction of commands the demo publishes a second time under a new message id, as a broker redelivery would; the inbox absorbs them."`
 }
 
-func (d *demoCmd) Run(ctx context.Context, g *globals) error {
+func (d *demoCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	if d.Transfers < 1 || d.Accounts < 3 || d.Pools < 1 {
 		return errors.New("--transfers and --pools must be at least 1, --accounts at least 3")
 	}
@@ -264,15 +269,19 @@ from idemsaga.sagas where finished_at is not null`).Scan(&p50, &p99); err != nil
 	}
 	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker show %s\n", redact(dsn), jobs[3].key)
 	if d.Serve {
-		ops, err := newOpsServer(d.HTTPAddr, reg, engines[0].Ready, newLogger("info"))
+		ln, err := net.Listen("tcp", d.HTTPAddr)
 		if err != nil {
-			return err
+			return fmt.Errorf("listen on --http-addr %s: %w (pick a free port, or 0 for any)", d.HTTPAddr, err)
 		}
-		fmt.Printf("metrics at http://%s/metrics; Ctrl-C to stop\n", ops.Addr())
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		fmt.Printf("metrics at http://%s/metrics; Ctrl-C to stop\n", ln.Addr())
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return ops.Shutdown(sctx)
+		return srv.Shutdown(sctx)
 	}
 	return nil
 }

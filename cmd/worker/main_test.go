@@ -75,16 +75,16 @@ func TestWorkerCommands(t *testing.T) {
 	pool, dbURL := testenv.DBWithURL(t)
 	srv, _ := testenv.NATS(t)
 	stream := testenv.Name("CLI")
-	env := []string{"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(), "IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=cli." + stream}
+	env := []string{"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(), "IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=cli." + stream, "IDEMSAGA_LEASE_GRACE=5s"}
 	_, err := transfer.Seed(ctx, pool, 3, 100, 3)
 	require.NoError(t, err)
 
 	r := worker(t, env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "migrated")
+	require.Contains(t, r.stdout, "deployment: stream "+stream)
 
 	httpAddr := freeAddr(t)
-	run := exec.Command(workerBin, "run", "--lease-grace", "5s", "--max-conns", "6", "--http-addr", httpAddr)
+	run := exec.Command(workerBin, "run", "--max-conns", "6", "--http-addr", httpAddr)
 	run.Env = append(os.Environ(), env...)
 	var runErr bytes.Buffer
 	run.Stderr = &runErr
@@ -113,8 +113,9 @@ func TestWorkerCommands(t *testing.T) {
 	require.Contains(t, r.stderr, "different details")
 
 	r = worker(t, env, "transfer", "--from", "1", "--to", "3", "--amount", "10", "--key", "T-2", "--wait")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 3, r.code, "a saga that ends compensated exits 3: %s", r.stderr)
 	require.Contains(t, r.stdout, "compensated")
+	require.Contains(t, r.stderr, "ended compensated, not credited")
 
 	r = worker(t, env, "status", "T-1", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -136,12 +137,14 @@ func TestWorkerCommands(t *testing.T) {
 
 	r = worker(t, env, "list", "--state", "compensated", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
-	var listed []struct {
-		Key string `json:"key"`
+	var listed struct {
+		Sagas []struct {
+			Key string `json:"key"`
+		} `json:"sagas"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &listed))
-	require.Len(t, listed, 1)
-	require.Equal(t, "T-2", listed[0].Key)
+	require.Len(t, listed.Sagas, 1)
+	require.Equal(t, "T-2", listed.Sagas[0].Key)
 
 	r = worker(t, env, "retry", id.String())
 	require.Equal(t, 1, r.code)
@@ -173,7 +176,7 @@ func TestWorkerCommands(t *testing.T) {
 	// The HTTP API on the same address: a start, its replay, and a key the
 	// CLI already used for another transfer.
 	post := func(key, body string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, "http://"+httpAddr+"/transfers", strings.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, "http://"+httpAddr+"/v1/sagas/transfer", strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
@@ -187,7 +190,7 @@ func TestWorkerCommands(t *testing.T) {
 	code, first := post("H-1", `{"from":2,"to":1,"amount":4}`)
 	require.Equal(t, http.StatusCreated, code, first)
 	code, again := post("H-1", `{"from":2,"to":1,"amount":4}`)
-	require.Equal(t, http.StatusCreated, code)
+	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, first, again, "a replay answers byte for byte")
 	code, _ = post("T-1", `{"from":1,"to":2,"amount":999}`)
 	require.Equal(t, http.StatusUnprocessableEntity, code)
@@ -196,7 +199,7 @@ func TestWorkerCommands(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(first), &started))
 	require.Eventually(t, func() bool {
-		return strings.Contains(get(t, "http://"+httpAddr+"/transfers/"+started.ID), `"state":"credited"`)
+		return strings.Contains(get(t, "http://"+httpAddr+"/v1/sagas/"+started.ID), `"state":"credited"`)
 	}, 30*time.Second, 50*time.Millisecond)
 
 	// SIGTERM drains and exits cleanly.

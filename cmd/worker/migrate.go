@@ -13,22 +13,6 @@ import (
 	"github.com/idemsaga/idemsaga/migrations"
 )
 
-type migrateCmd struct{}
-
-func (migrateCmd) Run(ctx context.Context, g *globals) error {
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := migrateAll(ctx, pool); err != nil {
-		return err
-	}
-	v, _ := migrations.Latest()
-	fmt.Printf("migrated: engine schema at version %d, the examples' tables ready (transfer, order, payments)\n", v)
-	return nil
-}
-
 func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

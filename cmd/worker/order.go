@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type orderCmd struct {
@@ -24,7 +25,8 @@ type orderCmd struct {
 	Timeout  time.Duration `default:"60s" help:"How long --wait waits."`
 }
 
-func (o *orderCmd) Run(ctx context.Context, g *globals) error {
+func (o *orderCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	in := order.Input{Customer: o.Customer, Product: o.Product, Quantity: o.Quantity, Amount: o.Amount, Address: o.Address}
 	if err := in.Validate(); err != nil {
 		return err
@@ -48,7 +50,8 @@ type paymentsCmd struct {
 	SlowFraction float64       `name:"slow-fraction" help:"Fraction of charges answered after --slow."`
 }
 
-func (p *paymentsCmd) Run(ctx context.Context, g *globals) error {
+func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	log := newLogger(g.LogLevel, g.LogFormat)
 	pool, err := openDB(ctx, g.DatabaseURL, 8)
 	if err != nil {

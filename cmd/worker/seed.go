@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type seedCmd struct {
@@ -19,7 +20,8 @@ type seedCmd struct {
 
 // Run seeds the examples' accounts and products, and records what it
 // seeded, which reconcile checks money and stock against.
-func (s *seedCmd) Run(ctx context.Context, g *globals) error {
+func (s *seedCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	if s.Accounts < 1 || s.Balance < 0 || s.Products < 1 || s.Stock < 0 {
 		return errors.New("--accounts and --products must be at least 1; --balance and --stock not negative")
 	}

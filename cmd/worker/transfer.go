@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
 )
 
 type transferCmd struct {
@@ -23,7 +23,8 @@ type transferCmd struct {
 	Timeout time.Duration `default:"60s" help:"How long --wait waits."`
 }
 
-func (t *transferCmd) Run(ctx context.Context, g *globals) error {
+func (t *transferCmd) Run(ctx context.Context, f *service.Flags) error {
+	g := withExamples(f)
 	in := transfer.Input{From: t.From, To: t.To, Amount: t.Amount}
 	if err := in.Validate(); err != nil {
 		return err
@@ -67,54 +68,8 @@ func startAndWait(ctx context.Context, g *globals, pool *pgxpool.Pool, name, wha
 		return fmt.Errorf("%w (is a worker running? start one with `worker run`)", err)
 	}
 	fmt.Println(sg.State)
+	if sg.State != def.FinalState() {
+		return &service.ExitError{Code: 3, Err: fmt.Errorf("saga %s ended %s, not %s: %s", sg.ID, sg.State, def.FinalState(), sg.Error)}
+	}
 	return nil
-}
-
-func printSaga(sg *saga.Instance) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "id\t%s\n", sg.ID)
-	fmt.Fprintf(w, "definition\t%s\n", sg.Definition)
-	fmt.Fprintf(w, "key\t%s\n", sg.Key)
-	fmt.Fprintf(w, "state\t%s\n", sg.State)
-	fmt.Fprintf(w, "version\t%d\n", sg.Version)
-	fmt.Fprintf(w, "input\t%s\n", sg.Input)
-	fmt.Fprintf(w, "created\t%s\n", sg.CreatedAt.Format(time.RFC3339Nano))
-	if sg.FinishedAt != nil {
-		fmt.Fprintf(w, "finished\t%s (%s)\n", sg.FinishedAt.Format(time.RFC3339Nano), sg.FinishedAt.Sub(sg.CreatedAt).Round(time.Millisecond))
-	}
-	if sg.Error != "" {
-		fmt.Fprintf(w, "error\t%s\n", sg.Error)
-	}
-	_ = w.Flush()
-	if len(sg.Steps) == 0 {
-		return
-	}
-	fmt.Println()
-	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "STEP\tKIND\tPHASE\tSTATUS\tATTEMPTS\tKEY\t")
-	for _, st := range sg.Steps {
-		note := ""
-		if st.PossiblyDone {
-			note = "possibly done: an attempt's outcome is unknown"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, note)
-	}
-	_ = w.Flush()
-	if len(sg.Attempts) == 0 {
-		return
-	}
-	fmt.Println("\ntimeline:")
-	w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "AT\tSTEP\tPHASE\tATTEMPT\tOUTCOME\tTOOK\tERROR")
-	for _, a := range sg.Attempts {
-		took, outcome := "", a.Outcome
-		if a.FinishedAt != nil {
-			took = a.FinishedAt.Sub(a.DispatchedAt).Round(time.Millisecond).String()
-		}
-		if outcome == "" {
-			outcome = "in flight"
-		}
-		fmt.Fprintf(w, "+%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.DispatchedAt.Sub(sg.CreatedAt).Round(time.Millisecond), a.Step, a.Phase, a.Attempt, outcome, took, truncateText(a.Error, 80))
-	}
-	_ = w.Flush()
 }

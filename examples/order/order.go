@@ -23,6 +23,10 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
+// Migrations holds the numbered .sql files of the tables, in its
+// migrations folder (for service.Migration and sagatest).
+var Migrations fs.FS = migrationFiles
+
 // Schema holds the example's tables.
 const Schema = "orders"
 

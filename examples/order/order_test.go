@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,16 +16,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
-	"github.com/idemsaga/idemsaga/internal/failpoint"
-	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/sagatest"
+	sagaservice "github.com/idemsaga/idemsaga/service"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m, order.Migrate, payments.Migrate) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fault is what the network between the saga and the payment service does
 // to one request.
@@ -81,7 +83,7 @@ type env struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	def    *saga.Definition
-	e      *engine.Engine
+	kit    *sagatest.Env
 	reg    *prometheus.Registry
 	policy saga.RetryPolicy
 }
@@ -93,14 +95,13 @@ var policy = saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisec
 // behind script (nil: no faults), on stock of 100 for products 1 and 2.
 func start(t *testing.T, script func(path, customer string, n int) fault, defs ...func(order.Config) (*saga.Definition, error)) *env {
 	t.Helper()
-	ctx := context.Background()
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	require.NoError(t, order.Seed(ctx, pool, 2, 100))
 	if script == nil {
 		script = func(string, string, int) fault { return pass }
 	}
-	srv := httptest.NewServer(&faulty{inner: payments.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler(), script: script})
+	// The service shares the test's database, which exists once the kit
+	// made it: its handler is set in Setup.
+	var service atomic.Pointer[http.Handler]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*service.Load()).ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
 	newDef := order.NewDefinition
 	if len(defs) > 0 {
@@ -109,32 +110,23 @@ func start(t *testing.T, script func(path, customer string, n int) fault, defs .
 	def, err := newDef(order.Config{PaymentsURL: srv.URL, Policy: policy})
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	stream := testenv.Name("ORDER")
-	e, err := engine.New(engine.Config{
-		Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
-		LeaseGrace: 300 * time.Millisecond, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond,
-		RelayHandOff: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: reg,
+	kit := sagatest.New(t, sagatest.Config{
+		Definitions: []*saga.Definition{def},
+		Migrations:  []sagaservice.Migration{{Schema: order.Schema, Files: order.Migrations}, {Schema: payments.Schema, Files: payments.Migrations}},
+		Registerer:  reg,
+		Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+			var h http.Handler = &faulty{inner: payments.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler(), script: script}
+			service.Store(&h)
+			return order.Seed(ctx, pool, 2, 100)
+		},
 	})
-	require.NoError(t, err)
-	require.NoError(t, e.Start(ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(ctx))
-	})
-	return &env{t: t, pool: pool, def: def, e: e, reg: reg, policy: policy}
+	return &env{t: t, pool: kit.Pool, def: def, kit: kit, reg: reg, policy: policy}
 }
 
 // run starts an order and waits for it to finish.
 func (v *env) run(key string, in order.Input) *saga.Instance {
 	v.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := v.e.Client().Start(ctx, v.def, key, in)
-	require.NoError(v.t, err)
-	sg, err := v.e.Client().Wait(ctx, res.ID)
-	require.NoError(v.t, err)
-	return sg
+	return v.kit.Run(v.t, v.def, key, in)
 }
 
 // charge reads the payment service's row of a saga's charge.
@@ -251,23 +243,22 @@ func TestGiveUpRule(t *testing.T) {
 	}
 }
 
-// TestLeaseExpiryOnTheLastAttempt: the last attempt's process records no
-// outcome after its call (as if killed there: failpoint step-after-call),
-// so its lease expires; the reaper gives the step up as possibly done, and
-// the refund runs first. Not parallel: failpoints are the process's.
+// TestLeaseExpiryOnTheLastAttempt: every attempt's worker dies after the
+// call took effect and before it recorded the outcome, so each lease
+// expires; the reaper gives the step up as possibly done, and the refund
+// runs first.
 func TestLeaseExpiryOnTheLastAttempt(t *testing.T) {
+	t.Parallel()
 	v := start(t, nil)
-	require.NoError(t, failpoint.Enable(failpoint.StepAfterCall+"=error*3")) // the charge's three attempts, not the refund
-	defer failpoint.Disable()
+	v.kit.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: order.StepCharge, Times: policy.MaxAttempts})
 	sg := v.run("lease", ann("1 Main St"))
 	require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
-	require.Equal(t, int64(policy.MaxAttempts), failpoint.Hits(failpoint.StepAfterCall), "every attempt called, and recorded nothing")
+	require.Equal(t, policy.MaxAttempts, v.kit.Fired(sagatest.LoseOutcome), "every attempt called, and recorded nothing")
 	require.True(t, v.step(sg, order.StepCharge, saga.PhaseForward).PossiblyDone)
 	require.Contains(t, sg.Error, "no reply after 3 attempts")
 	state, _ := v.charge(sg.ID)
 	require.Equal(t, "refunded", state)
 	require.Equal(t, 3.0, metric(t, v.reg, "idemsaga_lease_takeovers_total"), "two takeovers and the give-up")
-	failpoint.Disable()
 	v.audit(map[string]int{"compensated": 1})
 }
 
@@ -315,19 +306,16 @@ func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, diffs, 1)
 	require.Contains(t, diffs[0].What, "parked and needs a person")
-	parked, err := v.e.Client().List(ctx, engine.ListOptions{State: saga.StateParked})
+	parked, err := v.kit.Client.List(ctx, engine.ListOptions{State: saga.StateParked})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 
 	mu.Lock()
 	losing = false
 	mu.Unlock()
-	_, err = v.e.Client().Retry(ctx, sg.ID, engine.Repair{})
+	_, err = v.kit.Client.Retry(ctx, sg.ID, engine.Repair{})
 	require.NoError(t, err)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	done, err := v.e.Client().Wait(wctx, sg.ID)
-	require.NoError(t, err)
+	done := v.kit.Wait(t, sg.ID)
 	require.Equal(t, order.StateShipped, done.State, done.Error)
 	state, amount := v.charge(sg.ID)
 	require.Equal(t, []any{"charged", int64(1500)}, []any{state, amount}, "charged once, under the one key")

@@ -2,24 +2,30 @@ package transfer_test
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"log/slog"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
-	"github.com/idemsaga/idemsaga/internal/testenv"
-	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
+	"github.com/idemsaga/idemsaga/sagatest"
+	"github.com/idemsaga/idemsaga/service"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m, transfer.Migrate) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// db returns a database of the test's own with the example's tables and
+// no engine running.
+func db(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	return sagatest.Database(t, service.Migration{Schema: transfer.Schema, Files: transfer.Migrations})
+}
 
 func TestInputValidate(t *testing.T) {
 	t.Parallel()
@@ -45,7 +51,7 @@ func TestDefinitionShape(t *testing.T) {
 func TestAuditFindsDifferences(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
+	pool := db(t)
 	seeded, err := transfer.Seed(ctx, pool, 3, 100)
 	require.NoError(t, err)
 	rep, err := transfer.Audit(ctx, pool, seeded)
@@ -89,7 +95,7 @@ func TestAuditFindsDifferences(t *testing.T) {
 func TestAuditCatchesAnEffectAppliedTwice(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
+	pool := db(t)
 	seeded, err := transfer.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `update transfer.accounts set balance = balance + case id when 1 then -10 else 10 end`)
@@ -105,7 +111,7 @@ func TestAuditCatchesAnEffectAppliedTwice(t *testing.T) {
 func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
+	pool := db(t)
 	_, err := transfer.Seed(ctx, pool, 1, 10)
 	require.NoError(t, err)
 	for _, tc := range []struct{ name, sql string }{
@@ -122,61 +128,52 @@ func TestTablesRefuseWhatNoTransferWrites(t *testing.T) {
 	require.Equal(t, int64(10), balance)
 }
 
-// TestStepsRefuseWhatCannotTakeEffect runs the transfer's steps in a step
-// worker against accounts that cannot pay or be paid: each fails for good
-// with the error that says why, and changes no balance and writes no
-// ledger row. A debit that can pay takes effect once.
+// TestStepsRefuseWhatCannotTakeEffect runs transfers between accounts
+// that cannot pay or be paid: each saga ends compensated with the error
+// that says why, and no balance changed. A transfer that can pay moves
+// the money once, through a crash after its debit's commit and a second
+// delivery of its credit.
 func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	// Account 3 is frozen; account 9 does not exist.
-	_, err := transfer.Seed(ctx, pool, 3, 100, 3)
-	require.NoError(t, err)
-	w, err := steps.New(steps.Config{
-		Pool: pool, Subjects: wire.Subjects{Prefix: "t"}, Definitions: []*saga.Definition{transfer.Definition},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	var seeded int64
+	env := sagatest.New(t, sagatest.Config{
+		Definitions: []*saga.Definition{transfer.Definition},
+		Migrations:  []service.Migration{{Schema: transfer.Schema, Files: transfer.Migrations}},
+		// Account 3 is frozen; account 9 does not exist.
+		Setup: func(ctx context.Context, pool *pgxpool.Pool) (err error) {
+			seeded, err = transfer.Seed(ctx, pool, 3, 100, 3)
+			return err
+		},
 	})
-	require.NoError(t, err)
-	run := func(step string, in transfer.Input) wire.Reply {
-		t.Helper()
-		raw, err := json.Marshal(in)
-		require.NoError(t, err)
-		// The saga of the step: the inbox's rows reference it.
-		id := uuid.Must(uuid.NewV7())
-		_, err = pool.Exec(ctx, `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state) values ($1, 'transfer', $2, '\x00', $3, 'init')`, id, id.String(), raw)
-		require.NoError(t, err)
-		reply, err := w.Handle(ctx, wire.Command{SagaID: id, Definition: "transfer", Step: step, Phase: saga.PhaseForward,
-			Key: saga.StepKey(id, step, saga.PhaseForward), Attempt: 1, Input: raw})
-		require.NoError(t, err)
-		return reply
-	}
-	for _, tc := range []struct {
-		name, step string
-		in         transfer.Input
-		want       error
+	for i, tc := range []struct {
+		name string
+		in   transfer.Input
+		want error
 	}{
-		{"a debit beyond the balance", transfer.StepDeduct, transfer.Input{From: 1, To: 2, Amount: 101}, transfer.ErrInsufficientFunds},
-		{"a debit of a frozen account", transfer.StepDeduct, transfer.Input{From: 3, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
-		{"a debit of a missing account", transfer.StepDeduct, transfer.Input{From: 9, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
-		{"a credit of a frozen account", transfer.StepCredit, transfer.Input{From: 1, To: 3, Amount: 1}, transfer.ErrDestinationMissing},
-		{"a credit of a missing account", transfer.StepCredit, transfer.Input{From: 1, To: 9, Amount: 1}, transfer.ErrDestinationMissing},
+		{"a debit beyond the balance", transfer.Input{From: 1, To: 2, Amount: 101}, transfer.ErrInsufficientFunds},
+		{"a debit of a frozen account", transfer.Input{From: 3, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
+		{"a debit of a missing account", transfer.Input{From: 9, To: 2, Amount: 1}, transfer.ErrSourceUnavailable},
+		{"a credit of a frozen account", transfer.Input{From: 1, To: 3, Amount: 1}, transfer.ErrDestinationMissing},
+		{"a credit of a missing account", transfer.Input{From: 1, To: 9, Amount: 1}, transfer.ErrDestinationMissing},
 	} {
-		reply := run(tc.step, tc.in)
-		require.Equal(t, wire.OutcomeFailed, reply.Outcome, tc.name)
-		require.Contains(t, reply.Error, tc.want.Error(), tc.name)
+		sg := env.Run(t, transfer.Definition, fmt.Sprintf("refused-%d", i), tc.in)
+		require.Equal(t, saga.StateCompensated, sg.State, tc.name)
+		require.Contains(t, sg.Error, tc.want.Error(), tc.name)
 	}
 	var balances []int64
-	var ledger int
-	require.NoError(t, pool.QueryRow(ctx, `select array_agg(balance order by id), (select count(*) from transfer.ledger) from transfer.accounts`).Scan(&balances, &ledger))
+	require.NoError(t, env.Pool.QueryRow(ctx, `select array_agg(balance order by id) from transfer.accounts`).Scan(&balances))
 	require.Equal(t, []int64{100, 100, 100}, balances, "no refusal moved money")
-	require.Zero(t, ledger)
 
-	reply := run(transfer.StepDeduct, transfer.Input{From: 1, To: 2, Amount: 100})
-	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome, reply.Error)
-	require.NoError(t, pool.QueryRow(ctx, `select array_agg(balance order by id), (select count(*) from transfer.ledger) from transfer.accounts`).Scan(&balances, &ledger))
-	require.Equal(t, []int64{0, 100, 100}, balances)
-	require.Equal(t, 1, ledger)
+	env.Inject(sagatest.Fault{Kind: sagatest.CrashAfterCommit, Step: transfer.StepDeduct})
+	env.Inject(sagatest.Fault{Kind: sagatest.DeliverTwice, Step: transfer.StepCredit})
+	sg := env.Run(t, transfer.Definition, "pays", transfer.Input{From: 1, To: 2, Amount: 100})
+	require.Equal(t, transfer.StateCredited, sg.State)
+	require.NoError(t, env.Pool.QueryRow(ctx, `select array_agg(balance order by id) from transfer.accounts`).Scan(&balances))
+	require.Equal(t, []int64{0, 200, 100}, balances, "moved once")
+	rep, err := transfer.Audit(ctx, env.Pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
 }
 
 // TestCheckMigrated: tables that lack one of this build's migrations, or
@@ -184,7 +181,7 @@ func TestStepsRefuseWhatCannotTakeEffect(t *testing.T) {
 func TestCheckMigrated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
+	pool := db(t)
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()

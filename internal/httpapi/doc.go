@@ -1,75 +1,106 @@
-// Package httpapi serves idemsaga's transfer saga over HTTP, honouring the
-// Idempotency-Key request header of the IETF draft "The Idempotency-Key
-// HTTP Header Field" (draft-ietf-httpapi-idempotency-key-header).
+// Package httpapi serves every saga definition of a deployment over HTTP,
+// under /v1, honouring the Idempotency-Key request header of the IETF
+// draft "The Idempotency-Key HTTP Header Field"
+// (draft-ietf-httpapi-idempotency-key-header). The runtime's run command
+// mounts it:
 //
-//	h, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Definition: transfer.Definition})
+//	h, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens})
 //	if err != nil { ... }
-//	mux.Handle("/transfers", h)
-//	mux.Handle("/transfers/", h)
+//	mux.Handle("/v1/", h)
 //
-// Routes:
+// # Routes
 //
-//	POST /transfers       body {"from":1,"to":2,"amount":100}, header Idempotency-Key
-//	GET  /transfers/{id}  the saga: state, input, results, error, times, and
-//	                      its step executions as a timeline
+//	POST /v1/sagas/{definition}       start a saga; the body is its input (Idempotency-Key required)
+//	GET  /v1/sagas/{id}               the saga with its steps and attempts
+//	GET  /v1/sagas?definition=&state=&limit=&cursor=
+//	                                  sagas newest first, with counts by state
+//	POST /v1/sagas/{id}/cancel        cancel it (Idempotency-Key required; body {"reason":…} optional)
+//	POST /v1/sagas/{id}/retry         retry a failed or parked saga (likewise)
 //
-// # Answers of POST /transfers
+// # The key
+//
+// The Idempotency-Key names one business intent. Its value is a
+// structured-field String (RFC 8941: "T-1", with \" and \\ escaped) as the
+// draft specifies, or the bare key: "T-1" and T-1 are the same key. The
+// unquoted key then follows the rule of every entry point (library, CLI,
+// HTTP; saga.CheckKey): 1 to 255 characters of printable ASCII, not
+// starting or ending with a space. HTTP strips the whitespace around a
+// bare value, so " T-1 " can only be sent quoted, and is refused. A key
+// scopes to its definition (a start) or its saga (a repair).
+//
+// # Answers of a start
 //
 //   - 201 Created: the saga was started. The body is
-//     {"id":…,"key":…,"state":"init","duplicate":false} and Location is
-//     /transfers/{id}. The saga runs on; read its progress with GET.
-//   - 200 OK: the key already named a saga with this input, started through
-//     another channel (the CLI, say) or before the stored answer expired:
-//     the same body with that saga's id and "duplicate":true.
-//   - A replay (the same key and body as a request already answered):
-//     exactly the first answer's status and body, byte for byte, with the
-//     header Idempotent-Replayed: true. Its "state" is the state at the
-//     first answer, not the current one.
-//   - 400: the Idempotency-Key is missing, empty, longer than 255 bytes,
-//     sent twice or not printable ASCII; or the body is not one JSON object
-//     with exactly the integer fields from, to and amount; or the amount is
-//     not positive, or from equals to.
-//   - 409 with Retry-After: a request with the same key and body is still
-//     being handled. Retry it to get its answer.
-//   - 413: the body exceeds Config.MaxBodyBytes (16 KiB by default).
+//     {"id":…,"definition":…,"key":…,"state":"init"}, Location is
+//     /v1/sagas/{id}, and the saga runs on: read its progress with GET.
+//   - 200 OK with Idempotent-Replayed: true: the key already names a saga
+//     of this definition with the same input (compared by the SHA-256 of
+//     its canonical JSON, so whitespace and member order do not matter),
+//     started over HTTP or through another channel. The body is the one a
+//     201 had or would have had, byte for byte: it is the answer as of the
+//     saga's creation, never its current state.
+//   - 400: the key is missing, sent twice or refused; or the input is
+//     refused (invalid JSON, a member twice or in two spellings, a member
+//     the definition's input type lacks, its validator's refusal: the
+//     detail says which).
+//   - 404: no definition has the name.
+//   - 409 with Retry-After: 1: another request with this key and
+//     definition is being handled at this moment. Retry it to get its
+//     answer.
+//   - 413: the body exceeds Config.MaxBodyBytes (256 KiB by default).
 //   - 415: the Content-Type is not application/json (UTF-8).
-//   - 422: the key was first used with a different body (compared by the
-//     SHA-256 of the canonical JSON, so whitespace and field order do not
-//     matter), or already names a saga with a different input.
+//   - 422: the key already names a saga of this definition with another
+//     input.
+//   - 503: this server's settings differ from the deployment's; it writes
+//     nothing until its operator fixes them.
 //   - 500: the server failed; retrying with the same key is safe.
 //
-// Every error answer is application/problem+json (RFC 9457) with type,
+// # Answers of a cancel or retry
+//
+// 200 with {"id","operation","state","key","at"}: the repair as it
+// committed; the same request sent again with its key answers the same
+// bytes with Idempotent-Replayed: true and does nothing. 400 for a bad
+// key, ID or body; 404 for no such saga; 409 when the saga's state does
+// not allow it (the detail says the state and what is allowed); 422 when
+// the key names another request on the saga (another operation or
+// reason).
+//
+// # Reads
+//
+// GET /v1/sagas/{id} answers 400 for an ID that is not a UUID and 404 for
+// no such saga. GET /v1/sagas takes limit from 1 to 500 (50 by default)
+// and answers {"sagas":[…],"next_cursor":…,"counts":{state:n}};
+// next_cursor is null on a short page, and a cursor this API did not
+// answer with is a 400. Entries leave out input, results and steps.
+//
+// Every error answer, including an unknown path (404) and a wrong method
+// (405, with Allow), is application/problem+json (RFC 9457) with type,
 // title, status and detail; the type is one of the Problem* constants.
-// The key is checked first, then the media type, then the body.
+// With Config.Tokens, a request without one of them gets 401 with
+// WWW-Authenticate: Bearer before anything of it is read.
 //
 // # Guarantees
 //
-//   - A refused request writes nothing: every check runs before the key is
-//     claimed, and a failure after the claim gives the claim back.
-//   - The database adjudicates, not this code. A request claims its key
-//     with INSERT … ON CONFLICT DO NOTHING in idemsaga.http_idempotency;
-//     when a row is there, its stored hash, completion and age decide
-//     between replay, 422 and 409. Concurrent requests with one key start
-//     one saga, and each of them gets either its answer or a 409.
-//   - The saga start (engine.Client.StartTx) and the stored answer commit
-//     in one transaction, so a crash cannot leave a saga without its
-//     answer or an answer without its saga. The claim commits before them,
-//     on its own, so that concurrent requests see it and get 409 instead
-//     of waiting.
-//   - A claim left unanswered for Config.ClaimTimeout (a crashed process)
-//     is taken over by the next request with the same key and body; the
-//     takeover gives the claim a new token, and the answer of the request
-//     that lost it is refused, which rolls back its saga start too.
-//   - The saga's key is the Idempotency-Key, so the engine's own unique
-//     (definition, key) backs the HTTP layer: after a stored answer expires
-//     (Config.KeyTTL, 7 days by default), the same key and body get the
-//     same saga (200, duplicate), and a different body a 422.
+//   - A refused request writes nothing: the key, media type, size,
+//     definition and input are checked before any transaction, and the
+//     start's transaction commits only a saga the engine accepted.
+//   - One saga per key: the engine's unique (definition, key) decides, in
+//     the start's transaction, however many requests, processes and
+//     channels race.
+//   - A replay is byte-identical: the body is computed from the saga's ID,
+//     definition and key only.
+//   - 409 only while another request holds the key: a start takes
+//     pg_try_advisory_xact_lock on a 64-bit hash of definition and key,
+//     without waiting, in the transaction that starts the saga. The lock
+//     lives exactly as long as that transaction, which Config.RequestTimeout
+//     bounds; if its process dies, PostgreSQL ends the transaction and
+//     releases the lock at once, so no claim is ever left behind and no
+//     table of claims needs cleaning. A start whose answer was lost (a
+//     crash after the commit) is answered by its retry with 200.
+//   - A write runs to its end or rolls back whether or not the client waits
+//     for its answer; neither logs nor answers carry the Authorization
+//     header or a token.
 //
-// Stored answers past their expiry stay in the table until their key is
-// used again: no cleaner deletes them yet. One that does must delete only
-// rows whose expires_at has passed, in small batches (index
-// http_idempotency_expires_idx).
-//
-// The handler does not wake the engine's outbox relay: a started saga's
-// first command is published at the relay's next poll (100ms by default).
+// The handler does not wake the engine's outbox relay: a saga's first
+// command is published at the relay's next poll.
 package httpapi

@@ -8,39 +8,52 @@ import (
 // ProblemContentType is the media type of every error answer (RFC 9457).
 const ProblemContentType = "application/problem+json"
 
-// Problem types: the "type" member of every error answer. Clients should
-// branch on these, not on the title or detail, which are for people.
+// Problem types: the "type" member of every error answer. Clients branch
+// on these, not on the title or detail, which are for people.
 const (
-	// ProblemKeyMissing: POST /transfers came without an Idempotency-Key
-	// header (400).
+	// ProblemKeyMissing: a write came without an Idempotency-Key (400).
 	ProblemKeyMissing = "urn:idemsaga:problem:idempotency-key-missing"
-	// ProblemKeyInvalid: the Idempotency-Key header is empty, longer than
-	// 255 bytes, sent more than once or not a printable ASCII string (400).
+	// ProblemKeyInvalid: the Idempotency-Key was sent twice, is not a
+	// valid structured-field string, or breaks the key rule (400).
 	ProblemKeyInvalid = "urn:idemsaga:problem:idempotency-key-invalid"
-	// ProblemKeyReused: the key was already used with a different request
-	// body, over HTTP or through another channel such as the CLI (422).
+	// ProblemKeyReused: the key already names a saga of this definition
+	// with another input, or a repair of this saga with another operation
+	// or reason (422).
 	ProblemKeyReused = "urn:idemsaga:problem:idempotency-key-reused"
-	// ProblemInFlight: a request with the same key is still being handled;
-	// retry after the Retry-After delay to get its answer (409).
+	// ProblemInFlight: another request with the same key is being handled
+	// right now; retry after Retry-After to get its answer (409).
 	ProblemInFlight = "urn:idemsaga:problem:request-in-flight"
 	// ProblemUnsupportedMediaType: the body is not application/json (415).
 	ProblemUnsupportedMediaType = "urn:idemsaga:problem:unsupported-media-type"
 	// ProblemBodyTooLarge: the body exceeds Config.MaxBodyBytes (413).
 	ProblemBodyTooLarge = "urn:idemsaga:problem:body-too-large"
-	// ProblemMalformedBody: the body is not one JSON object of the expected
-	// shape: bad syntax, a wrong type, an unknown or missing field (400).
-	ProblemMalformedBody = "urn:idemsaga:problem:malformed-body"
-	// ProblemInvalidTransfer: the transfer can never succeed: a zero or
-	// negative amount, or the same source and destination (400).
-	ProblemInvalidTransfer = "urn:idemsaga:problem:invalid-transfer"
-	// ProblemInvalidID: the saga ID in the path is not a UUID (400).
-	ProblemInvalidID = "urn:idemsaga:problem:invalid-id"
-	// ProblemNotFound: no transfer has the ID in the path (404).
+	// ProblemInvalidInput: the saga input was refused: not valid JSON, a
+	// member twice or in two spellings, a member the input type lacks, or
+	// the definition's validator said no (400).
+	ProblemInvalidInput = "urn:idemsaga:problem:invalid-input"
+	// ProblemMalformedRequest: a query parameter, a repair body or the
+	// saga ID in the path is not what the route takes (400).
+	ProblemMalformedRequest = "urn:idemsaga:problem:malformed-request"
+	// ProblemUnknownDefinition: no saga definition has the name in the
+	// path (404).
+	ProblemUnknownDefinition = "urn:idemsaga:problem:unknown-definition"
+	// ProblemNotFound: no saga has the ID in the path, or no route has
+	// the path (404).
 	ProblemNotFound = "urn:idemsaga:problem:not-found"
-	// ProblemInternal: the server failed, for example because the
-	// database is unreachable (500). Retrying with the same
-	// Idempotency-Key is safe: it gets the first answer if one was
-	// recorded, and is handled anew otherwise.
+	// ProblemMethodNotAllowed: the path takes other methods, listed in the
+	// Allow header (405).
+	ProblemMethodNotAllowed = "urn:idemsaga:problem:method-not-allowed"
+	// ProblemStateForbids: the saga's state does not allow the repair; the
+	// detail says the state and what is allowed (409).
+	ProblemStateForbids = "urn:idemsaga:problem:state-forbids"
+	// ProblemUnauthorized: no bearer token, or not one of the configured
+	// tokens (401).
+	ProblemUnauthorized = "urn:idemsaga:problem:unauthorized"
+	// ProblemMisconfigured: this server's settings or definitions differ
+	// from the deployment's, so it refuses to write (503).
+	ProblemMisconfigured = "urn:idemsaga:problem:server-misconfigured"
+	// ProblemInternal: the server failed, for example because the database
+	// is unreachable (500). Retrying with the same Idempotency-Key is safe.
 	ProblemInternal = "urn:idemsaga:problem:internal"
 )
 
@@ -57,11 +70,16 @@ type Problem struct {
 	Detail string `json:"detail"`
 }
 
+// WriteProblem answers with status and an application/problem+json body,
+// for the runtime's own routes (a /metrics 401, say) to answer like the API.
+func WriteProblem(w http.ResponseWriter, status int, typ, title, detail string) {
+	writeProblem(w, &Problem{Type: typ, Title: title, Status: status, Detail: detail})
+}
+
 func newProblem(status int, typ, title, detail string) *Problem {
 	return &Problem{Type: typ, Title: title, Status: status, Detail: detail}
 }
 
-// writeProblem writes p as the answer.
 func writeProblem(w http.ResponseWriter, p *Problem) {
 	body, err := json.Marshal(p)
 	if err != nil { // cannot happen: Problem holds strings and an int

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service"
+)
+
+// exampleFlags are the examples' own global flags.
+type exampleFlags struct {
+	// The examples' step policy is part of their definitions, which every
+	// process of a deployment must share (each checks its own against the
+	// deployment's record at start).
+	StepTimeout time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a step of the examples (shared)."`
+	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
+	MaxBackoff  time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
+	PaymentsURL string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
+}
+
+var examples exampleFlags
+
+var commands = []service.Command{
+	{Name: "seed", Help: "Create the examples' accounts and products (after migrate), which reconcile checks money and stock against.", Cmd: &seedCmd{}},
+	{Name: "transfer", Help: "Start a money transfer saga (the same key gives the same saga).", Cmd: &transferCmd{}},
+	{Name: "order", Help: "Start an order saga: reserve stock, charge at the payment service, ship (the same key gives the same saga).", Cmd: &orderCmd{}},
+	{Name: "payments", Help: "Run the order example's payment service, optionally misbehaving (lost answers, 500s, slow answers).", Cmd: &paymentsCmd{}},
+	{Name: "demo", Help: "Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database.", Cmd: &demoCmd{}},
+	{Name: "chaos", Help: "Run transfers or orders across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile.", Cmd: &chaosCmd{}},
+	{Name: "bench", Help: "Measure transfer sagas per second, latency and cost per saga against the local PostgreSQL, with pgbench as the ceiling.", Cmd: &benchCmd{}},
+}
+
+// definitions returns the examples' sagas, transfer and order, with the
+// configured policy.
+func (x *exampleFlags) definitions() ([]*saga.Definition, error) {
+	t, o, err := x.examples()
+	if err != nil {
+		return nil, err
+	}
+	return []*saga.Definition{t, o}, nil
+}
+
+func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err error) {
+	if x.StepTimeout <= 0 || x.MaxAttempts < 1 || x.MaxBackoff < saga.InitialBackoffDefault {
+		return nil, nil, fmt.Errorf("--step-timeout must be positive, --max-attempts at least 1 and --max-backoff at least %s", saga.InitialBackoffDefault)
+	}
+	policy := saga.RetryPolicy{Timeout: x.StepTimeout, MaxAttempts: x.MaxAttempts, MaxBackoff: x.MaxBackoff}
+	if transferDef, err = transfer.NewDefinition(policy); err != nil {
+		return nil, nil, err
+	}
+	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy})
+	return transferDef, orderDef, err
+}
+
+// globals are the runtime's flags and the examples', for the examples'
+// commands.
+type globals struct {
+	*service.Flags
+	*exampleFlags
+}
+
+func withExamples(f *service.Flags) *globals { return &globals{Flags: f, exampleFlags: &examples} }
+
+// client returns a saga client configured like the workers, and the
+// definition of the named example.
+func (g *globals) client(pool *pgxpool.Pool, name string) (*engine.Client, *saga.Definition, error) {
+	cl, err := g.Client(pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	def, err := cl.Definition(context.Background(), name)
+	return cl, def, err
+}

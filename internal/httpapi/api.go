@@ -1,0 +1,165 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/engine"
+)
+
+// Defaults of Config.
+const (
+	// MaxBodyBytesDefault bounds a request body: the engine's default
+	// bound of a saga input.
+	MaxBodyBytesDefault = engine.MaxInputBytesDefault
+	// RequestTimeoutDefault bounds the work of one request.
+	RequestTimeoutDefault = 10 * time.Second
+)
+
+// Config configures the handler New returns. Pool and Client are
+// required.
+type Config struct {
+	// Pool is the database of the engine's tables, the one Client uses.
+	// A start runs in a transaction of it. Required.
+	Pool *pgxpool.Pool
+	// Client starts, reads and repairs sagas. Required.
+	Client *engine.Client
+	// Tokens are the bearer tokens /v1 requires. Nil or empty: no
+	// authentication.
+	Tokens *Tokens
+	// MaxBodyBytes bounds a request body; a larger one is refused with
+	// 413. Defaults to MaxBodyBytesDefault.
+	MaxBodyBytes int64
+	// RequestTimeout bounds each request's work, and so how long a start
+	// holds its key's lock. Defaults to RequestTimeoutDefault.
+	RequestTimeout time.Duration
+	// Logger receives server-side failures. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("httpapi: Config.Pool is required: pass the pool the engine's client uses")
+	case c.Client == nil:
+		return errors.New("httpapi: Config.Client is required: use Engine.Client or engine.NewClient")
+	case c.MaxBodyBytes < 0:
+		return errors.New("httpapi: Config.MaxBodyBytes must not be negative; leave it 0 for the default")
+	case c.RequestTimeout < 0:
+		return errors.New("httpapi: Config.RequestTimeout must not be negative; leave it 0 for the default")
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = RequestTimeoutDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// api serves the routes.
+type api struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// New returns the HTTP API for every saga definition Client knows or the
+// deployment recorded. It serves paths under /v1/: mount it with
+// mux.Handle("/v1/", h). With Config.Tokens, every request needs one of
+// them (Tokens.Require).
+func New(cfg Config) (http.Handler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	a := &api{cfg: cfg, mux: http.NewServeMux()}
+	a.mux.HandleFunc("POST /v1/sagas/{definition}", a.start)
+	a.mux.HandleFunc("GET /v1/sagas/{id}", a.get)
+	a.mux.HandleFunc("GET /v1/sagas", a.list)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
+	var h http.Handler = a
+	if cfg.Tokens.Len() > 0 {
+		h = cfg.Tokens.Require(h)
+	}
+	return h, nil
+}
+
+// probeMethods are the methods tried to fill in a 405's Allow header.
+var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// ServeHTTP routes r, answering the mux's own 404 and 405 as problems.
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := a.mux.Handler(r); pattern != "" {
+		a.mux.ServeHTTP(w, r)
+		return
+	}
+	var allow []string
+	for _, m := range probeMethods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, p := a.mux.Handler(probe); p != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "Not found",
+			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id} and /v1/sagas/{id}/cancel|retry"))
+		return
+	}
+	slices.Sort(allow)
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeProblem(w, newProblem(http.StatusMethodNotAllowed, ProblemMethodNotAllowed, "Method not allowed",
+		r.Method+" is not served on this path; it takes "+strings.Join(allow, ", ")))
+}
+
+// readContext bounds a read by RequestTimeout; it ends with the request.
+func (a *api) readContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), a.cfg.RequestTimeout)
+}
+
+// writeContext bounds a write by RequestTimeout and not by the client: a
+// write once begun finishes, or is rolled back, whether or not the client
+// waits for its answer.
+func (a *api) writeContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), a.cfg.RequestTimeout)
+}
+
+// writeJSON answers with status and body, with a trailing newline.
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// encode marshals v and answers with it, or with 500.
+func (a *api) encode(w http.ResponseWriter, r *http.Request, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		a.internal(w, r, "encode the answer", "retry later", err)
+		return
+	}
+	writeJSON(w, status, body)
+}
+
+// internal logs a server-side failure (never a header) and answers 500.
+func (a *api) internal(w http.ResponseWriter, r *http.Request, what, next string, err error, args ...any) {
+	a.cfg.Logger.ErrorContext(r.Context(), "http api: could not "+what,
+		append([]any{"method", r.Method, "path", r.URL.Path, "error", err}, args...)...)
+	writeProblem(w, newProblem(http.StatusInternalServerError, ProblemInternal, "Internal server error",
+		"the server could not "+what+"; "+next))
+}

@@ -1,0 +1,235 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Bounds of GET /v1/sagas.
+const (
+	// ListLimitDefault is the page size when limit is not given.
+	ListLimitDefault = 50
+	// ListLimitMax is the largest limit.
+	ListLimitMax = 500
+)
+
+// Summary is a saga without its input, results and steps: an entry of
+// GET /v1/sagas.
+type Summary struct {
+	ID         uuid.UUID  `json:"id"`
+	Definition string     `json:"definition"`
+	Key        string     `json:"key"`
+	State      saga.State `json:"state"`
+	// Version counts the saga's transitions.
+	Version int64 `json:"version"`
+	// Error says why the saga compensated, failed or parked; null if not.
+	Error      *string    `json:"error"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+}
+
+// Saga is the body of GET /v1/sagas/{id}.
+type Saga struct {
+	ID         uuid.UUID  `json:"id"`
+	Definition string     `json:"definition"`
+	Key        string     `json:"key"`
+	State      saga.State `json:"state"`
+	Version    int64      `json:"version"`
+	// Input is the saga's input as stored (canonical JSON).
+	Input json.RawMessage `json:"input"`
+	// Results holds each completed forward step's result by step name.
+	Results map[string]json.RawMessage `json:"results"`
+	Error   *string                    `json:"error"`
+	// CreatedAt, UpdatedAt and FinishedAt are on the database's clock.
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	// Steps lists the step executions, one per (step, phase).
+	Steps []Step `json:"steps"`
+	// Attempts is the timeline: every attempt of every step, in dispatch
+	// order.
+	Attempts []Attempt `json:"attempts"`
+}
+
+// Step is one step execution of a Saga.
+type Step struct {
+	Step  string     `json:"step"`
+	Phase saga.Phase `json:"phase"`
+	// Index is the step's position in the definition, from 0.
+	Index int `json:"index"`
+	// Kind is database or external.
+	Kind string `json:"kind"`
+	// Key is the step key, the same on every attempt.
+	Key     uuid.UUID       `json:"key"`
+	Status  saga.StepStatus `json:"status"`
+	Attempt int             `json:"attempt"`
+	// PossiblyDone: an attempt's outcome at another system is unknown, so
+	// the step may have taken effect whatever its status says.
+	PossiblyDone  bool            `json:"possibly_done"`
+	LeaseUntil    *time.Time      `json:"lease_until"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at"`
+	LastError     *string         `json:"last_error"`
+	Result        json.RawMessage `json:"result"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+}
+
+// Attempt is one attempt of one step execution.
+type Attempt struct {
+	Step         string     `json:"step"`
+	Phase        saga.Phase `json:"phase"`
+	Attempt      int        `json:"attempt"`
+	Key          uuid.UUID  `json:"key"`
+	DispatchedAt time.Time  `json:"dispatched_at"`
+	FinishedAt   *time.Time `json:"finished_at"`
+	// Outcome is succeeded, failed, retry, unknown or lease expired; null
+	// while the attempt is in flight.
+	Outcome *string `json:"outcome"`
+	Error   *string `json:"error"`
+}
+
+// List is the body of GET /v1/sagas.
+type List struct {
+	// Sagas is the page, newest first.
+	Sagas []Summary `json:"sagas"`
+	// NextCursor continues the listing (the cursor parameter); null when
+	// the page is the last.
+	NextCursor *string `json:"next_cursor"`
+	// Counts is the number of sagas in each state, of the definition
+	// filtered on or of all.
+	Counts map[saga.State]int64 `json:"counts"`
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func summaryOf(sg *saga.Instance) Summary {
+	return Summary{ID: sg.ID, Definition: sg.Definition, Key: sg.Key, State: sg.State, Version: sg.Version,
+		Error: optional(sg.Error), CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt}
+}
+
+func sagaOf(sg *saga.Instance) Saga {
+	out := Saga{ID: sg.ID, Definition: sg.Definition, Key: sg.Key, State: sg.State, Version: sg.Version,
+		Input: sg.Input, Results: sg.Results, Error: optional(sg.Error),
+		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt,
+		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts))}
+	if out.Results == nil {
+		out.Results = map[string]json.RawMessage{}
+	}
+	for _, s := range sg.Steps {
+		out.Steps = append(out.Steps, Step{Step: s.Step, Phase: s.Phase, Index: s.Index, Kind: s.Kind, Key: s.Key,
+			Status: s.Status, Attempt: s.Attempt, PossiblyDone: s.PossiblyDone, LeaseUntil: s.LeaseUntil,
+			NextAttemptAt: s.NextAttemptAt, LastError: optional(s.LastError), Result: s.Result,
+			CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt})
+	}
+	for _, at := range sg.Attempts {
+		out.Attempts = append(out.Attempts, Attempt{Step: at.Step, Phase: at.Phase, Attempt: at.Attempt, Key: at.Key,
+			DispatchedAt: at.DispatchedAt, FinishedAt: at.FinishedAt, Outcome: optional(at.Outcome), Error: optional(at.Error)})
+	}
+	return out
+}
+
+// sagaID reads the {id} of the path, answering 400 when it is not a UUID.
+func sagaID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	raw := r.PathValue("id")
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid saga ID",
+			fmt.Sprintf("%q is not a saga ID; use the \"id\" a start answered with, a UUID", raw)))
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+func sagaNotFound(id uuid.UUID) *Problem {
+	return newProblem(http.StatusNotFound, ProblemNotFound, "Saga not found",
+		"no saga has ID "+id.String()+"; check the ID a start answered with (finished sagas are deleted after their retention)")
+}
+
+// get handles GET /v1/sagas/{id}.
+func (a *api) get(w http.ResponseWriter, r *http.Request) {
+	id, ok := sagaID(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := a.readContext(r)
+	defer cancel()
+	sg, err := a.cfg.Client.Get(ctx, id)
+	if errors.Is(err, saga.ErrNotFound) {
+		writeProblem(w, sagaNotFound(id))
+		return
+	}
+	if err != nil {
+		a.internal(w, r, "read the saga", "retry later", err, "id", id)
+		return
+	}
+	a.encode(w, r, http.StatusOK, sagaOf(sg))
+}
+
+// list handles GET /v1/sagas?definition=&state=&limit=&cursor=.
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	malformed := func(detail string) {
+		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid query", detail))
+	}
+	for name, vs := range q {
+		switch name {
+		case "definition", "state", "limit", "cursor":
+			if len(vs) > 1 {
+				malformed(fmt.Sprintf("parameter %q is given %d times; give it once", name, len(vs)))
+				return
+			}
+		default:
+			malformed(fmt.Sprintf("parameter %q is unknown; the parameters are definition, state, limit and cursor", name))
+			return
+		}
+	}
+	opts := engine.ListOptions{Definition: q.Get("definition"), State: saga.State(q.Get("state")), Limit: ListLimitDefault, Cursor: q.Get("cursor")}
+	if s := q.Get("limit"); s != "" || q.Has("limit") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > ListLimitMax {
+			malformed(fmt.Sprintf("limit %q must be an integer from 1 to %d", s, ListLimitMax))
+			return
+		}
+		opts.Limit = n
+	}
+	ctx, cancel := a.readContext(r)
+	defer cancel()
+	page, err := a.cfg.Client.List(ctx, opts)
+	if errors.Is(err, engine.ErrInvalidCursor) {
+		malformed(fmt.Sprintf("cursor %q is not a next_cursor this API answered with; start again without one", opts.Cursor))
+		return
+	}
+	if err != nil {
+		a.internal(w, r, "list the sagas", "retry later", err)
+		return
+	}
+	counts, err := a.cfg.Client.Counts(ctx, opts.Definition)
+	if err != nil {
+		a.internal(w, r, "count the sagas", "retry later", err)
+		return
+	}
+	out := List{Sagas: make([]Summary, 0, len(page)), Counts: counts}
+	for _, sg := range page {
+		out.Sagas = append(out.Sagas, summaryOf(sg))
+	}
+	if len(page) == opts.Limit {
+		c := engine.Cursor(page[len(page)-1])
+		out.NextCursor = &c
+	}
+	a.encode(w, r, http.StatusOK, out)
+}

@@ -1,0 +1,158 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestGetRefusals: an ID that is not a UUID is 400, an unknown one 404.
+func TestGetRefusals(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.do(t, http.MethodGet, "/v1/sagas/not-a-uuid", nil, "")
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Equal(t, httpapi.ProblemMalformedRequest, r.problem(t).Type)
+	id := uuid.New()
+	r = e.do(t, http.MethodGet, "/v1/sagas/"+id.String(), nil, "")
+	require.Equal(t, http.StatusNotFound, r.status)
+	p := r.problem(t)
+	require.Equal(t, httpapi.ProblemNotFound, p.Type)
+	require.Contains(t, p.Detail, id.String())
+}
+
+// TestGetStarted shows a saga that has not run: its first step
+// dispatched, nulls where nothing happened yet.
+func TestGetStarted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := started(t, e.start(t, "g-1", `{"account":2,"amount":9}`))
+	r := e.do(t, http.MethodGet, "/v1/sagas/"+s.ID.String(), nil, "")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	require.Equal(t, "application/json", r.header.Get("Content-Type"))
+	var raw map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(r.body, &raw))
+	for _, name := range []string{"id", "definition", "key", "state", "version", "input", "results", "error", "created_at", "updated_at", "finished_at", "steps", "attempts"} {
+		require.Contains(t, raw, name)
+	}
+	require.JSONEq(t, `{"account":2,"amount":9}`, string(raw["input"]))
+	require.Equal(t, "null", string(raw["finished_at"]))
+	require.Equal(t, "null", string(raw["error"]))
+	var sg httpapi.Saga
+	require.NoError(t, json.Unmarshal(r.body, &sg))
+	require.Equal(t, s.ID, sg.ID)
+	require.Equal(t, "g-1", sg.Key)
+	require.Equal(t, saga.StateInit, sg.State)
+	require.Len(t, sg.Steps, 1)
+	st := sg.Steps[0]
+	require.Equal(t, "reserve", st.Step)
+	require.Equal(t, saga.PhaseForward, st.Phase)
+	require.Equal(t, "database", st.Kind)
+	require.Equal(t, saga.StepKey(s.ID, "reserve", saga.PhaseForward), st.Key)
+	require.Equal(t, 1, st.Attempt)
+	require.NotNil(t, st.LeaseUntil)
+	require.Nil(t, st.LastError)
+}
+
+// TestList pages through every saga exactly once, newest first, filters
+// by state and definition, and counts by state.
+func TestList(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var ids []uuid.UUID
+	for i := range 7 {
+		r := e.start(t, fmt.Sprintf("l-%d", i), fmt.Sprintf(`{"account":1,"amount":%d}`, i+1))
+		require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		ids = append(ids, started(t, r).ID)
+	}
+	for _, id := range ids[:2] {
+		r := e.do(t, http.MethodPost, "/v1/sagas/"+id.String()+"/cancel", []hdr{key("c-" + id.String())}, "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	}
+	rows, err := e.pool.Query(context.Background(), `select id from idemsaga.sagas order by created_at desc, id desc`)
+	require.NoError(t, err)
+	want, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Len(t, want, 7)
+
+	var got []uuid.UUID
+	cursor := ""
+	for page := 1; ; page++ {
+		q := url.Values{"limit": {"3"}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		l := e.list(t, q)
+		require.Equal(t, map[saga.State]int64{saga.StateInit: 5, saga.StateCompensated: 2}, l.Counts)
+		for _, s := range l.Sagas {
+			got = append(got, s.ID)
+			require.Equal(t, "payout", s.Definition)
+		}
+		if l.NextCursor == nil {
+			require.Equal(t, 3, page)
+			require.Len(t, l.Sagas, 1)
+			break
+		}
+		require.Len(t, l.Sagas, 3)
+		cursor = *l.NextCursor
+	}
+	require.Equal(t, want, got, "every saga once, newest first")
+
+	l := e.list(t, url.Values{"state": {"compensated"}})
+	require.Len(t, l.Sagas, 2)
+	require.ElementsMatch(t, ids[:2], []uuid.UUID{l.Sagas[0].ID, l.Sagas[1].ID})
+	require.Nil(t, l.NextCursor)
+	for _, s := range l.Sagas {
+		require.NotNil(t, s.FinishedAt)
+		require.NotNil(t, s.Error)
+	}
+	l = e.list(t, url.Values{"definition": {"other"}})
+	require.Empty(t, l.Sagas)
+	require.Empty(t, l.Counts)
+	l = e.list(t, nil)
+	require.Len(t, l.Sagas, 7)
+
+	// A page as long as the limit has a cursor; the page after it is
+	// empty and has none.
+	l = e.list(t, url.Values{"limit": {"7"}})
+	require.NotNil(t, l.NextCursor)
+	l = e.list(t, url.Values{"limit": {"7"}, "cursor": {*l.NextCursor}})
+	require.Empty(t, l.Sagas)
+	require.Nil(t, l.NextCursor)
+}
+
+// TestListRefusals: a bad cursor, limit or parameter is 400.
+func TestListRefusals(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, q := range []string{
+		"cursor=garbage", "cursor=2024-01-01T00:00:00Z_nope", "cursor=" + uuid.NewString(),
+		"limit=0", "limit=501", "limit=-1", "limit=ten", "limit=", "limit=5&limit=6", "colour=red",
+	} {
+		r := e.do(t, http.MethodGet, "/v1/sagas?"+q, nil, "")
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", q, r.body)
+		require.Equal(t, httpapi.ProblemMalformedRequest, r.problem(t).Type, q)
+	}
+	r := e.do(t, http.MethodGet, "/v1/sagas?limit=500", nil, "")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	require.JSONEq(t, `{"sagas":[],"next_cursor":null,"counts":{}}`, string(r.body))
+}
+
+func (e *env) list(t testing.TB, q url.Values) httpapi.List {
+	t.Helper()
+	r := e.do(t, http.MethodGet, "/v1/sagas?"+q.Encode(), nil, "")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var l httpapi.List
+	require.NoError(t, json.Unmarshal(r.body, &l))
+	return l
+}

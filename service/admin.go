@@ -1,0 +1,334 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// withClient opens a small pool and runs fn with a client on it.
+func (f *Flags) withClient(ctx context.Context, fn func(*pgxpool.Pool, *engine.Client) error) error {
+	pool, err := f.OpenDB(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := f.checkMigrated(ctx, pool); err != nil {
+		return err
+	}
+	cl, err := f.Client(pool)
+	if err != nil {
+		return err
+	}
+	return fn(pool, cl)
+}
+
+type startCmd struct {
+	Definition string        `arg:"" help:"Name of the saga's definition."`
+	Key        string        `required:"" help:"Idempotency key: the business identifier of this intent, 1-255 printable ASCII characters without surrounding spaces. The same key and input return the same saga."`
+	Input      string        `required:"" help:"The saga's input as JSON, @file to read it from a file, or - for stdin."`
+	Wait       bool          `help:"Wait for the saga to finish and print it; exit 3 when it ends other than in its definition's final state."`
+	Timeout    time.Duration `default:"60s" help:"How long --wait waits."`
+	JSON       bool          `name:"json" help:"Print JSON."`
+}
+
+func (s *startCmd) Run(ctx context.Context, f *Flags) error {
+	input, err := readInput(s.Input)
+	if err != nil {
+		return err
+	}
+	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
+		def, err := cl.Definition(ctx, s.Definition)
+		if err != nil {
+			return err
+		}
+		res, err := cl.Start(ctx, def, s.Key, input)
+		if errors.Is(err, saga.ErrIdempotencyKeyReused) {
+			return fmt.Errorf("key %q already started a %s saga with another input (saga %s); resend the original input or use a new key", s.Key, s.Definition, res.ID)
+		}
+		if err != nil {
+			return err
+		}
+		if !s.Wait {
+			if s.JSON {
+				return printJSON(f.out, map[string]any{"id": res.ID, "definition": def.Name(), "key": s.Key, "state": res.State, "duplicate": res.Duplicate})
+			}
+			fmt.Fprintln(f.out, res.ID)
+			if res.Duplicate {
+				fmt.Fprintf(f.errOut, "key %q already names this saga (state %s); nothing new was started\n", s.Key, res.State)
+			}
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, s.Timeout)
+		defer cancel()
+		sg, err := cl.Wait(wctx, res.ID)
+		if err != nil {
+			return fmt.Errorf("%w (is a worker running `run` for %s? see `workers`)", err, s.Definition)
+		}
+		if s.JSON {
+			if err := printJSON(f.out, sg); err != nil {
+				return err
+			}
+		} else {
+			printSaga(f.out, sg)
+		}
+		if sg.State != def.FinalState() {
+			return &ExitError{Code: 3, Err: fmt.Errorf("saga %s ended %s, not %s: %s", sg.ID, sg.State, def.FinalState(), sg.Error)}
+		}
+		return nil
+	})
+}
+
+// readInput reads --input: JSON itself, @file, or - for stdin.
+func readInput(arg string) ([]byte, error) {
+	switch {
+	case arg == "-":
+		b, err := io.ReadAll(os.Stdin)
+		if err != nil {
+			return nil, fmt.Errorf("read the input from stdin: %w", err)
+		}
+		return b, nil
+	case strings.HasPrefix(arg, "@"):
+		b, err := os.ReadFile(arg[1:])
+		if err != nil {
+			return nil, fmt.Errorf("read the input: %w", err)
+		}
+		return b, nil
+	}
+	return []byte(arg), nil
+}
+
+type listCmd struct {
+	Definition string        `help:"Only sagas of this definition."`
+	State      string        `help:"Only sagas in this state: init, compensating, compensated, failed, parked, or one a step reaches."`
+	OlderThan  time.Duration `name:"older-than" help:"Only sagas created longer ago than this."`
+	Stuck      bool          `help:"Only running sagas with no step in flight or an overdue lease or retry."`
+	StuckAfter time.Duration `name:"stuck-after" default:"30s" help:"How overdue a lease or retry must be to count as stuck."`
+	Limit      int           `default:"50" help:"At most this many, newest first."`
+	Cursor     string        `help:"Continue after the last saga of a previous listing (printed as next_cursor)."`
+	JSON       bool          `name:"json" help:"Print JSON."`
+}
+
+func (l *listCmd) Run(ctx context.Context, f *Flags) error {
+	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
+		sagas, err := cl.List(ctx, engine.ListOptions{Definition: l.Definition, State: saga.State(l.State), OlderThan: l.OlderThan,
+			Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit, Cursor: l.Cursor})
+		if err != nil {
+			return err
+		}
+		next := ""
+		if len(sagas) == l.Limit && l.Limit > 0 {
+			next = engine.Cursor(sagas[len(sagas)-1])
+		}
+		if l.JSON {
+			if sagas == nil {
+				sagas = []*saga.Instance{}
+			}
+			return printJSON(f.out, map[string]any{"sagas": sagas, "next_cursor": next})
+		}
+		w := tabwriter.NewWriter(f.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tDEFINITION\tKEY\tSTATE\tAGE\tERROR")
+		for _, sg := range sagas {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", sg.ID, sg.Definition, sg.Key, sg.State, time.Since(sg.CreatedAt).Round(time.Second), truncate(sg.Error, 60))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(f.out, "%d sagas\n", len(sagas))
+		if next != "" {
+			fmt.Fprintf(f.out, "next_cursor %s\n", next)
+		}
+		return nil
+	})
+}
+
+type showCmd struct {
+	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
+	JSON    bool   `name:"json" help:"Print JSON."`
+}
+
+func (s *showCmd) Run(ctx context.Context, f *Flags) error {
+	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
+		sg, err := cl.Lookup(ctx, s.IDOrKey)
+		if err != nil {
+			return err
+		}
+		if s.JSON {
+			return printJSON(f.out, sg)
+		}
+		printSaga(f.out, sg)
+		return nil
+	})
+}
+
+// repairFlags are the flags of retry and cancel.
+type repairFlags struct {
+	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
+	Key     string `name:"request-key" help:"Key of this request: the same key sent again changes nothing and prints the first result (default: a new key)."`
+	Reason  string `help:"Why, recorded with the repair (and, for cancel, in the saga's error)."`
+	By      string `help:"Who asks, recorded with the repair (default: $USER)."`
+	JSON    bool   `name:"json" help:"Print JSON."`
+}
+
+func (r *repairFlags) repair() engine.Repair {
+	by := r.By
+	if by == "" {
+		if u, err := user.Current(); err == nil {
+			by = u.Username
+		}
+	}
+	return engine.Repair{Key: r.Key, Reason: r.Reason, By: "cli:" + by}
+}
+
+type retryCmd struct{ repairFlags }
+
+func (c *retryCmd) Run(ctx context.Context, f *Flags) error {
+	return c.run(ctx, f, "retry", func(cl *engine.Client, id uuid.UUID) (engine.RepairResult, error) {
+		return cl.Retry(ctx, id, c.repair())
+	})
+}
+
+type cancelCmd struct{ repairFlags }
+
+func (c *cancelCmd) Run(ctx context.Context, f *Flags) error {
+	return c.run(ctx, f, "cancel", func(cl *engine.Client, id uuid.UUID) (engine.RepairResult, error) {
+		return cl.Cancel(ctx, id, c.repair())
+	})
+}
+
+// run finds the saga, repairs it and says who will carry the work out:
+// the steps run in a worker that has the definition's code, which may
+// not be this process.
+func (r *repairFlags) run(ctx context.Context, f *Flags, op string, do func(*engine.Client, uuid.UUID) (engine.RepairResult, error)) error {
+	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
+		sg, err := cl.Lookup(ctx, r.IDOrKey)
+		if err != nil {
+			return err
+		}
+		res, err := do(cl, sg.ID)
+		if err != nil {
+			return err
+		}
+		workers, werr := cl.Workers(ctx)
+		runs := slices.ContainsFunc(workers, func(w engine.Worker) bool { return slices.Contains(w.Definitions, sg.Definition) })
+		if r.JSON {
+			return printJSON(f.out, map[string]any{"id": res.ID, "operation": res.Operation, "state": res.State, "key": res.Key,
+				"at": res.At, "replayed": res.Replayed, "worker_running": runs})
+		}
+		what := map[string]string{"retry": "resumed", "cancel": "cancelled"}[op]
+		if res.Replayed {
+			fmt.Fprintf(f.out, "saga %s: already %s by this request (key %s) at %s; now %s\n", sg.ID, what, res.Key, res.At.Format(time.RFC3339), res.State)
+		} else {
+			fmt.Fprintf(f.out, "saga %s: %s; now %s (request key %s)\n", sg.ID, what, res.State, res.Key)
+		}
+		def, derr := cl.Definition(ctx, sg.Definition)
+		if derr == nil && !def.IsTerminal(res.State) && werr == nil && !runs {
+			fmt.Fprintf(f.errOut, "no live worker runs definition %q: its steps wait in the outbox until one starts (`%s run` with that definition)\n", sg.Definition, name(*f.cfg))
+		}
+		return nil
+	})
+}
+
+type workersCmd struct {
+	JSON bool `name:"json" help:"Print JSON."`
+}
+
+func (c *workersCmd) Run(ctx context.Context, f *Flags) error {
+	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
+		ws, err := cl.Workers(ctx)
+		if err != nil {
+			return err
+		}
+		if c.JSON {
+			if ws == nil {
+				ws = []engine.Worker{}
+			}
+			return printJSON(f.out, ws)
+		}
+		w := tabwriter.NewWriter(f.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "HOST\tPID\tSTARTED\tDEFINITIONS")
+		for _, wk := range ws {
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", wk.Host, wk.PID, wk.StartedAt.Format(time.RFC3339), strings.Join(wk.Definitions, ","))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(f.out, "%d live workers\n", len(ws))
+		return nil
+	})
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// printSaga prints a saga, its steps and its timeline.
+func printSaga(out io.Writer, sg *saga.Instance) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "id\t%s\n", sg.ID)
+	fmt.Fprintf(w, "definition\t%s\n", sg.Definition)
+	fmt.Fprintf(w, "key\t%s\n", sg.Key)
+	fmt.Fprintf(w, "state\t%s\n", sg.State)
+	fmt.Fprintf(w, "version\t%d\n", sg.Version)
+	fmt.Fprintf(w, "input\t%s\n", sg.Input)
+	fmt.Fprintf(w, "created\t%s\n", sg.CreatedAt.Format(time.RFC3339Nano))
+	if sg.FinishedAt != nil {
+		fmt.Fprintf(w, "finished\t%s (%s)\n", sg.FinishedAt.Format(time.RFC3339Nano), sg.FinishedAt.Sub(sg.CreatedAt).Round(time.Millisecond))
+	}
+	if sg.Error != "" {
+		fmt.Fprintf(w, "error\t%s\n", sg.Error)
+	}
+	_ = w.Flush()
+	if len(sg.Steps) > 0 {
+		fmt.Fprintln(out)
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "STEP\tKIND\tPHASE\tSTATUS\tATTEMPTS\tKEY\tNOTE")
+		for _, st := range sg.Steps {
+			note := st.LastError
+			if st.PossiblyDone {
+				note = "possibly done: an attempt's outcome is unknown"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, truncate(note, 80))
+		}
+		_ = w.Flush()
+	}
+	if len(sg.Attempts) > 0 {
+		fmt.Fprintln(out, "\ntimeline:")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "AT\tSTEP\tPHASE\tATTEMPT\tOUTCOME\tTOOK\tERROR")
+		for _, a := range sg.Attempts {
+			took, outcome := "", a.Outcome
+			if a.FinishedAt != nil {
+				took = a.FinishedAt.Sub(a.DispatchedAt).Round(time.Millisecond).String()
+			}
+			if outcome == "" {
+				outcome = "in flight"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.DispatchedAt.Format("15:04:05.000"), a.Step, a.Phase, a.Attempt, outcome, took, truncate(a.Error, 80))
+		}
+		_ = w.Flush()
+	}
+}

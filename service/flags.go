@@ -1,0 +1,240 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/migrations"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// DatabaseURLDefault is used when neither --database-url nor DATABASE_URL
+// is set.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// NATSURLDefault is used when neither --nats-url nor NATS_URL is set.
+const NATSURLDefault = "nats://127.0.0.1:4222"
+
+// Flags are the global flags every command shares, each with an
+// environment variable as fallback. The settings marked "shared" must be
+// the same in every process of a deployment; each process checks its own
+// against the deployment's record at start (`migrate` records them).
+type Flags struct {
+	DatabaseURL string `name:"database-url" env:"DATABASE_URL" default:"${database_url}" help:"PostgreSQL connection string; TLS through its sslmode, sslrootcert, sslcert and sslkey parameters."`
+	NATSURL     string `name:"nats-url" env:"NATS_URL" default:"${nats_url}" help:"NATS server(s) with JetStream, comma-separated; tls:// for TLS."`
+	NATSCreds   string `name:"nats-creds" env:"NATS_CREDS" type:"path" help:"NATS credentials file (JWT and NKey seed), as nsc or a NATS operator issues."`
+	NATSNKey    string `name:"nats-nkey" env:"NATS_NKEY" type:"path" help:"File holding an NKey seed to authenticate to NATS with."`
+	NATSCert    string `name:"nats-tls-cert" env:"NATS_TLS_CERT" type:"path" help:"Client certificate (PEM) for NATS mutual TLS; needs --nats-tls-key."`
+	NATSKey     string `name:"nats-tls-key" env:"NATS_TLS_KEY" type:"path" help:"Private key (PEM) of --nats-tls-cert."`
+	NATSCA      string `name:"nats-tls-ca" env:"NATS_TLS_CA" type:"path" help:"CA certificate(s) (PEM) to verify the NATS server with."`
+
+	Stream        string        `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name (shared)."`
+	SubjectPrefix string        `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject (shared)."`
+	LeaseGrace    time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease (shared)."`
+	LogLevel      string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat     string        `name:"log-format" env:"LOG_FORMAT" default:"text" enum:"text,json" help:"Log format (text or json)."`
+
+	cfg         *Config
+	defs        []*saga.Definition
+	out, errOut io.Writer
+}
+
+// Definitions returns the service's definitions.
+func (f *Flags) Definitions() []*saga.Definition { return f.defs }
+
+// Stdout is where commands print their results.
+func (f *Flags) Stdout() io.Writer { return f.out }
+
+// Logger returns a logger to stderr at --log-level, as --log-format.
+func (f *Flags) Logger() *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(f.LogLevel))
+	opts := &slog.HandlerOptions{Level: l}
+	if f.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(f.errOut, opts))
+	}
+	return slog.New(slog.NewTextHandler(f.errOut, opts))
+}
+
+// EngineConfig returns the engine settings of the flags: the shared ones
+// and the service's definitions, on pool.
+func (f *Flags) EngineConfig(pool *pgxpool.Pool) engine.Config {
+	return engine.Config{Pool: pool, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger()}
+}
+
+// Client returns a saga client configured like the deployment's workers.
+func (f *Flags) Client(pool *pgxpool.Pool) (*engine.Client, error) {
+	return engine.NewClient(f.EngineConfig(pool))
+}
+
+// OpenDB opens a pool of at most maxConns connections (0: pgx's default)
+// and checks the database answers, with an error that says what to do
+// when it does not. The error never holds the password.
+func (f *Flags) OpenDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
+	if err != nil {
+		return nil, errors.New("DATABASE_URL is not a valid PostgreSQL connection string (postgres://user@host:5432/db?sslmode=…): check its form")
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %s", redact(err.Error(), cfg.ConnConfig.Password))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, dbError(cfg.ConnConfig, err)
+	}
+	return pool, nil
+}
+
+func dbError(c *pgx.ConnConfig, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "3D000":
+		return fmt.Errorf("database %q does not exist on %s:%d: create it (createdb -h %s -U %s %s) or point DATABASE_URL at another", c.Database, c.Host, c.Port, c.Host, c.User, c.Database)
+	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
+		return fmt.Errorf("PostgreSQL at %s:%d refused user %q (%s): check the user and password in DATABASE_URL", c.Host, c.Port, c.User, pgErr.Code)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("cannot reach PostgreSQL at %s:%d: start it (scripts/ensure-postgres.sh in the idemsaga repository sets one up) or set DATABASE_URL", c.Host, c.Port)
+	}
+	return fmt.Errorf("cannot use PostgreSQL at %s:%d (%s): check DATABASE_URL", c.Host, c.Port, redact(err.Error(), c.Password))
+}
+
+// ConnectNATS connects to --nats-url with the security flags, reconnecting
+// forever after a loss. The error says what to do and never holds a
+// password, token or seed.
+func (f *Flags) ConnectNATS(clientName string) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(clientName), nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if f.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(f.NATSCreds))
+	}
+	if f.NATSNKey != "" {
+		o, err := nats.NkeyOptionFromSeed(f.NATSNKey)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-nkey %s: not a readable NKey seed file (%s)", f.NATSNKey, redactSecrets(err.Error()))
+		}
+		opts = append(opts, o)
+	}
+	if (f.NATSCert == "") != (f.NATSKey == "") {
+		return nil, errors.New("--nats-tls-cert and --nats-tls-key go together: give both, or neither")
+	}
+	if f.NATSCert != "" {
+		opts = append(opts, nats.ClientCert(f.NATSCert, f.NATSKey))
+	}
+	if f.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(f.NATSCA))
+	}
+	shown, secrets := redactURLs(f.NATSURL)
+	nc, err := nats.Connect(f.NATSURL, opts...)
+	if err != nil {
+		msg := redact(err.Error(), secrets...)
+		if errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(msg), "authorization") {
+			return nil, fmt.Errorf("NATS at %s refused this client (%s): check the user, token, --nats-creds or --nats-nkey", shown, msg)
+		}
+		return nil, fmt.Errorf("cannot reach NATS at %s (%s): start nats-server with JetStream (nats-server -js) or set NATS_URL", shown, msg)
+	}
+	return nc, nil
+}
+
+// redactURLs returns a comma-separated list of URLs with their user
+// information replaced, and the secrets it held.
+func redactURLs(list string) (string, []string) {
+	var shown, secrets []string
+	for _, raw := range strings.Split(list, ",") {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil || u.User == nil {
+			if err != nil {
+				shown = append(shown, "(an unparsable URL)")
+				secrets = append(secrets, raw)
+				continue
+			}
+			shown = append(shown, u.Redacted())
+			continue
+		}
+		secrets = append(secrets, u.User.Username())
+		if p, ok := u.User.Password(); ok {
+			secrets = append(secrets, p)
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx") // a bare token
+		}
+		shown = append(shown, u.String())
+	}
+	return strings.Join(shown, ","), secrets
+}
+
+// redact replaces every secret in s.
+func redact(s string, secrets ...string) string {
+	for _, sec := range secrets {
+		if len(sec) >= 3 {
+			s = strings.ReplaceAll(s, sec, "xxxxx")
+		}
+	}
+	return redactSecrets(s)
+}
+
+// redactSecrets hides what looks like an NKey seed (SU…, SA…, SO…).
+func redactSecrets(s string) string {
+	words := strings.Fields(s)
+	for _, w := range words {
+		if len(w) >= 56 && w[0] == 'S' && strings.ToUpper(w) == w {
+			s = strings.ReplaceAll(s, w, "xxxxx")
+		}
+	}
+	return s
+}
+
+// checkMigrated fails, saying to run migrate, when the engine's tables or
+// the service's lack this build's migrations.
+func (f *Flags) checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
+	}
+	defer conn.Release()
+	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+		return f.migrateHint(err)
+	}
+	for _, m := range f.cfg.Migrations {
+		files, err := m.files()
+		if err != nil {
+			return err
+		}
+		if _, _, err := migrations.CheckApplied(ctx, conn.Conn(), m.Schema, files); err != nil {
+			return f.migrateHint(err)
+		}
+	}
+	return nil
+}
+
+func (f *Flags) migrateHint(err error) error {
+	return errors.New(strings.ReplaceAll(err.Error(), "`worker migrate`", "`"+name(*f.cfg)+" migrate`"))
+}
+
+// hostPID names this process in client names.
+func hostPID(what string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%s-%d", what, host, os.Getpid())
+}

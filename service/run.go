@@ -1,0 +1,252 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/httpapi"
+)
+
+type runCmd struct {
+	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/v1), /metrics, /healthz and /readyz; port 0 picks a free port (logged). Empty serves no HTTP."`
+	APITokensFile    string        `name:"api-tokens-file" env:"IDEMSAGA_API_TOKENS_FILE" type:"path" help:"File of bearer tokens, one per line: every /v1 request (and /metrics, unless --metrics-open) must carry one as Authorization: Bearer <token>."`
+	MetricsOpen      bool          `name:"metrics-open" env:"IDEMSAGA_METRICS_OPEN" help:"Serve /metrics without a token even when tokens are configured."`
+	InsecureNoAuth   bool          `name:"insecure-no-auth" help:"Listen on a non-loopback address without API tokens (anyone who reaches it can start and cancel sagas)."`
+	StepConcurrency  int           `name:"step-concurrency" default:"8" help:"Step commands handled at once."`
+	ReplyConcurrency int           `name:"reply-concurrency" default:"4" help:"Replies applied at once."`
+	MaxConns         int32         `name:"max-conns" default:"20" help:"Database connections of this process."`
+	DrainTimeout     time.Duration `name:"drain-timeout" default:"30s" help:"How long SIGINT/SIGTERM waits for work in hand."`
+	Migrate          bool          `help:"Apply migrations (and record the deployment) before starting."`
+	AckWait          time.Duration `name:"ack-wait" default:"0s" help:"JetStream redelivery delay of unacknowledged messages (0: the longest step timeout + 30s, at least 60s)."`
+	KeepFinished     time.Duration `name:"keep-finished" default:"168h" help:"How long finished sagas and their inbox records are kept (the replay window); a key can start a new saga after it."`
+	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"How long published outbox rows are kept (0: deleted once the broker acknowledged them)."`
+	RelayHandOff     time.Duration `name:"relay-hand-off" default:"10s" help:"How long the relay leaves an outbox row to the process that committed it; past it the relay publishes what is still there."`
+	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
+	MetricsFile      string        `name:"metrics-file" hidden:"" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
+}
+
+func (r *runCmd) Run(ctx context.Context, f *Flags) error {
+	log := f.Logger()
+	var tokens *httpapi.Tokens
+	if r.APITokensFile != "" {
+		var err error
+		if tokens, err = httpapi.LoadTokens(r.APITokensFile); err != nil {
+			return err
+		}
+	}
+	if r.HTTPAddr != "" && (tokens == nil || tokens.Len() == 0) && !r.InsecureNoAuth && !loopback(r.HTTPAddr) {
+		return fmt.Errorf("--http-addr %s is reachable from other machines, and no API tokens are configured: give --api-tokens-file (IDEMSAGA_API_TOKENS_FILE), listen on 127.0.0.1, or pass --insecure-no-auth", r.HTTPAddr)
+	}
+	pool, err := f.OpenDB(ctx, r.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if r.Migrate {
+		if err := (&migrateCmd{}).Run(ctx, f); err != nil {
+			return err
+		}
+	}
+	if err := f.checkMigrated(ctx, pool); err != nil {
+		return err
+	}
+	nc, err := f.ConnectNATS(hostPID(name(*f.cfg)))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg := prometheus.NewRegistry()
+	cfg := f.EngineConfig(pool)
+	cfg.NATS, cfg.Logger, cfg.Registerer = nc, log, reg
+	cfg.StepConcurrency, cfg.ReplyConcurrency = r.StepConcurrency, r.ReplyConcurrency
+	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
+	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
+	cfg.DisableRetention = r.NoRetention
+	e, err := engine.New(cfg)
+	if err != nil {
+		return err
+	}
+	if r.MetricsFile != "" {
+		stopMetrics := writeMetricsEvery(reg, r.MetricsFile, 500*time.Millisecond)
+		defer stopMetrics()
+	}
+	if err := e.Start(ctx); err != nil {
+		return err
+	}
+	var ops *opsServer
+	if r.HTTPAddr != "" {
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log})
+		if err != nil {
+			_ = e.Stop(context.Background())
+			return err
+		}
+		metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+		if tokens != nil && tokens.Len() > 0 && !r.MetricsOpen {
+			metrics = tokens.Require(metrics)
+		}
+		if ops, err = newOpsServer(r.HTTPAddr, reg, e.Ready, log, api, metrics); err != nil {
+			_ = e.Stop(context.Background())
+			return err
+		}
+	}
+	log.Info("worker running; SIGINT or SIGTERM drains and stops", "pid", os.Getpid(), "stream", f.Stream, "definitions", len(f.defs))
+	<-ctx.Done()
+	log.Info("draining")
+	sctx, cancel := context.WithTimeout(context.Background(), r.DrainTimeout)
+	defer cancel()
+	// Stop taking HTTP requests first, so that every saga an answer
+	// promised is relayed by this process's final flush.
+	if ops != nil {
+		if err := ops.Shutdown(sctx); err != nil {
+			log.Warn("http server shutdown", "error", err)
+		}
+	}
+	if err := e.Stop(sctx); err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	if err := nc.Drain(); err != nil {
+		log.Warn("nats drain", "error", err)
+	}
+	log.Info("stopped cleanly")
+	return nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// opsServer serves the API, /metrics, /healthz and /readyz.
+type opsServer struct {
+	srv  *http.Server
+	ln   net.Listener
+	done chan error
+}
+
+func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger, api, metrics http.Handler) (*opsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --http-addr %s: %w (pick a free port, or 0 for any)", addr, err)
+	}
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api)
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := ready(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, "not ready: %v\n", err)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	s := &opsServer{ln: ln, done: make(chan error, 1),
+		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
+	go func() {
+		err := s.srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		s.done <- err
+	}()
+	log.Info("serving the API (/v1), /metrics, /healthz and /readyz", "addr", "http://"+ln.Addr().String())
+	return s, nil
+}
+
+// Shutdown stops accepting and waits for requests in flight.
+func (s *opsServer) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if serveErr := <-s.done; err == nil {
+		err = serveErr
+	}
+	return err
+}
+
+// writeMetricsEvery writes reg's counters to path every interval (through
+// a temporary file and a rename, so readers never see half a file) until
+// the returned function is called, which writes them a last time.
+func writeMetricsEvery(reg *prometheus.Registry, path string, every time.Duration) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			_ = writeMetrics(reg, path)
+			select {
+			case <-done:
+				_ = writeMetrics(reg, path)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+func writeMetrics(reg *prometheus.Registry, path string) error {
+	families, err := reg.Gather()
+	if err != nil {
+		return err
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, lp := range m.GetLabel() {
+				name += "|" + lp.GetName() + "=" + lp.GetValue()
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"|count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
