@@ -39,6 +39,9 @@ type runCmd struct {
 
 func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	log := f.Logger()
+	if len(f.defs) == 0 {
+		return fmt.Errorf("%s has no saga definitions to run: give service.Config its Definitions (this binary can start, show and repair sagas, not run their steps)", name(*f.cfg))
+	}
 	var tokens *httpapi.Tokens
 	if r.APITokensFile != "" {
 		var err error

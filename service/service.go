@@ -21,15 +21,17 @@ import (
 )
 
 // Config describes a service: its sagas, its tables and what it adds to
-// the standard commands. Only Definitions (or DefinitionsFunc) is
-// required.
+// the standard commands. Everything is optional, but `run` needs
+// Definitions: a binary without them is an admin tool, which starts,
+// shows and repairs sagas from the definitions the deployment recorded
+// while the workers that have their code run the steps.
 type Config struct {
 	// Name is the binary's name in help and messages. Defaults to the
 	// base name of os.Args[0].
 	Name string
 	// Description is the one line `--help` starts with.
 	Description string
-	// Definitions are the sagas the service runs.
+	// Definitions are the sagas the service runs (`run` needs them).
 	Definitions []*saga.Definition
 	// DefinitionsFunc, if set, builds the definitions after the flags are
 	// parsed, for definitions that depend on the service's own flags
@@ -147,9 +149,6 @@ func Run(ctx context.Context, cfg Config, args []string) error {
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 func (cfg *Config) validate() error {
-	if len(cfg.Definitions) == 0 && cfg.DefinitionsFunc == nil {
-		return errors.New("service: Config.Definitions is empty: give the service the sagas it runs")
-	}
 	for i, m := range cfg.Migrations {
 		switch {
 		case !schemaName.MatchString(m.Schema):
