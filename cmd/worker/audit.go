@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -25,19 +24,6 @@ type reconcileResult struct {
 	Differences []engine.Difference `json:"differences"`
 	// Order is the order example's audit, when it has orders.
 	Order *order.Report `json:"order,omitempty"`
-}
-
-func (r reconcileResult) print() {
-	fmt.Printf("sagas by state: %v\n", r.Sagas)
-	fmt.Printf("money: held %d, expected %d\n", r.Money, r.Expected)
-	if r.Order != nil {
-		fmt.Printf("orders by state: %v; the payment service holds %d for %d shipped; %d charges refunded, %d keys voided\n",
-			r.Orders, r.Order.Charged, r.Order.Shipped, r.Order.Refunded, r.Order.Voided)
-	}
-	for _, d := range r.Differences {
-		fmt.Printf("DIFFERENCE %s\n", d)
-	}
-	fmt.Printf("%d differences\n", len(r.Differences))
 }
 
 // reconcile checks the engine's invariants and the examples': the

@@ -114,21 +114,6 @@ func startPools(ctx context.Context, n int, dsn, natsURL string, maxConns int32,
 	return engines, stop, nil
 }
 
-// withClient opens the database and runs fn with a client configured like
-// the workers.
-func withClient(ctx context.Context, g *globals, fn func(*engine.Client) error) error {
-	pool, err := openDB(ctx, g.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	cl, _, err := g.client(pool, "")
-	if err != nil {
-		return err
-	}
-	return fn(cl)
-}
-
 // redeliverCommands publishes a copy of a fraction of the commands (every
 // one for 1) under a new message id, as a broker redelivery would: the
 // broker cannot drop them and the step workers' inbox must. stop waits for
