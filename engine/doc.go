@@ -41,4 +41,13 @@
 //   - Any number of engines may share one database and one stream. The
 //     reaper locks a saga before its step (as the orchestrator does) and
 //     skips sagas another process holds.
+//   - The shared settings (Stream, SubjectPrefix, LeaseGrace) and each
+//     definition's description are recorded by the deployment (Deploy, or
+//     the first process to start) and compared by every engine and client
+//     at start: a difference is ErrDeploymentMismatch, naming the setting.
+//     A client without a definition's code starts and repairs its sagas
+//     from the description (Client.Definition).
+//   - Retry and Cancel are recorded with their request key in the repair's
+//     own transaction: a request sent again changes nothing and answers
+//     with the first result (RepairResult.Replayed).
 package engine

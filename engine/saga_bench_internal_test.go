@@ -25,7 +25,7 @@ import (
 // the engine does; "alone" runs each as one attempt (Handle), the commands
 // handed from one to the next in memory. Nothing else runs: no relay (the outbox
 // rows stay; the relay deletes them in batches), no reaper, no
-// orchestrator. Under scripts/pg-instructions.sh, the instructions of the
+// orchestrator. Under bench/pg-instructions.sh, the instructions of the
 // one backend over b.N are what the happy path of a saga costs PostgreSQL.
 func BenchmarkTransferSaga(b *testing.B) {
 	b.Run("eager", func(b *testing.B) { benchmarkTransferSaga(b, true) })

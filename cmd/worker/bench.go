@@ -175,7 +175,7 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 
 	// Handlers beyond the pool's connections wait for one in the pool,
 	// which costs far less than PostgreSQL switching among more backends
-	// than it has cores (docs/benchmarks.md, sixth pass).
+	// than it has cores (bench/JOURNAL.md, sixth pass).
 	per := max(4, b.Concurrency/b.Pools)
 	regs := make([]*prometheus.Registry, b.Pools)
 	engines, stopPools, err := startPools(ctx, b.Pools, dsn, natsURL, int32(b.MaxConns), func(i int, cfg *engine.Config) {

@@ -18,7 +18,7 @@ var (
 	// whether or not the key was free, rather than a join on a one-row
 	// subquery and a CTE's count: a plain INSERT starts fewer executor
 	// nodes, 27,000 instructions less per step under callgrind
-	// (scripts/pg-instructions.sh).
+	// (bench/pg-instructions.sh).
 	claimTx = fmt.Sprintf(`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'succeeded'
 from idemsaga.sagas s
