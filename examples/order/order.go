@@ -110,7 +110,8 @@ type Config struct {
 	Policy saga.RetryPolicy
 }
 
-// NewDefinition returns the order saga.
+// NewDefinition returns the order saga; its input is an Input, decoded
+// strictly and validated at every start.
 func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if cfg.PaymentsURL == "" {
 		return nil, errors.New("order: Config.PaymentsURL is required: the payment service's base URL")
@@ -119,7 +120,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 		cfg.Client = http.DefaultClient
 	}
 	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), client: cfg.Client}
-	return saga.New(DefinitionName,
+	d, err := saga.New(DefinitionName,
 		saga.Step{
 			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
 			Forward: saga.Handle(reserve), Compensate: saga.Handle(release),
@@ -135,6 +136,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			Forward: saga.Handle(ship), Retry: cfg.Policy,
 		},
 	)
+	if err != nil {
+		return nil, err
+	}
+	return saga.WithInput(d, Input.Validate), nil
 }
 
 // Reservation is reserve's result.

@@ -86,9 +86,10 @@ const (
 
 // NewDefinition returns the transfer saga with the given retry policy for
 // every step (zero fields take the defaults). Both steps are database
-// steps: their whole effect is a write through sc.Tx.
+// steps: their whole effect is a write through sc.Tx. Its input is an
+// Input, decoded strictly and validated at every start.
 func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
-	return saga.New("transfer",
+	d, err := saga.New("transfer",
 		saga.Step{
 			Name:            StepDeduct,
 			Reaches:         StateDeducted,
@@ -106,6 +107,10 @@ func NewDefinition(policy saga.RetryPolicy) (*saga.Definition, error) {
 			Retry:   policy,
 		},
 	)
+	if err != nil {
+		return nil, err
+	}
+	return saga.WithInput(d, Input.Validate), nil
 }
 
 // Definition is the transfer saga with default retry policies.
