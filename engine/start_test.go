@@ -130,6 +130,15 @@ func TestStartBadInputWritesNothing(t *testing.T) {
 	other := saga.MustNew("other", saga.Step{Kind: saga.DatabaseStep, Name: "a", Reaches: "done", Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
 	_, err = cl.Start(ctx, other, "k", map[string]int{})
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
+	// Smuggled members: what a gateway checking "amount" would not see.
+	for _, body := range []string{`{"from":1,"to":2,"amount":5,"AMOUNT":7000}`, `{"from":1,"to":2,"amount":5,"amount":7000}`} {
+		_, err = cl.Start(ctx, def, "k", []byte(body))
+		require.ErrorIs(t, err, saga.ErrInvalidInput, body)
+		_, err = cl.Start(ctx, def, "k", json.RawMessage(body))
+		require.ErrorIs(t, err, saga.ErrInvalidInput, body)
+	}
+	_, err = cl.Start(ctx, def, " k", transferInput(1, 2, 1))
+	require.ErrorIs(t, err, saga.ErrInvalidKey, "a key with a surrounding space is refused, not trimmed")
 	var sagas int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas`).Scan(&sagas))
 	require.Zero(t, sagas)

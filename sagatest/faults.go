@@ -15,16 +15,16 @@ const (
 	// and the next attempt calls again with the same step key. A
 	// database step's transaction commits and the worker dies at once
 	// after (as CrashAfterCommit).
-	LoseOutcome = FaultKind(attempt.LoseOutcome)
+	LoseOutcome FaultKind = iota + 1
 	// CrashAfterCommit: the attempt's outcome commits, then the worker
 	// dies before acknowledging the command, publishing what it committed
 	// or running the next step. Redelivery, the outbox relay and lease
 	// expiry carry the saga on.
-	CrashAfterCommit = FaultKind(attempt.CrashAfterCommit)
+	CrashAfterCommit
 	// DeliverTwice: a second copy of the command is delivered at once to
 	// a worker that shares nothing in memory with the first, so the
 	// database alone decides which copy takes effect.
-	DeliverTwice = FaultKind(attempt.DeliverTwice)
+	DeliverTwice
 )
 
 // Fault selects the attempts a fault hits.
@@ -40,10 +40,14 @@ type Fault struct {
 	Times int
 }
 
+var kinds = map[FaultKind]attempt.FaultKind{
+	LoseOutcome: attempt.LoseOutcome, CrashAfterCommit: attempt.CrashAfterCommit, DeliverTwice: attempt.DeliverTwice,
+}
+
 // Inject arms a fault for the attempts to come.
 func (e *Env) Inject(f Fault) {
-	e.faults.Add(attempt.Fault{Kind: attempt.FaultKind(f.Kind), Step: f.Step, Phase: f.Phase, Attempt: f.Attempt, Times: f.Times})
+	e.faults.Add(attempt.Fault{Kind: kinds[f.Kind], Step: f.Step, Phase: f.Phase, Attempt: f.Attempt, Times: f.Times})
 }
 
 // Fired returns how many attempts faults of kind hit so far.
-func (e *Env) Fired(kind FaultKind) int { return e.faults.Fired(attempt.FaultKind(kind)) }
+func (e *Env) Fired(kind FaultKind) int { return e.faults.Fired(kinds[kind]) }
