@@ -53,20 +53,8 @@ type result struct {
 
 func worker(t *testing.T, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, workerBin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else {
-		require.NoError(t, err)
-	}
-	return result{out.String(), errb.String(), code}
+	r := testenv.Exec(t, 2*time.Minute, workerBin, env, args...)
+	return result{r.Stdout, r.Stderr, r.Code}
 }
 
 func TestWorkerCommands(t *testing.T) {

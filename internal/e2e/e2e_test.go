@@ -84,20 +84,8 @@ type result struct {
 
 func runCmd(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else {
-		require.NoError(t, err)
-	}
-	return result{out.String(), errb.String(), code}
+	r := testenv.Exec(t, time.Minute, bin, env, args...)
+	return result{r.Stdout, r.Stderr, r.Code}
 }
 
 func freeAddr(t *testing.T) string {
