@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -217,4 +218,35 @@ func TestStartKeyHeld(t *testing.T) {
 	r = e.start(t, "held", `{"account":1,"amount":5}`)
 	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
 	require.Equal(t, 2, e.sagaCount(t))
+}
+
+// TestStartKeyOfADeadRequest: the process handling a request dies with
+// the key held (its database session is killed mid-transaction, as when
+// PostgreSQL or the process crashes). Nothing waits for a timeout: the
+// very next request with the key starts the saga, with 201, since
+// nothing of the first committed.
+func TestStartKeyOfADeadRequest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	conn, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	var pid int32
+	require.NoError(t, tx.QueryRow(ctx, `select pg_backend_pid() from (select pg_advisory_xact_lock($1)) l`, httpapi.LockKey("payout", "dead")).Scan(&pid))
+	require.Equal(t, http.StatusConflict, e.start(t, "dead", `{"account":1,"amount":5}`).status)
+
+	var killed bool
+	require.NoError(t, e.pool.QueryRow(ctx, `select pg_terminate_backend($1)`, pid).Scan(&killed))
+	require.True(t, killed)
+	require.Eventually(t, func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `select count(*) from pg_stat_activity where pid = $1`, pid).Scan(&n)
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	r := e.start(t, "dead", `{"account":1,"amount":5}`)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	require.Equal(t, 1, e.sagaCount(t))
 }
