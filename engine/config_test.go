@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -63,10 +64,13 @@ func TestEngineRefusesUnmigratedDatabase(t *testing.T) {
 func TestStartRejectsOversizedInput(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}, MaxInputBytes: 100})
+	notes := saga.MustNew("notes", saga.Step{Name: "keep", Reaches: "kept", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{notes}, MaxInputBytes: 100})
 	require.NoError(t, err)
-	_, err = cl.Start(context.Background(), transfer.Definition, "big", map[string]string{"note": strings.Repeat("x", 200)})
+	_, err = cl.Start(context.Background(), notes, "big", map[string]string{"note": strings.Repeat("x", 200)})
 	require.ErrorContains(t, err, "over the 100-byte limit")
+	require.ErrorIs(t, err, saga.ErrInvalidInput)
 }
 
 // TestStartTxUnderRepeatableRead: concurrent starts of one key inside

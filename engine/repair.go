@@ -305,9 +305,14 @@ type RepairResult struct {
 // written.
 var ErrRepairKeyReused = errors.New("idemsaga: this repair key was already used for another request on this saga; use a new key")
 
-// resolveSaga loads the definition of saga id when this process does not
-// have its code, so that the repair can plan from its description.
+// resolveSaga checks the client against the deployment, and loads the
+// definition of saga id when this process does not have its code, so
+// that the repair can plan from its description.
 func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
+	// A repair writes commands and leases as a start does.
+	if err := cl.Check(ctx); err != nil {
+		return err
+	}
 	var def string
 	err := cl.c.pool.QueryRow(ctx, `select definition from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def)
 	if errors.Is(err, pgx.ErrNoRows) {
