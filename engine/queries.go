@@ -130,12 +130,17 @@ select case when not exists (select 1 from f) or not exists (select 1 from v)
 
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.
+	// dueRetries and expiredLeases find the work of the reaper, for the
+	// definitions this process runs ($2): another definition's steps are
+	// left to the workers that have its code.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now()
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes

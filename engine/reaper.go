@@ -30,8 +30,12 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	// an idle process makes one every ReapInterval.
 	var due []stepID
 	b := &pgx.Batch{}
+	names := make([]string, 0, len(c.defs))
+	for n := range c.defs {
+		names = append(names, n)
+	}
 	for _, q := range []string{dueRetries, expiredLeases} {
-		b.Queue(q, limit).Query(func(rows pgx.Rows) error {
+		b.Queue(q, limit, names).Query(func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
 				var id stepID
 				var phase string
