@@ -153,10 +153,20 @@ func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 		var step string
 		var idx, attemptNo int
 		var possiblyDone bool
-		err = tx.Conn().QueryRow(ctx, `select step, step_index, attempt, possibly_done from idemsaga.steps
-where saga_id = $1 and phase = 'forward' and status in ('dispatched', 'retrying')`, pguuid.Of(id)).Scan(&step, &idx, &attemptNo, &possiblyDone)
+		var calling *time.Time
+		err = tx.Conn().QueryRow(ctx, `select st.step, st.step_index, st.attempt, st.possibly_done,
+  case when st.status = 'dispatched' and st.lease_until > idemsaga.now() and i.outcome = 'started' then st.lease_until end
+from idemsaga.steps st
+left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
+where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', 'retrying')`, pguuid.Of(id)).Scan(&step, &idx, &attemptNo, &possiblyDone, &calling)
 		if err != nil {
 			return fmt.Errorf("idemsaga: cancel saga %s: find the step in flight: %w", id, err)
+		}
+		if calling != nil && def.Step(idx).Kind == saga.ExternalStep {
+			// Its undo would race the call: the other system could take
+			// the call after the compensation. Its outcome comes within
+			// its lease.
+			return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: *calling}
 		}
 		s, err := c.settle(ctx, tx, id, step, saga.PhaseForward)
 		if err != nil {
@@ -300,6 +310,28 @@ type RepairResult struct {
 	Replayed bool
 }
 
+// ErrStepInFlight is returned by Cancel while an external step's attempt
+// is calling the other system: compensating it then would race the call.
+// Cancel again once the attempt ended (StepInFlightError.Until at the
+// latest, when its lease runs out). Nothing was written.
+var ErrStepInFlight = errors.New("idemsaga: a step of the saga is calling another system")
+
+// StepInFlightError is ErrStepInFlight with the attempt and its lease.
+type StepInFlightError struct {
+	SagaID  uuid.UUID
+	Step    string
+	Attempt int
+	// Until is when the attempt's lease runs out, on the database clock.
+	Until time.Time
+}
+
+func (e *StepInFlightError) Error() string {
+	return fmt.Sprintf("%v: step %q of saga %s is in attempt %d, calling the other system, until %s at the latest; cancel again once it answered (its undo now could reach the other system before the call)",
+		ErrStepInFlight, e.Step, e.SagaID, e.Attempt, e.Until.Format(time.RFC3339))
+}
+
+func (e *StepInFlightError) Unwrap() error { return ErrStepInFlight }
+
 // ErrRepairKeyReused is returned when a repair's key already names
 // another request for the saga (another operation or reason). Nothing is
 // written.
@@ -390,7 +422,9 @@ func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 	deadline := time.Now().Add(repairBusyWait)
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
 		err := c.lockedOnce(ctx, id, what, fn, after)
-		if !errors.Is(err, attempt.ErrBusy) || time.Now().After(deadline) {
+		// A key held by a running attempt, or an external call in flight,
+		// usually ends in milliseconds.
+		if !errors.Is(err, attempt.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().After(deadline) {
 			return err
 		}
 		select {

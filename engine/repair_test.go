@@ -17,6 +17,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/sagatest"
 )
 
 // TestCancelRunningSaga cancels a transfer whose deduction is done and
@@ -306,4 +307,58 @@ func TestRepairKeyAbsorbsResends(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrStateForbids, "a new key is a new request, which the state refuses")
 	require.ErrorContains(t, err, "compensated")
 	require.EqualValues(t, 1, countSQL(t, pool, `select count(*) from idemsaga.repairs`), "refusals write nothing")
+}
+
+// TestCancelWaitsForAnExternalCallInFlight: a cancel that arrives while
+// an external step is calling the other system does not compensate it
+// before the call's outcome is known (the undo could otherwise reach the
+// other system first, and the call land after it): it waits for the
+// attempt, then compensates what the call did.
+func TestCancelWaitsForAnExternalCallInFlight(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var events []string
+	record := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
+	calling := make(chan struct{})
+	release := make(chan struct{})
+	def := saga.MustNew("pay",
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				close(calling)
+				<-release
+				record("charge")
+				return nil, nil
+			},
+			Compensate: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				record("refund")
+				return nil, nil
+			}},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep,
+			Retry: saga.RetryPolicy{MaxBackoff: 2 * time.Hour},
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				return nil, saga.RetryAfter(saga.NotApplied(errors.New("the warehouse opens tomorrow")), time.Hour)
+			}},
+	)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "p-1", map[string]int{})
+	require.NoError(t, err)
+	<-calling
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := env.Client.Cancel(ctx, res.ID, engine.Repair{Reason: "customer asked"})
+		cancelled <- err
+	}()
+	select {
+	case err := <-cancelled:
+		t.Fatalf("the cancel returned while the call was in flight: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-cancelled)
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"charge", "refund"}, events, "the refund came after the charge it undoes")
 }

@@ -145,8 +145,8 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wi
 		// Given up (a tombstone) or taken over by a later attempt: the
 		// engine already treats this attempt's outcome as unknown.
 		a.dropped = true
-		a.r.cfg.Logger.Info("step worker: the call's outcome came after its attempt was given up or taken over; not recorded",
-			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "outcome", reply.Outcome)
+		a.r.cfg.Logger.Warn("step worker: the call's outcome came after its attempt was given up or taken over; not recorded (the step counts as possibly done: its compensation runs under the forward key, which the other system must treat as void)",
+			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "outcome", reply.Outcome, "key", a.cmd.Key)
 		reply.Duplicate = true
 		return reply, nil
 	}

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -75,9 +77,15 @@ func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repai
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
 	res, err := do(ctx, id, engine.Repair{Key: key, Reason: reason, By: "http"})
+	var inFlight *engine.StepInFlightError
 	switch {
 	case errors.Is(err, saga.ErrNotFound):
 		writeProblem(w, sagaNotFound(id))
+		return
+	case errors.As(err, &inFlight):
+		wait := max(1, int(math.Ceil(time.Until(inFlight.Until).Seconds())))
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		writeProblem(w, newProblem(http.StatusConflict, ProblemInFlight, "A step is calling another system", trimPrefix(err.Error())))
 		return
 	case errors.Is(err, engine.ErrStateForbids):
 		writeProblem(w, newProblem(http.StatusConflict, ProblemStateForbids, "The saga's state does not allow this", trimPrefix(err.Error())))
