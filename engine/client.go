@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -317,6 +318,60 @@ type ListOptions struct {
 	Cursor string
 }
 
+// ErrInvalidFilter is returned by List for a definition or state that no
+// saga can have: a typo must not read as "nothing to see".
+var ErrInvalidFilter = errors.New("idemsaga: list sagas: invalid filter")
+
+// checkFilter refuses a definition nobody recorded, and a state no
+// definition (that one, or any) has.
+func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
+	var defs []*saga.Definition
+	if opts.Definition != "" {
+		def, err := cl.c.resolve(ctx, opts.Definition)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
+		}
+		defs = []*saga.Definition{def}
+	}
+	if opts.State == "" {
+		return nil
+	}
+	if defs == nil {
+		descs, err := cl.Definitions(ctx)
+		if err != nil {
+			return err
+		}
+		for _, d := range descs {
+			def, err := cl.c.resolve(ctx, d.Name)
+			if err != nil {
+				return err
+			}
+			defs = append(defs, def)
+		}
+		for _, d := range cl.c.defs {
+			defs = append(defs, d)
+		}
+	}
+	states := map[string]bool{}
+	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked} {
+		states[string(s)] = true
+	}
+	for _, d := range defs {
+		if d.ValidState(opts.State) {
+			return nil
+		}
+		for _, st := range d.Steps() {
+			states[string(st.Reaches)] = true
+		}
+	}
+	names := make([]string, 0, len(states))
+	for s := range states {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	return fmt.Errorf("%w: no saga can be in state %q; the states are %s", ErrInvalidFilter, opts.State, strings.Join(names, ", "))
+}
+
 // ErrInvalidCursor is returned by List for a cursor Cursor did not make.
 var ErrInvalidCursor = errors.New("idemsaga: list sagas: invalid cursor")
 
@@ -369,6 +424,9 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	}
 	after, afterID, err := parseCursor(opts.Cursor)
 	if err != nil {
+		return nil, err
+	}
+	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
 	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID)

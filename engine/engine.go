@@ -491,7 +491,16 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.dups.Wait()
 	errs = append(errs, e.relay.Stop(ctx))
-	return errors.Join(errs...)
+	// Each part that ran out of time says so alike: say it once.
+	seen := map[string]bool{}
+	var distinct []error
+	for _, err := range errs {
+		if err != nil && !seen[err.Error()] {
+			seen[err.Error()] = true
+			distinct = append(distinct, err)
+		}
+	}
+	return errors.Join(distinct...)
 }
 
 // checkMigrated fails when the database's schema is not this build's.

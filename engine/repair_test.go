@@ -181,9 +181,8 @@ func TestListFilters(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, old, 1)
 	require.Equal(t, "a", old[0].Key)
-	none, err := cl.List(ctx, engine.ListOptions{Definition: "other"})
-	require.NoError(t, err)
-	require.Empty(t, none)
+	_, err = cl.List(ctx, engine.ListOptions{Definition: "other"})
+	require.ErrorIs(t, err, engine.ErrInvalidFilter, "no definition named other")
 	// No worker runs: every lease expires at once, so all are stuck.
 	time.Sleep(20 * time.Millisecond)
 	stuck, err := cl.List(ctx, engine.ListOptions{Stuck: true, StuckAfter: time.Millisecond})
@@ -361,4 +360,25 @@ func TestCancelWaitsForAnExternalCallInFlight(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{"charge", "refund"}, events, "the refund came after the charge it undoes")
+}
+
+// TestListRefusesFiltersNoSagaMatches: a typo in a filter is an error
+// that lists what exists, not an empty list.
+func TestListRefusesFiltersNoSagaMatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := transferDef(t)
+	cl := brokerClient(t, pool, testenv.Name("FILTER"), def)
+	require.NoError(t, cl.Check(ctx))
+	_, err := cl.List(ctx, engine.ListOptions{State: "parkd"})
+	require.ErrorIs(t, err, engine.ErrInvalidFilter)
+	require.ErrorContains(t, err, "the states are compensated, compensating, credited, deducted, failed, init, parked")
+	_, err = cl.List(ctx, engine.ListOptions{Definition: "transfr"})
+	require.ErrorIs(t, err, engine.ErrInvalidFilter)
+	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
+	_, err = cl.List(ctx, engine.ListOptions{Definition: "transfer", State: "credited"})
+	require.NoError(t, err)
+	_, err = cl.List(ctx, engine.ListOptions{State: "parked"})
+	require.NoError(t, err)
 }

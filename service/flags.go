@@ -64,10 +64,14 @@ func (f *Flags) Logger() *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(f.LogLevel))
 	opts := &slog.HandlerOptions{Level: l}
-	if f.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(f.errOut, opts))
+	var w io.Writer = os.Stderr
+	if f.errOut != nil {
+		w = f.errOut
 	}
-	return slog.New(slog.NewTextHandler(f.errOut, opts))
+	if f.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // EngineConfig returns the engine settings of the flags: the shared ones
@@ -125,8 +129,18 @@ func dbError(c *pgx.ConnConfig, err error) error {
 // forever after a loss. The error says what to do and never holds a
 // password, token or seed.
 func (f *Flags) ConnectNATS(clientName string) (*nats.Conn, error) {
+	log := f.Logger()
 	opts := []nats.Option{nats.Name(clientName), nats.Timeout(5 * time.Second),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			msg := ""
+			if err != nil {
+				msg = redactSecrets(err.Error())
+			}
+			log.Warn("NATS connection lost; reconnecting (steps wait, sagas are safe in PostgreSQL)", "error", msg)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedServerId()) }),
+	}
 	if f.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(f.NATSCreds))
 	}
@@ -163,7 +177,11 @@ func (f *Flags) ConnectNATS(clientName string) (*nats.Conn, error) {
 func redactURLs(list string) (string, []string) {
 	var shown, secrets []string
 	for _, raw := range strings.Split(list, ",") {
-		u, err := url.Parse(strings.TrimSpace(raw))
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // as the NATS client reads it
+		}
+		u, err := url.Parse(raw)
 		if err != nil || u.User == nil {
 			if err != nil {
 				shown = append(shown, "(an unparsable URL)")

@@ -94,6 +94,7 @@ func TestRedactURLs(t *testing.T) {
 		"nats://127.0.0.1:4222":                           "nats://127.0.0.1:4222",
 		"nats://u:p4ssw0rd@h:4222":                        "nats://u:xxxxx@h:4222",
 		"nats://t0ken-abc@h:4222,nats://u:pw-two@h2:4222": "nats://xxxxx@h:4222,nats://u:xxxxx@h2:4222",
+		"alice:S3cretPassw0rd@127.0.0.1:14999":            "nats://alice:xxxxx@127.0.0.1:14999",
 	} {
 		shown, secrets := redactURLs(in)
 		require.Equal(t, want, shown)

@@ -214,6 +214,10 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 		malformed(fmt.Sprintf("cursor %q is not a next_cursor this API answered with; start again without one", opts.Cursor))
 		return
 	}
+	if errors.Is(err, engine.ErrInvalidFilter) {
+		malformed(trimPrefix(err.Error()))
+		return
+	}
 	if err != nil {
 		a.internal(w, r, "list the sagas", "retry later", err)
 		return
