@@ -2,10 +2,10 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,31 +126,65 @@ union all select fingerprint, description, set_by, set_at from idemsaga.definiti
 			return fmt.Errorf("idemsaga: check definition %q against the deployment's: %w", d.Name(), err)
 		}
 		if fp != desc.Fingerprint() {
-			errs = append(errs, fmt.Errorf("%w: definition %q differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, or record this one for all with `migrate` (idemsaga/engine.Deploy) and restart the others",
+			errs = append(errs, fmt.Errorf("%w: definition %q differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, or record this one for all with `migrate` and restart the others",
 				ErrDeploymentMismatch, d.Name(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// describeDifference names the first thing that differs between the
-// recorded description and this process's.
+// describeDifference names what differs between the recorded
+// description and this process's: the steps, and each differing field
+// as "here vs recorded".
 func describeDifference(recorded, here saga.Description) string {
 	if recorded.Input != here.Input {
-		return fmt.Sprintf("its input type is %q here, %q there", here.Input, recorded.Input)
+		return fmt.Sprintf("its input type is %q here, %q in the deployment", here.Input, recorded.Input)
 	}
 	if len(recorded.Steps) != len(here.Steps) {
-		return fmt.Sprintf("it has %d steps here, %d there", len(here.Steps), len(recorded.Steps))
+		return fmt.Sprintf("it has %d steps here, %d in the deployment", len(here.Steps), len(recorded.Steps))
 	}
+	var diffs []string
 	for i := range here.Steps {
 		a, b := here.Steps[i], recorded.Steps[i]
-		if a != b {
-			ha, _ := json.Marshal(a)
-			hb, _ := json.Marshal(b)
-			return fmt.Sprintf("step %d is %s here, %s there", i, ha, hb)
+		for _, f := range []struct {
+			name        string
+			here, there any
+		}{
+			{"name", a.Name, b.Name}, {"reaches", a.Reaches, b.Reaches}, {"kind", a.Kind, b.Kind}, {"compensates", a.Compensates, b.Compensates},
+			{"retry", a.Retry, b.Retry}, {"compensate_retry", a.CompensateRetry, b.CompensateRetry},
+		} {
+			if f.here == f.there {
+				continue
+			}
+			if p, ok := f.here.(saga.PolicyDescription); ok {
+				for _, d := range policyDiffs(p, f.there.(saga.PolicyDescription)) {
+					diffs = append(diffs, fmt.Sprintf("step %q %s.%s", a.Name, f.name, d))
+				}
+				continue
+			}
+			diffs = append(diffs, fmt.Sprintf("step %d %s %v here, %v in the deployment", i, f.name, f.here, f.there))
 		}
 	}
-	return "their descriptions differ"
+	if len(diffs) == 0 {
+		return "their descriptions differ"
+	}
+	return strings.Join(diffs, "; ")
+}
+
+func policyDiffs(here, there saga.PolicyDescription) []string {
+	var out []string
+	add := func(name string, a, b any) {
+		if a != b {
+			out = append(out, fmt.Sprintf("%s %v here, %v in the deployment", name, a, b))
+		}
+	}
+	add("max_attempts", here.MaxAttempts, there.MaxAttempts)
+	add("initial_backoff", here.InitialBackoff, there.InitialBackoff)
+	add("max_backoff", here.MaxBackoff, there.MaxBackoff)
+	add("multiplier", here.Multiplier, there.Multiplier)
+	add("jitter", here.Jitter, there.Jitter)
+	add("timeout", here.Timeout, there.Timeout)
+	return out
 }
 
 // described caches the definitions a process knows only by their

@@ -13,7 +13,7 @@ import (
 var ErrIdempotencyKeyReused = errors.New("idemsaga: idempotency key already used with a different input; resend the original input or use a new key")
 
 // ErrNotFound is returned when a saga looked up by ID or key does not exist.
-var ErrNotFound = errors.New("idemsaga: saga not found; check the ID or key and the definition name")
+var ErrNotFound = errors.New("idemsaga: saga not found; check its ID or idempotency key (list shows the sagas there are)")
 
 // ErrUnknownDefinition is returned when a saga names a definition that the
 // engine was not configured with.

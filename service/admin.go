@@ -53,6 +53,20 @@ func (s *startCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
 		def, err := cl.Definition(ctx, s.Definition)
+		if errors.Is(err, saga.ErrUnknownDefinition) {
+			known := definitionNames(f.defs)
+			if descs, derr := cl.Definitions(ctx); derr == nil {
+				for _, d := range descs {
+					if !slices.Contains(known, d.Name) {
+						known = append(known, d.Name)
+					}
+				}
+			}
+			if len(known) == 0 {
+				return fmt.Errorf("%w: no saga definition is named %q, and the deployment has none yet: run `migrate` (or `run`) with the binary that has the definitions", saga.ErrUnknownDefinition, s.Definition)
+			}
+			return fmt.Errorf("%w: no saga definition is named %q; the deployment has %s", saga.ErrUnknownDefinition, s.Definition, strings.Join(known, ", "))
+		}
 		if err != nil {
 			return err
 		}
@@ -91,6 +105,14 @@ func (s *startCmd) Run(ctx context.Context, f *Flags) error {
 		}
 		return nil
 	})
+}
+
+func definitionNames(defs []*saga.Definition) []string {
+	names := make([]string, len(defs))
+	for i, d := range defs {
+		names[i] = d.Name()
+	}
+	return names
 }
 
 // readInput reads --input: JSON itself, @file, or - for stdin.

@@ -73,11 +73,12 @@ func (c *migrateCmd) Run(ctx context.Context, f *Flags) error {
 	if err := engine.Deploy(ctx, f.EngineConfig(pool)); err != nil {
 		return err
 	}
-	names := make([]string, len(f.defs))
-	for i, d := range f.defs {
-		names[i] = d.Name()
-	}
 	fmt.Fprintf(f.out, "deployment: stream %s, subject prefix %s, lease grace %s; definitions %s\n",
-		f.Stream, f.SubjectPrefix, f.LeaseGrace, strings.Join(names, ", "))
+		f.Stream, f.SubjectPrefix, f.LeaseGrace, strings.Join(definitionNames(f.defs), ", "))
+	if cl, err := f.Client(pool); err == nil {
+		if ws, err := cl.Workers(ctx); err == nil && len(ws) > 0 {
+			fmt.Fprintf(f.errOut, "%d workers are running (see `%s workers`): each keeps the settings and definitions it started with until restarted; restart those of another build\n", len(ws), name(*f.cfg))
+		}
+	}
 	return nil
 }

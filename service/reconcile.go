@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,7 +48,12 @@ func (c *reconcileCmd) Run(ctx context.Context, f *Flags) error {
 			return err
 		}
 	} else {
-		fmt.Fprintf(f.out, "sagas by state: %v\n", res.Sagas)
+		states := make([]string, 0, len(res.Sagas))
+		for st, n := range res.Sagas {
+			states = append(states, fmt.Sprintf("%s %d", st, n))
+		}
+		slices.Sort(states)
+		fmt.Fprintf(f.out, "sagas by state: %s\n", strings.Join(states, ", "))
 		for _, d := range res.Differences {
 			fmt.Fprintf(f.out, "DIFFERENCE %s\n", d)
 		}

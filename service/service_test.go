@@ -45,7 +45,7 @@ func TestAdminWithoutWorkersSaysWhoWillRunTheSteps(t *testing.T) {
 
 	_, _, err := runIn(t, admin, "start", "greet", "--key", "g-1", "--input", `{}`)
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition, "nothing recorded it yet")
-	require.ErrorContains(t, err, "a worker running it records it at start")
+	require.ErrorContains(t, err, "the deployment has none yet: run `migrate`")
 
 	out, _, err := runIn(t, shop, "migrate")
 	require.NoError(t, err)
@@ -152,4 +152,20 @@ func TestCancelWithNoWorkerLeft(t *testing.T) {
 	var pending int
 	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.outbox where published_at is null`).Scan(&pending))
 	require.Equal(t, 1, pending, "the compensation's command waits in the outbox")
+}
+
+// TestPolicyMismatchNamesTheFields: a worker whose step policy differs
+// from the recorded one is told which fields differ.
+func TestPolicyMismatchNamesTheFields(t *testing.T) {
+	_, url := testenv.DBWithURL(t)
+	t.Setenv("DATABASE_URL", url)
+	_, _, err := runIn(t, Config{Name: "shop", Definitions: []*saga.Definition{greetDefinition()}}, "migrate")
+	require.NoError(t, err)
+	changed := greetDefinition().Steps()
+	changed[1].Retry = saga.RetryPolicy{MaxAttempts: 4, InitialBackoff: 200 * time.Millisecond}
+	def := saga.MustNew("greet", changed...)
+	_, _, err = runIn(t, Config{Name: "shop", Definitions: []*saga.Definition{def}}, "start", "greet", "--key", "k", "--input", "{}")
+	require.ErrorContains(t, err, `step "bye" retry.max_attempts 4 here, 5 in the deployment; step "bye" retry.initial_backoff 200ms here, 100ms in the deployment`)
+	_, _, err = runIn(t, Config{Name: "shop"}, "start", "nosuch", "--key", "k", "--input", "{}")
+	require.ErrorContains(t, err, `no saga definition is named "nosuch"; the deployment has greet`)
 }

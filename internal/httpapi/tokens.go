@@ -58,7 +58,7 @@ func ParseTokens(text string) (*Tokens, error) {
 func LoadTokens(path string) (*Tokens, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("httpapi: read the API tokens file: %w", err)
+		return nil, fmt.Errorf("cannot read the API tokens file %s (%v): create it with one bearer token per line, each at least 16 characters (for example `openssl rand -hex 24 > %s`), or point --api-tokens-file at it", path, errors.Unwrap(err), path)
 	}
 	t, err := ParseTokens(string(b))
 	if err != nil {
