@@ -191,3 +191,52 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 		})
 	}
 }
+
+// TestCommandOfAnotherDefinition: a worker that does not run a command's
+// definition drops it when its saga finished, and otherwise hands it
+// back for a worker that runs it, not at once: it is not offered again
+// within a second.
+func TestCommandOfAnotherDefinition(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := testenv.DB(t)
+	mine := saga.MustNew("mine", saga.Step{Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	w, err := steps.New(steps.Config{Pool: pool, SubjectPrefix: "o", Definitions: []*saga.Definition{mine}, Logger: quiet()})
+	require.NoError(t, err)
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "OTHER", Subjects: []string{"o.>"}})
+	require.NoError(t, err)
+	cons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{Durable: "other", Filter: "o.cmd.>", AckWait: time.Minute, MaxAckPending: 10})
+	require.NoError(t, err)
+
+	finished := newSaga(t, pool, "theirs")
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set state = 'compensated', finished_at = now() where id = $1`, pguuid.Of(finished))
+	require.NoError(t, err)
+	running := newSaga(t, pool, "theirs")
+	for _, id := range []uuid.UUID{finished, running} {
+		data, err := json.Marshal(command(id, "theirs", "s", saga.PhaseForward, 1, nil))
+		require.NoError(t, err)
+		_, err = js.Publish(ctx, "o.cmd.theirs.s", data)
+		require.NoError(t, err)
+	}
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	n := 0
+	for m := range batch.Messages() {
+		w.HandleMsg(ctx, m)
+		n++
+	}
+	require.Equal(t, 2, n)
+	again, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+	require.NoError(t, err)
+	for range again.Messages() {
+		t.Fatal("a command was offered again at once")
+	}
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, info.NumAckPending, "the running saga's command waits to be offered again; the finished one's is gone")
+}

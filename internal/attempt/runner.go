@@ -392,6 +392,10 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		defer func() { <-r.slots }()
 	}
 	r.Run(ctx, cmd, redelivered, func(err error) {
+		if errors.Is(err, saga.ErrUnknownDefinition) {
+			r.unknownDefinition(ctx, msg, cmd)
+			return
+		}
 		if err != nil {
 			r.cfg.Logger.Warn("step worker: command not processed; it will be redelivered", "saga_id", cmd.SagaID, "step", cmd.Step,
 				"phase", cmd.Phase, "attempt", cmd.Attempt, "error", err)
@@ -426,6 +430,28 @@ func (r *Runner) Run(ctx context.Context, cmd wire.Command, redelivered bool, do
 		defer r.runEager(ctx, a.next, a.pre)
 	}
 	done(err)
+}
+
+// unknownDefinitionDelay is how long a command of a definition this
+// worker does not run waits before the broker offers it again, to a
+// worker that may run it.
+const unknownDefinitionDelay = 30 * time.Second
+
+// unknownDefinition handles a command of a definition this worker does
+// not run: dropped when its saga finished or is gone (nobody needs it),
+// else handed back to the broker for a worker that runs it.
+func (r *Runner) unknownDefinition(ctx context.Context, msg jetstream.Msg, cmd wire.Command) {
+	var finished bool
+	err := r.cfg.Pool.QueryRow(ctx, `select coalesce((select finished_at is not null from idemsaga.sagas where id = $1), true)`, pguuid.Of(cmd.SagaID)).Scan(&finished)
+	if err == nil && finished {
+		r.cfg.Logger.Info("step worker: dropping a command of a definition this worker does not run, whose saga finished or is gone",
+			"saga_id", cmd.SagaID, "definition", cmd.Definition, "step", cmd.Step)
+		_ = msg.Term()
+		return
+	}
+	r.cfg.Logger.Warn("step worker: a command of a definition this worker does not run; left to a worker that runs it (start one, or check `workers`)",
+		"saga_id", cmd.SagaID, "definition", cmd.Definition, "step", cmd.Step, "retry_in", unknownDefinitionDelay)
+	_ = msg.NakWithDelay(unknownDefinitionDelay)
 }
 
 // deleteCommandRow consumes an eagerly run command's outbox row.
