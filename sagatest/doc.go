@@ -6,12 +6,12 @@
 //	func TestOrder(t *testing.T) {
 //		env := sagatest.New(t, sagatest.Config{
 //			Definitions: []*saga.Definition{orders.Definition},
-//			Migrations:  []service.Migration{{Schema: "orders", Files: orders.Migrations}},
+//			Migrations:  []service.Migration{{Schema: "shop", Files: orders.Migrations}},
 //		})
 //		env.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: "charge", Attempt: 1})
-//		sg := env.Run(t, orders.Definition, "order-1", orders.Input{...})
-//		require.Equal(t, orders.StateShipped, sg.State)
-//		require.Len(t, sg.Attempts, 4) // reserve, charge twice, ship
+//		sg := env.Run(t, orders.Definition, "order-1", orders.Input{Item: "book", Quantity: 1})
+//		require.Equal(t, saga.State("charged"), sg.State)
+//		require.Len(t, sg.Attempts, 3) // reserve, then charge twice under one key
 //	}
 //
 // PostgreSQL is found through SAGATEST_DATABASE_URL, then DATABASE_URL,

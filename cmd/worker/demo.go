@@ -267,7 +267,7 @@ from idemsaga.sagas where finished_at is not null`).Scan(&p50, &p99); err != nil
 		}
 		return fmt.Errorf("reconcile: %d differences found", len(recon.Differences))
 	}
-	fmt.Printf("\ninspect a saga: DATABASE_URL=%q worker show %s\n", redact(dsn), jobs[3].key)
+	fmt.Printf("\ninspect a saga: DATABASE_URL=%q go run ./cmd/worker show %s\n", redact(dsn), jobs[3].key)
 	if d.Serve {
 		ln, err := net.Listen("tcp", d.HTTPAddr)
 		if err != nil {
