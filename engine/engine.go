@@ -436,6 +436,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// Starts that return after Start are run here from the first one.
+	select {
+	case <-e.steps.Serving():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
 			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)

@@ -99,9 +99,12 @@ type Runner struct {
 	slots     chan struct{}
 	cmdPrefix string
 	serveMu   sync.RWMutex
-	serving   bool
-	serveCtx  context.Context
-	offers    sync.WaitGroup
+	// servingCh is closed once Serve runs (Serving).
+	servingCh   chan struct{}
+	servingOnce sync.Once
+	serving     bool
+	serveCtx    context.Context
+	offers      sync.WaitGroup
 }
 
 // New returns a runner.
@@ -109,7 +112,7 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Pool == nil || cfg.Subjects.Prefix == "" || len(cfg.Definitions) == 0 || cfg.Logger == nil || cfg.Metrics == nil {
 		return nil, errors.New("attempt: Config.Pool, Subjects, Definitions, Logger and Metrics are required")
 	}
-	r := &Runner{cfg: cfg, defs: make(map[string]*saga.Definition, len(cfg.Definitions)),
+	r := &Runner{cfg: cfg, defs: make(map[string]*saga.Definition, len(cfg.Definitions)), servingCh: make(chan struct{}),
 		cmdPrefix: strings.TrimSuffix(cfg.Subjects.AllCommands(), ">")}
 	if cfg.Slots > 0 {
 		r.slots = make(chan struct{}, cfg.Slots)
@@ -200,6 +203,9 @@ func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool)
 // Busy returns how many commands the runner has in hand in its slots.
 func (r *Runner) Busy() int { return len(r.slots) }
 
+// Serving is closed once Serve takes offers.
+func (r *Runner) Serving() <-chan struct{} { return r.servingCh }
+
 // Drain makes the runner publish the commands it would run eagerly: it is
 // stopping.
 func (r *Runner) Drain() { r.draining.Store(true) }
@@ -236,6 +242,7 @@ func (r *Runner) Serve(ctx context.Context) {
 	r.serveMu.Lock()
 	r.serving, r.serveCtx = true, ctx
 	r.serveMu.Unlock()
+	r.servingOnce.Do(func() { close(r.servingCh) })
 	<-ctx.Done()
 	r.serveMu.Lock()
 	r.serving = false
