@@ -25,6 +25,12 @@ type Difference struct {
 	What string `json:"what"`
 }
 
+// noWorker says, in a difference about a saga s, when no live worker
+// runs its definition: the likely reason nothing takes its step over.
+const noWorker = `case when not exists (select 1 from idemsaga.workers w
+  where s.definition = any(w.definitions) and w.seen_at > idemsaga.now() - interval '15 seconds')
+  then '; no live worker runs definition ' || s.definition || ' (start one with its code)' else '' end`
+
 func (d Difference) String() string {
 	if d.SagaID != nil {
 		return fmt.Sprintf("saga %s: %s", d.SagaID, d.What)
@@ -96,10 +102,10 @@ group by s.id having count(*) > 1`, nil},
 		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying')`, nil},
-		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago'
-from idemsaga.steps st where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
-		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago'
-from idemsaga.steps st where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -98,4 +99,30 @@ values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_rando
 			require.NotNil(t, d.SagaID, "every saga difference names its saga: %s", d)
 		}
 	}
+}
+
+// TestReconcileSaysWhenNoWorkerRunsADefinition: a lease nobody took over
+// is reported with the likely reason, when no live worker runs the
+// saga's definition.
+func TestReconcileSaysWhenNoWorkerRunsADefinition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	other := saga.MustNew("other", saga.Step{Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	cl := brokerClient(t, pool, testenv.Name("NOWORKER"), other)
+	res, err := cl.Start(ctx, other, "o-1", map[string]int{})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 hour' where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{other}, time.Second)
+	require.NoError(t, err)
+	var found bool
+	for _, d := range diffs {
+		if strings.Contains(d.What, "lease expired and not taken over") {
+			found = true
+			require.Contains(t, d.What, "no live worker runs definition other")
+		}
+	}
+	require.True(t, found, "%v", diffs)
 }
