@@ -15,6 +15,7 @@ import (
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/sagatest"
 )
 
 // recorder is a step whose effect is a row in a table of the test, written
@@ -184,4 +185,24 @@ func TestUnknownOutcomeIsTombstonedAndCompensated(t *testing.T) {
 	var outcome string
 	require.NoError(t, pool.QueryRow(ctx, `select outcome from idemsaga.inbox where step_key = $1`, saga.StepKey(res.ID, "b", saga.PhaseForward)).Scan(&outcome))
 	require.Equal(t, "tombstone", outcome)
+}
+
+// TestTheLastUnknownAttemptStaysUnknown: an external step whose every
+// attempt lost its answer is given up after the last one, and the
+// timeline still says that attempt's outcome was unknown.
+func TestTheLastUnknownAttemptStaysUnknown(t *testing.T) {
+	t.Parallel()
+	def := saga.MustNew("lossy", saga.Step{Name: "call", Reaches: "called", Kind: saga.ExternalStep, Retry: saga.RetryPolicy{MaxAttempts: 2},
+		Forward:    func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, errors.New("no answer") },
+		Compensate: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	sg := env.Run(t, def, "k", map[string]int{})
+	require.Equal(t, saga.StateCompensated, sg.State)
+	var outcomes []string
+	for _, a := range sg.Attempts {
+		if a.Phase == saga.PhaseForward {
+			outcomes = append(outcomes, a.Outcome)
+		}
+	}
+	require.Equal(t, []string{"unknown", "unknown"}, outcomes)
 }

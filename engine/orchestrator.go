@@ -171,6 +171,11 @@ func (c *core) apply(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def
 		return nil
 
 	case retryable:
+		if r.Outcome == wire.OutcomeUnknown {
+			// The timeline keeps what the last attempt was, not only
+			// that the step was given up after it.
+			tx.Exec(markAttemptUnknown, nil, pguuid.Of(r.SagaID), r.Step, string(r.Phase), r.Attempt, r.Error)
+		}
 		return c.giveUp(ctx, tx, sg, def, idx, r.Phase, r.Attempt, exhausted(r.Attempt, r.Error), possiblyDone, fx)
 
 	default: // failed for good

@@ -130,6 +130,14 @@ select case when not exists (select 1 from f) or not exists (select 1 from v)
 
 	// The reaper's two hot queries, each matching its partial index. They
 	// only find candidates; each is then re-checked under the saga's lock.
+	// markAttemptUnknown records that a step's last attempt, given up
+	// after it, had an unknown outcome.
+	markAttemptUnknown = `insert into idemsaga.step_attempts as x (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at), idemsaga.now(), 'unknown', $5
+from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4
+on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', error = excluded.error, finished_at = excluded.finished_at
+where x.outcome is null or x.outcome = 'retry'`
+
 	// dueRetries and expiredLeases find the work of the reaper, for the
 	// definitions this process runs ($2): another definition's steps are
 	// left to the workers that have its code.
