@@ -376,10 +376,15 @@ type settled struct {
 // held by an attempt still running returns attempt.ErrBusy, without
 // waiting on it: that attempt may be waiting on the saga tx holds.
 func (c *core) settle(ctx context.Context, tx *attempt.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+	return c.settleWith(ctx, tx, settleTombstone, sagaID, step, phase)
+}
+
+// settleWith is settle with the tombstone statement given.
+func (c *core) settleWith(ctx context.Context, tx *attempt.Tx, tombstone string, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
 	key := saga.StepKey(sagaID, step, phase)
 	var got bool
 	var s settled
-	tx.Queue(settleTombstone, func(row pgx.Row) error { return row.Scan(&got) },
+	tx.Queue(tombstone, func(row pgx.Row) error { return row.Scan(&got) },
 		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), attempt.LockID(key))
 	found := true
 	tx.Queue(settleRead, func(row pgx.Row) error {

@@ -181,6 +181,20 @@ var settleTombstone = fmt.Sprintf(`with l as (
 )
 select got from l`, attempt.LockClass)
 
+// settleTombstoneForCancel is settleTombstone that leaves alone the claim
+// of an external attempt whose lease still runs: the call may be in
+// flight, and an undo now could reach the other system before it.
+var settleTombstoneForCancel = fmt.Sprintf(`with l as (
+  select pg_try_advisory_xact_lock(%d, $5) as got
+), t as (
+  insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
+  select $1, $2, $3, $4::text, 0, 'tombstone' from l where l.got
+  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome = 'started'
+  where x.outcome = 'retry' or (x.outcome = 'started' and not exists (
+    select 1 from idemsaga.steps st where st.saga_id = $1 and st.key = $2 and st.status = 'dispatched' and st.lease_until > idemsaga.now()))
+)
+select got from l`, attempt.LockClass)
+
 // selectAttempts is a saga's timeline: the attempts recorded in
 // step_attempts, and each step's current attempt from its own row when
 // step_attempts has none for it (the happy path).

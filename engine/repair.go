@@ -168,9 +168,18 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 			// its lease.
 			return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: *calling}
 		}
-		s, err := c.settle(ctx, tx, id, step, saga.PhaseForward)
+		s, err := c.settleWith(ctx, tx, settleTombstoneForCancel, id, step, saga.PhaseForward)
 		if err != nil {
 			return err
+		}
+		if s.outcome == "started" {
+			// Claimed after the look above: the call is in flight.
+			var until time.Time
+			if err := tx.Conn().QueryRow(ctx, `select lease_until from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`,
+				pguuid.Of(id), step).Scan(&until); err != nil {
+				return fmt.Errorf("idemsaga: cancel saga %s: read the lease of step %q: %w", id, step, err)
+			}
+			return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: until}
 		}
 		var m *attempt.Move
 		switch {
@@ -420,16 +429,21 @@ func (e errCommitted) Unwrap() error { return e.err }
 // commit.
 func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) error {
 	deadline := time.Now().Add(repairBusyWait)
+	// Give up waiting before the caller's own deadline, so that it hears
+	// why (a busy key, a call in flight) rather than a timeout.
+	if d, ok := ctx.Deadline(); ok && d.Add(-time.Second).Before(deadline) {
+		deadline = d.Add(-time.Second)
+	}
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
 		err := c.lockedOnce(ctx, id, what, fn, after)
 		// A key held by a running attempt, or an external call in flight,
 		// usually ends in milliseconds.
-		if !errors.Is(err, attempt.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().After(deadline) {
+		if !errors.Is(err, attempt.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, ctx.Err())
+			return err
 		case <-time.After(delay):
 		}
 	}

@@ -343,6 +343,14 @@ func TestCancelWaitsForAnExternalCallInFlight(t *testing.T) {
 	res, err := env.Client.Start(ctx, def, "p-1", map[string]int{})
 	require.NoError(t, err)
 	<-calling
+	// A caller that cannot wait long hears why, before its deadline.
+	short, stop := context.WithTimeout(ctx, 2*time.Second)
+	_, err = env.Client.Cancel(short, res.ID, engine.Repair{Reason: "in a hurry"})
+	stop()
+	var inFlight *engine.StepInFlightError
+	require.ErrorAs(t, err, &inFlight)
+	require.Equal(t, "charge", inFlight.Step)
+	require.False(t, inFlight.Until.IsZero())
 	cancelled := make(chan error, 1)
 	go func() {
 		_, err := env.Client.Cancel(ctx, res.ID, engine.Repair{Reason: "customer asked"})
