@@ -328,8 +328,11 @@ func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
 	var defs []*saga.Definition
 	if opts.Definition != "" {
 		def, err := cl.c.resolve(ctx, opts.Definition)
-		if err != nil {
+		if errors.Is(err, saga.ErrUnknownDefinition) {
 			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
+		}
+		if err != nil {
+			return err
 		}
 		defs = []*saga.Definition{def}
 	}

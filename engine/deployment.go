@@ -91,15 +91,23 @@ where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), 
 // descriptions of the runnable definitions. worker adds the stream, which
 // a client does not use.
 func (c *core) checkDeployment(ctx context.Context, cfg *Config, worker bool) error {
+	// One transaction: a process that refuses to start records nothing.
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: check the deployment: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	by := who()
 	var errs []error
 	for _, s := range sharedSettings(cfg, worker) {
 		var value, setBy string
 		var setAt time.Time
-		err := c.pool.QueryRow(ctx, `with i as (
+		err := recordOrRead(func() pgx.Row {
+			return tx.QueryRow(ctx, `with i as (
   insert into idemsaga.settings (name, value, set_by) values ($1, $2, $3) on conflict (name) do nothing returning value, set_by, set_at)
 select value, set_by, set_at from i
-union all select value, set_by, set_at from idemsaga.settings where name = $1 and not exists (select from i)`, s.name, s.value, by).Scan(&value, &setBy, &setAt)
+union all select value, set_by, set_at from idemsaga.settings where name = $1 and not exists (select from i)`, s.name, s.value, by)
+		}, &value, &setBy, &setAt)
 		if err != nil {
 			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
 		}
@@ -116,12 +124,14 @@ union all select value, set_by, set_at from idemsaga.settings where name = $1 an
 		var fp, setBy string
 		var setAt time.Time
 		var recorded saga.Description
-		err := c.pool.QueryRow(ctx, `with i as (
+		err := recordOrRead(func() pgx.Row {
+			return tx.QueryRow(ctx, `with i as (
   insert into idemsaga.definitions (name, description, fingerprint, set_by) values ($1, $2, $3, $4)
   on conflict (name) do nothing returning fingerprint, description, set_by, set_at)
 select fingerprint, description, set_by, set_at from i
 union all select fingerprint, description, set_by, set_at from idemsaga.definitions where name = $1 and not exists (select from i)`,
-			d.Name(), desc, desc.Fingerprint(), by).Scan(&fp, &recorded, &setBy, &setAt)
+				d.Name(), desc, desc.Fingerprint(), by)
+		}, &fp, &recorded, &setBy, &setAt)
 		if err != nil {
 			return fmt.Errorf("idemsaga: check definition %q against the deployment's: %w", d.Name(), err)
 		}
@@ -130,7 +140,27 @@ union all select fingerprint, description, set_by, set_at from idemsaga.definiti
 				ErrDeploymentMismatch, d.Name(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemsaga: check the deployment: %w", err)
+	}
+	return nil
+}
+
+// recordOrRead scans an insert-or-read statement. When another process
+// recorded the row while the insert waited for it, the statement's
+// snapshot sees neither its own insert nor that row: the statement runs
+// again and reads it.
+func recordOrRead(query func() pgx.Row, dest ...any) error {
+	for range 3 {
+		err := query().Scan(dest...)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+	}
+	return errors.New("another process keeps recording it at the same moment; start again")
 }
 
 // describeDifference names what differs between the recorded

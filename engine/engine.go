@@ -440,7 +440,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	select {
 	case <-e.steps.Serving():
 	case <-ctx.Done():
-		return ctx.Err()
+		e.mu.Unlock()
+		_ = e.Stop(context.WithoutCancel(ctx))
+		e.mu.Lock()
+		return fmt.Errorf("idemsaga: start: %w", ctx.Err())
 	}
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {

@@ -312,7 +312,7 @@ type RepairResult struct {
 	State saga.State
 	// Key is the request's key (Repair.Key, or the one made up for it).
 	Key string
-	// At is when the repair committed, on the database clock.
+	// At is when the repair's transaction began, on the database clock.
 	At time.Time
 	// Replayed is true when the key named a repair already done: nothing
 	// was written, and the rest is that repair's.

@@ -94,8 +94,10 @@ type Definition struct {
 	// described is set on a definition rebuilt from a Description: it has
 	// no handlers, so it can start and repair sagas but not run steps.
 	described bool
-	// inputName is the described input type's name.
-	inputName string
+	// inputName and inputFields are the described input type's name and
+	// members.
+	inputName   string
+	inputFields []string
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

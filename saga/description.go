@@ -14,9 +14,12 @@ import (
 // that a process without the handlers (an admin CLI, an API gateway) can
 // start, show and repair sagas of it.
 type Description struct {
-	Name  string            `json:"name"`
-	Input string            `json:"input,omitempty"`
-	Steps []StepDescription `json:"steps"`
+	Name  string `json:"name"`
+	Input string `json:"input,omitempty"`
+	// InputFields are the JSON members of a struct input type: a
+	// definition rebuilt from the description refuses any other.
+	InputFields []string          `json:"input_fields,omitempty"`
+	Steps       []StepDescription `json:"steps"`
 }
 
 // StepDescription describes one step of a Description.
@@ -61,7 +64,10 @@ func (p PolicyDescription) policy() (RetryPolicy, error) {
 
 // Describe returns the definition's description.
 func (d *Definition) Describe() Description {
-	desc := Description{Name: d.name, Input: d.InputType(), Steps: make([]StepDescription, len(d.steps))}
+	desc := Description{Name: d.name, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
+	if d.input != nil {
+		desc.InputFields = d.input.fields
+	}
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
@@ -79,8 +85,9 @@ func (desc Description) Fingerprint() string {
 // FromDescription rebuilds a definition from its description. It has no
 // handlers: an engine client can start, read and repair sagas with it,
 // and the steps run in a process that has the definition's code. Its
-// input is checked as JSON (no duplicate or case-twin members), not
-// against the input type, which lives in that code.
+// input is checked as JSON (no duplicate or case-twin members) and, for
+// a struct input type, against the type's member names; the validator,
+// which lives in that code, does not run.
 func FromDescription(desc Description) (*Definition, error) {
 	steps := make([]Step, len(desc.Steps))
 	for i, s := range desc.Steps {
@@ -109,7 +116,7 @@ func FromDescription(desc Description) (*Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.inputName = desc.Input
+	d.inputName, d.inputFields = desc.Input, desc.InputFields
 	return d, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 
@@ -36,7 +37,10 @@ func (e *InputError) Unwrap() error { return ErrInvalidInput }
 // inputType is the declared input of a definition: its Go type and its
 // validator.
 type inputType struct {
-	typ      reflect.Type
+	typ reflect.Type
+	// fields are the JSON names of a struct type's members, nil for
+	// another type.
+	fields   []string
 	decode   func(raw []byte) (any, error)
 	validate func(v any) error
 }
@@ -46,14 +50,17 @@ type inputType struct {
 // the copy decodes its input strictly into In: a member that In does not
 // have, a member named twice, or one whose name differs from a field's
 // only in case is refused; then validate runs. The stored input, which
-// handlers decode, is In encoded again, so it holds exactly what was
-// checked.
+// handlers decode, is the checked JSON in canonical form (an In value
+// given to Start is encoded first). The type's member names go into the
+// definition's Description, so a process without its code refuses other
+// members too.
 //
 //	def := saga.WithInput(saga.MustNew("order", steps...), OrderInput.Validate)
 func WithInput[In any](d *Definition, validate func(In) error) *Definition {
 	c := *d
 	c.input = &inputType{
-		typ: reflect.TypeFor[In](),
+		typ:    reflect.TypeFor[In](),
+		fields: jsonFields(reflect.TypeFor[In]()),
 		decode: func(raw []byte) (any, error) {
 			var v In
 			err := jsonv2.Unmarshal(raw, &v, strictTyped)
@@ -139,7 +146,13 @@ func (d *Definition) Input(v any) (json.RawMessage, error) {
 		if err != nil {
 			return nil, bad("%s", describeDecodeError(err, d.input.typ))
 		}
-		return d.checked(typed)
+		if _, err := d.checked(typed); err != nil {
+			return nil, err
+		}
+		// What was sent, in canonical form, not the value encoded again:
+		// the same request hashes the same through a process that has
+		// only the definition's description.
+		return canonical(d.name, raw)
 	}
 	var tree any
 	if err := jsonv2.Unmarshal(raw, &tree, strictAny); err != nil {
@@ -148,11 +161,66 @@ func (d *Definition) Input(v any) (json.RawMessage, error) {
 	if path, a, b, ok := caseTwins(tree, "$"); ok {
 		return nil, bad("object %s has members %q and %q, which differ only in case; send one", path, a, b)
 	}
-	out, err := json.Marshal(tree)
+	if d.inputFields != nil {
+		obj, ok := tree.(map[string]any)
+		if !ok {
+			return nil, bad("it must be a JSON object with the members %s", strings.Join(d.inputFields, ", "))
+		}
+		for k := range obj {
+			if !slices.Contains(d.inputFields, k) {
+				return nil, bad("member /%s is not one of %s (names are matched exactly, case included)", k, strings.Join(d.inputFields, ", "))
+			}
+		}
+	}
+	return canonical(d.name, raw)
+}
+
+// canonical is CanonicalInput of already checked JSON: numbers kept as
+// written.
+func canonical(definition string, raw []byte) (json.RawMessage, error) {
+	out, err := CanonicalInput(json.RawMessage(raw))
 	if err != nil {
-		return nil, bad("cannot encode it as JSON: %v", err)
+		return nil, &InputError{Definition: definition, Problem: err.Error()}
 	}
 	return out, nil
+}
+
+// jsonFields returns the JSON member names encoding/json gives a struct
+// type's fields (embedded structs inlined), nil for another type.
+func jsonFields(t reflect.Type) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	names := []string{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "-" {
+			continue
+		}
+		if f.Anonymous && tag == "" {
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				names = append(names, jsonFields(ft)...)
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if tag == "" {
+			tag = f.Name
+		}
+		names = append(names, tag)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // checked validates a value of the input type and encodes it.

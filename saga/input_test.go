@@ -111,3 +111,29 @@ func TestDescriptionRoundTrip(t *testing.T) {
 	_, err = rebuilt.Step(0).Forward(context.Background(), &saga.StepContext{Definition: "pay"})
 	require.ErrorContains(t, err, "not in this process")
 }
+
+// TestInputThroughADescription: a definition rebuilt from its
+// description (a process without the code) refuses what the typed one
+// refuses by name, keeps numbers as written, and stores the same bytes
+// for the same request, so a retry through either entry is one saga.
+func TestInputThroughADescription(t *testing.T) {
+	t.Parallel()
+	_, typed := inputDefinition(t)
+	rebuilt, err := saga.FromDescription(typed.Describe())
+	require.NoError(t, err)
+	require.Equal(t, []string{"amount", "from", "note", "to"}, typed.Describe().InputFields)
+	for _, body := range []string{`{"from":1,"to":2,"AMOUNT":5}`, `{"from":1,"to":2,"amount":5,"admin":true}`, `[1,2]`} {
+		_, err := rebuilt.Input([]byte(body))
+		require.ErrorIs(t, err, saga.ErrInvalidInput, body)
+	}
+	for _, body := range []string{`{"from":1,"to":2,"amount":9007199254740993}`, `{ "to":2, "amount":5, "from":1 }`} {
+		a, err := typed.Input([]byte(body))
+		require.NoError(t, err, body)
+		b, err := rebuilt.Input([]byte(body))
+		require.NoError(t, err, body)
+		require.Equal(t, string(a), string(b), "one request, one stored form")
+	}
+	big, err := rebuilt.Input([]byte(`{"from":1,"to":2,"amount":9007199254740993}`))
+	require.NoError(t, err)
+	require.Contains(t, string(big), "9007199254740993", "numbers kept as written")
+}

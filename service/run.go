@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -139,6 +140,17 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// readyKind names, without detail, what a readiness check found.
+func readyKind(err error) string {
+	msg := err.Error()
+	for _, k := range []string{"not started", "database", "broker", "migrat"} {
+		if strings.Contains(msg, k) {
+			return map[string]string{"not started": "engine not started", "database": "database unreachable", "broker": "broker not connected", "migrat": "database not migrated"}[k]
+		}
+	}
+	return "engine not ready"
+}
+
 // opsServer serves the API, /metrics, /healthz and /readyz.
 type opsServer struct {
 	srv  *http.Server
@@ -171,8 +183,11 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if err := ready(ctx); err != nil {
+			// The reason goes to the log: it may name hosts and users,
+			// and /readyz is open.
+			log.Warn("not ready", "error", err)
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = fmt.Fprintf(w, "not ready: %v\n", err)
+			_, _ = fmt.Fprintf(w, "not ready: %s (the worker's log says why)\n", readyKind(err))
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))

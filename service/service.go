@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -199,9 +198,6 @@ func run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Write
 	}
 	if kctx == nil {
 		return nil // --help
-	}
-	if err := failpoint.FromEnv(); err != nil {
-		return &ExitError{Code: 2, Err: err}
 	}
 	if cfg.DefinitionsFunc != nil {
 		defs, err := cfg.DefinitionsFunc()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -10,6 +11,7 @@ import (
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/service"
 )
@@ -26,6 +28,15 @@ type exampleFlags struct {
 }
 
 var examples exampleFlags
+
+// The chaos and crash harnesses arm failpoints in the worker processes
+// they start; only this binary reads them.
+func init() {
+	if err := failpoint.FromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
+		os.Exit(2)
+	}
+}
 
 var commands = []service.Command{
 	{Name: "seed", Help: "Create the examples' accounts and products (after migrate), which reconcile checks money and stock against.", Cmd: &seedCmd{}},
