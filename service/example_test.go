@@ -22,8 +22,8 @@ var migrations embed.FS
 func Example() {
 	infra := exampleenv.New()
 	defer infra.Close()
-	os.Setenv("DATABASE_URL", infra.URL)
-	os.Setenv("NATS_URL", infra.NATSURL)
+	defer setenv("DATABASE_URL", infra.URL)()
+	defer setenv("NATS_URL", infra.NATSURL)()
 
 	greet := saga.MustNew("greet", saga.Step{Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 		Forward: saga.Handle(func(ctx context.Context, sc *saga.StepContext, in struct {
@@ -52,4 +52,18 @@ func Example() {
 	// deployment: stream IDEMSAGA, subject prefix idemsaga, lease grace 30s; definitions greet
 	// HOST  PID  STARTED  DEFINITIONS
 	// 0 live workers
+}
+
+// setenv sets an environment variable for the example and returns what
+// puts it back.
+func setenv(k, v string) func() {
+	old, had := os.LookupEnv(k)
+	os.Setenv(k, v)
+	return func() {
+		if had {
+			os.Setenv(k, old)
+		} else {
+			os.Unsetenv(k)
+		}
+	}
 }

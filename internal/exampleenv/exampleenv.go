@@ -46,12 +46,14 @@ func New() *Env {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	name := "idemsaga_example_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, adminURL())
+	// Read once: an example may point DATABASE_URL at this database.
+	server := adminURL()
+	admin, err := pgx.Connect(ctx, server)
 	must(err)
 	_, err = admin.Exec(ctx, "create database "+name)
 	must(err)
 	must(admin.Close(ctx))
-	cfg, err := pgxpool.ParseConfig(adminURL())
+	cfg, err := pgxpool.ParseConfig(server)
 	must(err)
 	cfg.ConnConfig.Database = name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -65,7 +67,7 @@ func New() *Env {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if admin, err := pgx.Connect(ctx, adminURL()); err == nil {
+		if admin, err := pgx.Connect(ctx, server); err == nil {
 			_, _ = admin.Exec(ctx, "drop database if exists "+name+" with (force)")
 			_ = admin.Close(ctx)
 		}
