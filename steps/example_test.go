@@ -20,7 +20,9 @@ func Example() {
 	defer infra.Close()
 	ctx := context.Background()
 	def := saga.MustNew("ping", saga.Step{Name: "ping", Reaches: "ponged", Kind: saga.DatabaseStep,
-		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return json.RawMessage(`"pong"`), nil }})
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+			return json.RawMessage(`"pong"`), nil
+		}})
 
 	w, err := steps.New(steps.Config{Pool: infra.Pool, NATS: infra.NATS, Definitions: []*saga.Definition{def}})
 	if err != nil {
