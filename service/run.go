@@ -143,10 +143,15 @@ func loopback(addr string) bool {
 // readyKind names, without detail, what a readiness check found.
 func readyKind(err error) string {
 	msg := err.Error()
-	for _, k := range []string{"not started", "database", "broker", "migrat"} {
-		if strings.Contains(msg, k) {
-			return map[string]string{"not started": "engine not started", "database": "database unreachable", "broker": "broker not connected", "migrat": "database not migrated"}[k]
-		}
+	switch {
+	case strings.Contains(msg, "not started"):
+		return "engine not started"
+	case strings.Contains(msg, "migrat"):
+		return "database not migrated"
+	case strings.Contains(msg, "database"):
+		return "database unreachable"
+	case strings.Contains(msg, "broker"):
+		return "broker not connected"
 	}
 	return "engine not ready"
 }
