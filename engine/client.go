@@ -295,7 +295,22 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		a.Key = saga.StepKey(sg.ID, a.Step, a.Phase)
 		sg.Attempts = append(sg.Attempts, a)
 	}
-	return arows.Err()
+	if err := arows.Err(); err != nil {
+		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
+	}
+	crows, err := cl.c.pool.Query(ctx, selectCallbacks, pguuid.Of(sg.ID))
+	if err != nil {
+		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
+	}
+	sg.Callbacks, err = pgx.CollectRows(crows, func(row pgx.CollectableRow) (saga.CallbackRecord, error) {
+		var cb saga.CallbackRecord
+		err := row.Scan(&cb.Step, &cb.EventID, &cb.Outcome, &cb.Failed, &cb.Result, &cb.Error, &cb.ReceivedAt, &cb.AppliedAt)
+		return cb, err
+	})
+	if err != nil {
+		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
+	}
+	return nil
 }
 
 // ListOptions filters List. Zero fields do not filter.

@@ -58,6 +58,10 @@ func judge(st stepRow, r wire.Reply) Verdict {
 		return VerdictApplied
 	case st.status == saga.StepSucceeded || st.status == saga.StepFailed || st.status == saga.StepRetrying:
 		return VerdictDuplicate
+	case st.status == saga.StepWaiting:
+		// Only its callback moves a waiting step; its own attempt's
+		// outcome was applied when it began to wait.
+		return VerdictDuplicate
 	default:
 		return VerdictApplied
 	}
@@ -143,6 +147,9 @@ func (c *core) apply(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def
 	retryable := r.Outcome == wire.OutcomeRetry || r.Outcome == wire.OutcomeUnknown
 	possiblyDone := st.possiblyDone || r.Outcome == wire.OutcomeUnknown
 	switch {
+	case r.Outcome == wire.OutcomeWaiting:
+		return c.wait(ctx, tx, sg, def, idx, r.Attempt, fx)
+
 	case r.Outcome == wire.OutcomeSucceeded:
 		m, err := c.successMove(sg, def, idx, r.Phase, r.Attempt, r.Result)
 		if err != nil {

@@ -151,6 +151,12 @@ where st.status = 'dispatched' and st.lease_until < idemsaga.now()
   and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
 order by st.lease_until limit $1`
 
+	// expiredWaits finds callback steps whose wait ran out.
+	expiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
+where st.status = 'waiting' and st.lease_until < idemsaga.now()
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+order by st.lease_until limit $1`
+
 	// lockSagaOfStep locks the saga of a step first (every writer takes
 	// the same order: saga, then step), skipping a saga another process
 	// holds.
@@ -158,7 +164,8 @@ order by st.lease_until limit $1`
 
 	selectStepForReap = `select step_index, phase::text, status::text, attempt, possibly_done,
 (status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
-(status = 'dispatched' and lease_until < idemsaga.now()) as expired
+(status = 'dispatched' and lease_until < idemsaga.now()) as expired,
+(status = 'waiting' and lease_until < idemsaga.now()) as waited
 from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 
 	// settleRead reads what the inbox holds for a step being settled, once
@@ -169,15 +176,16 @@ from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 // settleTombstone fences a step the engine gives up, if no attempt holds
 // its key ($5, its advisory lock, tried without waiting): a tombstone, so
 // once the transaction commits no delivery of the step's command can take
-// effect. An external call still marked started becomes unknown. It
-// returns whether the key was free.
+// effect. An external call still marked started, or a callback step's
+// request still waiting for its callback, becomes unknown. It returns
+// whether the key was free.
 var settleTombstone = fmt.Sprintf(`with l as (
   select pg_try_advisory_xact_lock(%d, $5) as got
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
   select $1, $2, $3, $4::text, 0, 'tombstone' from l where l.got
-  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome = 'started'
-  where x.outcome in ('started', 'retry')
+  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  where x.outcome in ('started', 'retry', 'waiting')
 )
 select got from l`, attempt.LockClass)
 
@@ -189,8 +197,8 @@ var settleTombstoneForCancel = fmt.Sprintf(`with l as (
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
   select $1, $2, $3, $4::text, 0, 'tombstone' from l where l.got
-  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome = 'started'
-  where x.outcome = 'retry' or (x.outcome = 'started' and not exists (
+  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  where x.outcome in ('retry', 'waiting') or (x.outcome = 'started' and not exists (
     select 1 from idemsaga.steps st where st.saga_id = $1 and st.key = $2 and st.status = 'dispatched' and st.lease_until > idemsaga.now()))
 )
 select got from l`, attempt.LockClass)
@@ -222,7 +230,8 @@ where ($1 = '' or s.definition = $1)
   and (not $4 or (s.finished_at is null and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
-          or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')))))
+          or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')
+          or (st.status = 'waiting' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')))))
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
 order by s.created_at desc, s.id desc
 limit $6`
@@ -248,3 +257,60 @@ const retryFailedStep = `with cur as (
   on conflict (saga_id, step, phase, attempt) do nothing
 )
 select attempt from r`
+
+// The callback steps' statements (callback.go).
+const (
+	// selectCallback reads an event already received for a step.
+	selectCallback = `select saga_id, body_hash, outcome, detail, received_at from idemsaga.callbacks
+where definition = $1 and step = $2 and event_id = $3`
+
+	// insertCallback records a new event; an event id taken meanwhile
+	// inserts nothing and returns no row.
+	insertCallback = `insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, result, error, outcome, detail, applied_at)
+values ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, case when $9 = 'applied' then idemsaga.now() end)
+on conflict (definition, step, event_id) do nothing
+returning received_at`
+
+	// completeWaiting records a callback's outcome under a waiting step's
+	// key ($2), fenced on the attempt ($3) still waiting. The saga's lock
+	// rules out a miss.
+	completeWaiting = `with c as (
+  update idemsaga.inbox set outcome = $4::text, result = $5::jsonb, error = $6::text
+  where saga_id = $1 and step_key = $2 and attempt = $3 and outcome = 'waiting'
+  returning 1
+)
+select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`
+
+	// waitForCallback makes a callback step wait for its callback until
+	// its deadline ($4 milliseconds from now), fenced by the attempt and
+	// the saga's version ($5), which it bumps.
+	waitForCallback = `with st as (
+  update idemsaga.steps set status = 'waiting', lease_until = idemsaga.now() + $4 * interval '1 millisecond',
+    next_attempt_at = null, updated_at = idemsaga.now()
+  where saga_id = $1 and step = $2 and phase = 'forward' and attempt = $3 and status in ('dispatched', 'retrying')
+  returning saga_id
+), s as (
+  update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()
+  where id = $1 and version = $5 and exists (select from st)
+  returning id
+)
+select case when not exists (select from s) then idemsaga.invariant_broken('a callback step could not begin to wait') end`
+
+	// firstPendingCallback finds the first callback kept for a step
+	// before it waited.
+	firstPendingCallback = `select event_id, failed, result, coalesce(error, '') from idemsaga.callbacks
+where saga_id = $1 and definition = $2 and step = $3 and outcome = 'pending'
+order by received_at, event_id limit 1`
+
+	// applyPendingCallback marks the pending callback applied, and the
+	// step's other pending ones superseded.
+	applyPendingCallback = `update idemsaga.callbacks set
+  outcome = case when event_id = $3 then 'applied' else 'superseded' end,
+  detail = case when event_id = $3 then $4 else 'another event completed the step first; this one changes nothing' end,
+  applied_at = case when event_id = $3 then idemsaga.now() end
+where definition = $1 and step = $2 and outcome = 'pending' and saga_id = $5`
+
+	// selectCallbacks lists a saga's callbacks, for inspection.
+	selectCallbacks = `select step, event_id, outcome, failed, result, coalesce(error, ''), received_at, applied_at
+from idemsaga.callbacks where saga_id = $1 order by received_at, event_id`
+)

@@ -26,7 +26,7 @@ type stepID struct {
 // moved. Many processes may run it at once: each candidate is re-checked
 // under its saga's row lock, and every write is fenced by the attempt.
 func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
-	// Both looks travel in one round trip: most passes find nothing, and
+	// The looks travel in one round trip: most passes find nothing, and
 	// an idle process makes one every ReapInterval.
 	var due []stepID
 	b := &pgx.Batch{}
@@ -34,7 +34,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	for n := range c.defs {
 		names = append(names, n)
 	}
-	for _, q := range []string{dueRetries, expiredLeases} {
+	for _, q := range []string{dueRetries, expiredLeases, expiredWaits} {
 		b.Queue(q, limit, names).Query(func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
 				var id stepID
@@ -78,7 +78,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, found bool
+	var due, expired, waited, found bool
 	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
@@ -88,7 +88,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(selectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &waited)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -98,7 +98,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	if err := tx.Flush(ctx); err != nil {
 		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
-	if sg == nil || !found || !due && !expired {
+	if sg == nil || !found || !due && !expired && !waited {
 		return false, nil // held by another process, gone, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
@@ -111,6 +111,18 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	fx := &effects{}
 
 	switch {
+	case waited:
+		// A callback step's request was accepted and no callback came
+		// within its wait: it may have taken effect, so it is given up
+		// as possibly done.
+		reason := fmt.Sprintf("no callback within %s of its request (attempt %d)", step.Wait, st.attempt)
+		if err := c.giveUp(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, true, fx); err != nil {
+			if errors.Is(err, attempt.ErrBusy) {
+				return false, nil
+			}
+			return false, err
+		}
+		c.metrics.CallbackWaitsExpired.WithLabelValues(def.Name(), step.Name).Inc()
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next
 		// attempt goes out with the same key.

@@ -94,14 +94,14 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	}{
 		{"running (state %s) with no step in flight: stuck", `select s.id, s.state from idemsaga.sagas s
 where s.finished_at is null and not exists (
-  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))`, nil},
+  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))`, nil},
 		{"has several steps in flight: %s", `select s.id, string_agg(st.step || '/' || st.phase, ', ' order by st.step)
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where st.status in ('dispatched', 'retrying')
+where st.status in ('dispatched', 'retrying', 'waiting')
 group by s.id having count(*) > 1`, nil},
 		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where s.finished_at is not null and st.status in ('dispatched', 'retrying')`, nil},
+where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, nil},
 		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
 		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `

@@ -158,11 +158,11 @@ func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
   case when st.status = 'dispatched' and st.lease_until > idemsaga.now() and i.outcome = 'started' then st.lease_until end
 from idemsaga.steps st
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', 'retrying')`, pguuid.Of(id)).Scan(&step, &idx, &attemptNo, &possiblyDone, &calling)
+where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', 'retrying', 'waiting')`, pguuid.Of(id)).Scan(&step, &idx, &attemptNo, &possiblyDone, &calling)
 		if err != nil {
 			return fmt.Errorf("idemsaga: cancel saga %s: find the step in flight: %w", id, err)
 		}
-		if calling != nil && def.Step(idx).Kind == saga.ExternalStep {
+		if calling != nil && def.Step(idx).Kind != saga.DatabaseStep {
 			// Its undo would race the call: the other system could take
 			// the call after the compensation. Its outcome comes within
 			// its lease.

@@ -156,7 +156,7 @@ where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
   and (s.state not in ('failed', 'parked') or $3::bool)
   and not exists (
     select 1 from idemsaga.steps st
-    where st.saga_id = s.id and st.status in ('dispatched', 'retrying'))
+    where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))
   and not exists (
     select 1 from idemsaga.outbox o
     where o.saga_id = s.id and o.published_at is null)

@@ -36,8 +36,10 @@ create domain idemsaga.phase as text
 create domain idemsaga.state_name as text
     constraint state_name_valid check (length(value) between 1 and 64);
 
+-- waiting: a callback step's request was accepted; it waits for the
+-- other system's callback until lease_until, the wait's deadline.
 create domain idemsaga.step_status as text
-    constraint step_status_known check (value in ('dispatched', 'retrying', 'succeeded', 'failed'));
+    constraint step_status_known check (value in ('dispatched', 'retrying', 'waiting', 'succeeded', 'failed'));
 
 -- What the inbox holds for a step key. Final: succeeded, failed (a
 -- permanent failure, or attempts exhausted), tombstone (given up or
@@ -45,9 +47,10 @@ create domain idemsaga.step_status as text
 -- for external steps only: started (the attempt in "attempt" claimed its
 -- call and recorded no outcome yet: it is calling, or its process died)
 -- and retry (that attempt ended without effect, or with an unknown
--- outcome; another attempt may start).
+-- outcome; another attempt may start); for callback steps, waiting (the
+-- attempt's request was accepted; its callback decides).
 create domain idemsaga.inbox_outcome as text
-    constraint inbox_outcome_known check (value in ('started', 'retry', 'succeeded', 'failed', 'tombstone'));
+    constraint inbox_outcome_known check (value in ('started', 'retry', 'waiting', 'succeeded', 'failed', 'tombstone'));
 
 create domain idemsaga.attempt_outcome as text
     constraint attempt_outcome_known check (value in ('succeeded', 'failed', 'retry', 'unknown', 'lease expired'));
@@ -107,6 +110,8 @@ create table idemsaga.steps (
 -- The reaper's two hot queries: expired leases and due retries.
 create index steps_lease_idx on idemsaga.steps (lease_until) where status = 'dispatched';
 create index steps_due_idx on idemsaga.steps (next_attempt_at) where status = 'retrying';
+-- And a third, for callback steps: waits past their deadline.
+create index steps_wait_idx on idemsaga.steps (lease_until) where status = 'waiting';
 
 -- Attempts that did not end as the step's last word: a retry scheduled, a
 -- lease expired, an outcome unknown, or one an operator's retry re-opened.
@@ -237,3 +242,31 @@ create table idemsaga.repairs (
     created_at   timestamptz not null default idemsaga.now(),
     primary key (saga_id, request_key)
 );
+
+-- Every callback received for a callback step, under the other system's
+-- own id for the event (a payment channel's transaction number). The
+-- primary key is the adjudicator: the first delivery of an event inserts
+-- its row and, under the saga's lock, completes the step with a
+-- conditional update; every later delivery finds the row and is answered
+-- from it, and one with another body (body_hash) is refused. A callback
+-- that came before the step's request was recorded stays pending and is
+-- applied in the transaction that makes the step wait; one for a step
+-- that no longer waits is kept as late, for a person, and reopens
+-- nothing. Deleted with its saga.
+create table idemsaga.callbacks (
+    definition  text not null,
+    step        text not null,
+    event_id    text not null,
+    saga_id     uuid not null references idemsaga.sagas (id) on delete cascade,
+    body_hash   bytea not null,
+    failed      boolean not null,
+    result      jsonb,
+    error       text,
+    outcome     text not null check (outcome in ('applied', 'pending', 'late', 'superseded')),
+    detail      text not null,
+    received_at timestamptz not null default idemsaga.now(),
+    applied_at  timestamptz,
+    primary key (definition, step, event_id)
+);
+
+create index callbacks_saga_idx on idemsaga.callbacks (saga_id, step);

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"time"
 )
 
 // HandlerFunc runs one attempt of one phase of a step. It receives the
@@ -37,15 +38,29 @@ const (
 	// have taken effect. A step with such an attempt is possibly done, and
 	// when it is given up its own compensation runs first (see Step).
 	ExternalStep
+	// CallbackStep: the step's forward handler sends a request to another
+	// system, as an ExternalStep does (passing StepContext.Key as its
+	// idempotency key and StepContext.CallbackToken() as where to answer),
+	// and the step then waits until that system calls back
+	// (engine.Client.Complete, or POST /v1/callbacks/{token}). The
+	// callback's result is the step's result; the handler's own result
+	// only says the request was accepted. A callback delivered again, by
+	// the other system's retries or a person's replay, is absorbed under
+	// its event id. A step that heard nothing within Step.Wait of its
+	// request is possibly done and given up. Its compensation is an
+	// external call.
+	CallbackStep
 )
 
-// String returns "database" or "external".
+// String returns "database", "external" or "callback".
 func (k StepKind) String() string {
 	switch k {
 	case DatabaseStep:
 		return "database"
 	case ExternalStep:
 		return "external"
+	case CallbackStep:
+		return "callback"
 	}
 	return fmt.Sprintf("StepKind(%d)", int(k))
 }
@@ -68,8 +83,8 @@ type Step struct {
 	// Reaches is the saga state once this step's forward action succeeded,
 	// such as "deducted". Unique within the definition.
 	Reaches State
-	// Kind says how the step takes effect: DatabaseStep or ExternalStep.
-	// It applies to both phases. Required.
+	// Kind says how the step takes effect: DatabaseStep, ExternalStep or
+	// CallbackStep. It applies to both phases. Required.
 	Kind StepKind
 	// Forward performs the step. Required.
 	Forward HandlerFunc
@@ -81,7 +96,20 @@ type Step struct {
 	// CompensateRetry governs Compensate. Zero fields take the defaults.
 	// When its attempts run out the saga ends in StateFailed.
 	CompensateRetry RetryPolicy
+	// Wait, for a CallbackStep only, is how long the step waits for its
+	// callback once its request was accepted, measured on the database's
+	// clock; past it the step is given up as possibly done. Defaults to
+	// CallbackWaitDefault; at most CallbackWaitMax.
+	Wait time.Duration
 }
+
+// CallbackWaitDefault is how long a CallbackStep waits for its callback
+// when its Step.Wait is zero.
+const CallbackWaitDefault = 24 * time.Hour
+
+// CallbackWaitMax bounds Step.Wait: a wait past it is more likely a unit
+// mistake than a callback anyone still expects.
+const CallbackWaitMax = 90 * 24 * time.Hour
 
 // Definition is a named, ordered list of steps. Build one with New; it is
 // immutable afterwards and safe for concurrent use.
@@ -140,8 +168,16 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		if other, dup := reached[s.Reaches]; dup {
 			return nil, bad(field+".Reaches", "state %q is already reached by step %q", s.Reaches, other)
 		}
-		if s.Kind != DatabaseStep && s.Kind != ExternalStep {
-			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx) or saga.ExternalStep (it calls another system with sc.Key)", s.Name)
+		if s.Kind != DatabaseStep && s.Kind != ExternalStep && s.Kind != CallbackStep {
+			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx), saga.ExternalStep (it calls another system with sc.Key) or saga.CallbackStep (it sends a request and waits for the other system's callback)", s.Name)
+		}
+		switch {
+		case s.Kind != CallbackStep && s.Wait != 0:
+			return nil, bad(field+".Wait", "step %q is a %s step; only a saga.CallbackStep waits (remove Wait)", s.Name, s.Kind)
+		case s.Kind == CallbackStep && s.Wait == 0:
+			s.Wait = CallbackWaitDefault
+		case s.Kind == CallbackStep && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
+			return nil, bad(field+".Wait", "step %q waits %s; give between 1s and %s", s.Name, s.Wait, CallbackWaitMax)
 		}
 		if s.Forward == nil && !described {
 			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)

@@ -30,6 +30,8 @@ type StepDescription struct {
 	Compensates     bool              `json:"compensates"`
 	Retry           PolicyDescription `json:"retry"`
 	CompensateRetry PolicyDescription `json:"compensate_retry"`
+	// Wait is a callback step's Step.Wait.
+	Wait string `json:"wait,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -71,6 +73,9 @@ func (d *Definition) Describe() Description {
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
+		if s.Kind == CallbackStep {
+			desc.Steps[i].Wait = s.Wait.String()
+		}
 	}
 	return desc
 }
@@ -97,6 +102,13 @@ func FromDescription(desc Description) (*Definition, error) {
 			st.Kind = DatabaseStep
 		case ExternalStep.String():
 			st.Kind = ExternalStep
+		case CallbackStep.String():
+			st.Kind = CallbackStep
+			w, err := time.ParseDuration(s.Wait)
+			if err != nil {
+				return nil, fmt.Errorf("%w: description of %q: step %q: wait %q: %v", ErrInvalidDefinition, desc.Name, s.Name, s.Wait, err)
+			}
+			st.Wait = w
 		default:
 			return nil, fmt.Errorf("%w: description of %q: step %q has kind %q", ErrInvalidDefinition, desc.Name, s.Name, s.Kind)
 		}

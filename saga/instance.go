@@ -26,6 +26,28 @@ type Instance struct {
 	// Attempts is the timeline: every attempt of every step execution in
 	// dispatch order, filled by inspection calls only.
 	Attempts []StepAttempt `json:"attempts,omitempty"`
+	// Callbacks lists the callbacks received for the saga's callback
+	// steps, filled by inspection calls only.
+	Callbacks []CallbackRecord `json:"callbacks,omitempty"`
+}
+
+// CallbackRecord is one callback received for a CallbackStep, as stored
+// under its event id.
+type CallbackRecord struct {
+	Step    string `json:"step"`
+	EventID string `json:"event_id"`
+	// Outcome is what the callback did: applied (it completed the step),
+	// pending (it came before the step's request was recorded, and is
+	// applied when the step waits), late (the step was not waiting any
+	// more: given up, compensated or cancelled) or superseded (another
+	// event completed the step first).
+	Outcome string `json:"outcome"`
+	// Failed is set for a callback that reported the request refused.
+	Failed     bool            `json:"failed,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	ReceivedAt time.Time       `json:"received_at"`
+	AppliedAt  *time.Time      `json:"applied_at,omitempty"`
 }
 
 // StepAttempt is one attempt of one step execution.

@@ -56,6 +56,10 @@ const (
 	// StepRetrying: the last attempt failed; the next one is due at a
 	// durable time.
 	StepRetrying StepStatus = "retrying"
+	// StepWaiting: a CallbackStep's request was accepted, and the step
+	// waits for the other system's callback until its lease (the wait's
+	// deadline).
+	StepWaiting StepStatus = "waiting"
 	// StepSucceeded is terminal.
 	StepSucceeded StepStatus = "succeeded"
 	// StepFailed is terminal: a permanent error, retries exhausted, or a

@@ -237,7 +237,7 @@ func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, idle bool) bool {
 	err := e.Pool.QueryRow(ctx, `select min(due) - idemsaga.now() from (
   select next_attempt_at as due from idemsaga.steps where saga_id = $1 and status = 'retrying'
   union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status = 'dispatched' and $2
+  select lease_until from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'waiting') and $2
     and not exists (select 1 from idemsaga.outbox where saga_id = $1 and published_at is null)
 ) d`, id, leases).Scan(&wait)
 	if err != nil {

@@ -107,6 +107,12 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wi
 	w := write{lead: leadExternal, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
 	var m *Move
 	switch {
+	case herr == nil && a.step.Kind == saga.CallbackStep && a.cmd.Phase == saga.PhaseForward:
+		// The request was accepted: the step waits for its callback, which
+		// decides. The orchestrator makes the step wait, and applies a
+		// callback that came first.
+		reply.Outcome, reply.Result = wire.OutcomeWaiting, result
+		w.inboxOutcome, w.result = "waiting", result
 	case herr == nil:
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		w.inboxOutcome, w.result = "succeeded", result

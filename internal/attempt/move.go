@@ -331,7 +331,7 @@ func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) 
 
 	status := "status = 'dispatched'"
 	if sh.fence == fenceLocked {
-		status = "status in ('dispatched', 'retrying')"
+		status = "status in ('dispatched', 'retrying', 'waiting')"
 	}
 	stStatus := b.p(string(m.Status))
 	stErr := b.p(nullText(m.StepError))

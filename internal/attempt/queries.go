@@ -46,12 +46,13 @@ on conflict (saga_id, step_key) do update
 	// fenceForward comes first in a compensation: the forward key's row
 	// becomes a tombstone unless its outcome is final, so no late delivery
 	// of the forward command can take effect after this. A forward call
-	// still marked started is possibly done (unknown).
+	// still marked started, or a callback step's request that waits for
+	// its callback, is possibly done (unknown).
 	fenceForward = `insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, 'forward', 0, 'tombstone' from idemsaga.sagas s where s.id = $1
 on conflict (saga_id, step_key) do update
-  set outcome = 'tombstone', unknown = x.unknown or x.outcome = 'started'
-  where x.outcome in ('started', 'retry')`
+  set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  where x.outcome in ('started', 'retry', 'waiting')`
 
 	// readStored reads what the inbox holds for a key: a duplicate's
 	// answer, a forward step's outcome for its compensation. A success

@@ -348,7 +348,7 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 	defer release()
 	start := time.Now()
 	var reply wire.Reply
-	if a.plan.Kind == saga.ExternalStep {
+	if a.plan.Kind != saga.DatabaseStep {
 		reply, err = a.external(ctx)
 	} else {
 		reply, err = a.database(ctx)

@@ -137,7 +137,7 @@ func (a *attempt) sagaGone() (wire.Reply, error) {
 // writes (a step whose kind changed between builds, with attempts of both
 // in flight).
 func (a *attempt) checkKind(st stored) error {
-	if a.step.Kind == saga.DatabaseStep && (st.outcome == "started" || st.outcome == "retry") {
+	if a.step.Kind == saga.DatabaseStep && (st.outcome == "started" || st.outcome == "retry" || st.outcome == "waiting") {
 		return fmt.Errorf("step %q is a database step, but its key's inbox row says %q, as an external step's does; deploy one definition to every worker", a.cmd.Step, st.outcome)
 	}
 	return nil

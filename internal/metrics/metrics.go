@@ -20,6 +20,8 @@ const (
 	// LayerRecent: a step worker remembered answering the same attempt.
 	LayerRecent       = "recent"
 	LayerOrchestrator = "orchestrator"
+	// LayerCallback: a callback step's event delivered again.
+	LayerCallback = "callback"
 )
 
 // Metrics is the set of collectors one engine updates.
@@ -38,6 +40,10 @@ type Metrics struct {
 	RelayBatchSeconds prometheus.Histogram
 	Deliveries        *prometheus.CounterVec
 	UniqueConflicts   *prometheus.CounterVec
+	// Callbacks counts callbacks received, by outcome; duplicates
+	// (an event delivered again) count under LayerCallback too.
+	Callbacks            *prometheus.CounterVec
+	CallbackWaitsExpired *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -72,7 +78,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"definition", "step", "phase"}),
 		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "duplicates_absorbed_total",
-			Help: "Duplicates absorbed, by layer: start (same key and input), broker (Nats-Msg-Id), recent (a step worker remembered the attempt), inbox (step key), orchestrator (reply already applied).",
+			Help: "Duplicates absorbed, by layer: start (same key and input), broker (Nats-Msg-Id), recent (a step worker remembered the attempt), inbox (step key), orchestrator (reply already applied), callback (a callback's event id).",
 		}, []string{"layer"}),
 		StaleReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "stale_replies_total",
@@ -98,12 +104,20 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.Deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "deliveries_total",
-		Help: "Requests seen by each dedup layer: start calls (start), rows published (broker), commands handled (inbox), replies handled (orchestrator). The hit rate of a layer is duplicates_absorbed_total / deliveries_total.",
+		Help: "Requests seen by each dedup layer: start calls (start), rows published (broker), commands handled (inbox), replies handled (orchestrator), callbacks received (callback). The hit rate of a layer is duplicates_absorbed_total / deliveries_total.",
 	}, []string{"layer"})
 	m.UniqueConflicts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "unique_conflicts_total",
 		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
 	}, []string{"table"})
+	m.Callbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "callbacks_total",
+		Help: "Callbacks received for callback steps, by outcome: applied (completed the step), pending (came before the step's request was recorded; applied when it is), late (the step no longer waited: look at the saga), superseded (another event completed the step), duplicate (an event delivered again, answered from its record).",
+	}, []string{"definition", "step", "outcome"})
+	m.CallbackWaitsExpired = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "callback_waits_expired_total",
+		Help: "Callback steps given up, as possibly done, because no callback came within their wait.",
+	}, []string{"definition", "step"})
 	if reg == nil {
 		return m, nil
 	}
@@ -111,7 +125,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts,
+		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

@@ -47,6 +47,9 @@ const (
 	// outcome (a timeout, a transport error): it may have taken effect.
 	// It is retried as a retry is, and makes the step possibly done.
 	OutcomeUnknown Outcome = "unknown"
+	// OutcomeWaiting: a callback step's request was accepted; the step
+	// waits for the other system's callback.
+	OutcomeWaiting Outcome = "waiting"
 )
 
 // Reply reports the outcome of one attempt back to the orchestrator.
@@ -92,7 +95,7 @@ func DecodeReply(b []byte) (Reply, error) {
 		return r, fmt.Errorf("decode reply: missing or invalid field in %s", truncate(b))
 	}
 	switch r.Outcome {
-	case OutcomeSucceeded, OutcomeFailed, OutcomeRetry, OutcomeUnknown:
+	case OutcomeSucceeded, OutcomeFailed, OutcomeRetry, OutcomeUnknown, OutcomeWaiting:
 	default:
 		return r, fmt.Errorf("decode reply: unknown outcome %q", r.Outcome)
 	}

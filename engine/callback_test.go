@@ -1,0 +1,299 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/sagatest"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// channel is a payment channel that takes requests and answers by
+// callback: it counts requests per key and records what it was asked to
+// refund.
+type channel struct {
+	mu       sync.Mutex
+	requests map[uuid.UUID]int
+	refunds  map[uuid.UUID]int
+	tokens   chan string
+	// before, if set, runs inside the request before it is accepted (a
+	// callback that races the answer).
+	before func(token string)
+}
+
+func newChannel() *channel {
+	return &channel{requests: map[uuid.UUID]int{}, refunds: map[uuid.UUID]int{}, tokens: make(chan string, 100)}
+}
+
+func (ch *channel) definition(t *testing.T, wait time.Duration) *saga.Definition {
+	t.Helper()
+	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	d, err := saga.New("pay", saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop, Retry: fastPolicy},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.CallbackStep, Wait: wait, Retry: fastPolicy, CompensateRetry: fastPolicy,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				if ch.before != nil {
+					ch.before(sc.CallbackToken())
+				}
+				ch.mu.Lock()
+				ch.requests[sc.Key]++
+				ch.mu.Unlock()
+				ch.tokens <- sc.CallbackToken()
+				return json.RawMessage(`{"accepted":true}`), nil
+			},
+			Compensate: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				ch.mu.Lock()
+				ch.refunds[sc.ForwardKey]++
+				ch.mu.Unlock()
+				return nil, nil
+			}},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.DatabaseStep, Retry: fastPolicy,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				var paid struct{ Txn string }
+				if ok, err := sc.DecodeResult("charge", &paid); err != nil || !ok {
+					return nil, saga.Permanent(fmt.Errorf("no charge result: %v", err))
+				}
+				return json.Marshal(map[string]string{"shipped_for": paid.Txn})
+			}})
+	require.NoError(t, err)
+	return d
+}
+
+func (ch *channel) token(t *testing.T) string {
+	t.Helper()
+	select {
+	case tok := <-ch.tokens:
+		return tok
+	case <-time.After(30 * time.Second):
+		t.Fatal("the callback step sent no request")
+		return ""
+	}
+}
+
+// waitStatus waits until step of saga id has status.
+func waitStatus(t *testing.T, env *sagatest.Env, id uuid.UUID, step string, status saga.StepStatus) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var s string
+		err := env.Pool.QueryRow(context.Background(), `select status from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`, id, step).Scan(&s)
+		return err == nil && s == string(status)
+	}, 30*time.Second, 5*time.Millisecond)
+}
+
+func TestCallbackDeliveredTenTimesConcurrently(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-1", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+
+	// The channel calls back ten times at once with its transaction
+	// number, and once more later with another event for the same step.
+	const n = 10
+	results := make([]engine.CallbackResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-42", Result: json.RawMessage(`{"Txn": "txn-42"}`)})
+		}()
+	}
+	wg.Wait()
+	applied := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, engine.CallbackApplied, results[i].Outcome)
+		if !results[i].Replayed {
+			applied++
+		}
+	}
+	require.Equal(t, 1, applied, "exactly one delivery decides")
+
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.JSONEq(t, `{"shipped_for":"txn-42"}`, string(sg.Results["ship"]))
+	require.JSONEq(t, `{"Txn":"txn-42"}`, string(sg.Results["charge"]))
+	require.Len(t, sg.Callbacks, 1)
+	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+
+	// Once more, same body with other spacing: a replay. Another body:
+	// refused. Another event for the completed step: superseded.
+	again, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-42", Result: json.RawMessage(`{ "Txn":"txn-42" }`)})
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	_, err = env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-42", Result: json.RawMessage(`{"Txn":"txn-43"}`)})
+	require.ErrorIs(t, err, engine.ErrCallbackReused)
+	other, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-99", Result: json.RawMessage(`{"Txn":"txn-99"}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackLate, other.Outcome, "the saga finished")
+
+	sg, err = env.Client.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Len(t, sg.Callbacks, 2)
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.Equal(t, 1, ch.requests[saga.StepKey(res.ID, "charge", saga.PhaseForward)])
+	diffs, err := engine.Reconcile(ctx, env.Pool, []*saga.Definition{def}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+}
+
+func TestCallbackBeforeTheRequestIsRecorded(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	var env *sagatest.Env
+	var first atomic.Bool
+	// The channel calls back (twice) from inside the request, before the
+	// step has recorded that its request was accepted.
+	ch.before = func(token string) {
+		if !first.CompareAndSwap(false, true) {
+			return
+		}
+		for range 2 {
+			r, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: "early", Result: json.RawMessage(`{"Txn":"early"}`)})
+			if err != nil || r.Outcome != engine.CallbackPending {
+				panic(fmt.Sprintf("early callback: %+v %v", r, err))
+			}
+		}
+	}
+	def := ch.definition(t, 0)
+	env = sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	sg := env.Run(t, def, "order-early", map[string]int{"amount": 5})
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.JSONEq(t, `{"shipped_for":"early"}`, string(sg.Results["ship"]))
+	require.Len(t, sg.Callbacks, 1)
+	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+	require.NotNil(t, sg.Callbacks[0].AppliedAt)
+}
+
+func TestCallbackRefusalCompensates(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-refused", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	r, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "declined-1", Error: "card declined"})
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackApplied, r.Outcome)
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Contains(t, sg.Error, "card declined")
+	// Refused: nothing happened at the channel, so no refund of it.
+	require.Zero(t, ch.refunds[saga.StepKey(res.ID, "charge", saga.PhaseForward)])
+}
+
+func TestCallbackWaitRunsOut(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, time.Hour)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-silent", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+
+	// No callback within the hour (on the test clock): possibly done, so
+	// its own compensation runs first, under the forward key.
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Contains(t, sg.Error, "no callback within 1h0m0s")
+	fwd := saga.StepKey(res.ID, "charge", saga.PhaseForward)
+	require.Equal(t, 1, ch.refunds[fwd])
+	for _, st := range sg.Steps {
+		if st.Step == "charge" && st.Phase == saga.PhaseForward {
+			require.True(t, st.PossiblyDone)
+		}
+	}
+
+	// The channel answers after all: late, recorded, nothing reopened.
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-late", Result: json.RawMessage(`{"Txn":"txn-late"}`)})
+			require.NoError(t, err)
+			require.Equal(t, engine.CallbackLate, r.Outcome)
+			require.Equal(t, saga.StateCompensated, r.State)
+		}()
+	}
+	wg.Wait()
+	sg, err = env.Client.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Len(t, sg.Callbacks, 1)
+	require.Equal(t, engine.CallbackLate, sg.Callbacks[0].Outcome)
+	require.Equal(t, 1, ch.refunds[fwd])
+}
+
+func TestCancelAWaitingStepCompensatesIt(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-cancel", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	_, err = env.Client.Cancel(ctx, res.ID, engine.Repair{Reason: "customer left"})
+	require.NoError(t, err)
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Equal(t, 1, ch.refunds[saga.StepKey(res.ID, "charge", saga.PhaseForward)], "a request sent may have taken effect")
+	r, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-after-cancel"})
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackLate, r.Outcome)
+}
+
+func TestCompleteRefusals(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-bad", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	for name, tc := range map[string]struct {
+		cb   engine.Callback
+		want error
+	}{
+		"bad token":      {engine.Callback{Token: "nope", EventID: "e"}, saga.ErrInvalidCallbackToken},
+		"unknown saga":   {engine.Callback{Token: saga.CallbackToken(uuid.Must(uuid.NewV7()), "charge"), EventID: "e"}, saga.ErrNotFound},
+		"unknown step":   {engine.Callback{Token: saga.CallbackToken(res.ID, "nope"), EventID: "e"}, saga.ErrNotFound},
+		"not a callback": {engine.Callback{Token: saga.CallbackToken(res.ID, "reserve"), EventID: "e"}, engine.ErrNotCallbackStep},
+		"no event id":    {engine.Callback{Token: token}, engine.ErrInvalidCallback},
+		"bad event id":   {engine.Callback{Token: token, EventID: " e"}, engine.ErrInvalidCallback},
+		"bad result":     {engine.Callback{Token: token, EventID: "e", Result: json.RawMessage(`{"a":`)}, engine.ErrInvalidCallback},
+		"both":           {engine.Callback{Token: token, EventID: "e", Result: json.RawMessage(`{}`), Error: "x"}, engine.ErrInvalidCallback},
+	} {
+		_, err := env.Client.Complete(ctx, tc.cb)
+		require.ErrorIs(t, err, tc.want, name)
+	}
+	var n int
+	require.NoError(t, env.Pool.QueryRow(ctx, `select count(*) from idemsaga.callbacks`).Scan(&n))
+	require.Zero(t, n, "refusals write nothing")
+	sg, err := env.Client.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.State("reserved"), sg.State)
+}
