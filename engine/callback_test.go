@@ -297,3 +297,72 @@ func TestCompleteRefusals(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, saga.State("reserved"), sg.State)
 }
+
+func TestCallbackSurvivesALostRequestOutcome(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	var env *sagatest.Env
+	var first atomic.Bool
+	ch.before = func(token string) {
+		if first.CompareAndSwap(false, true) {
+			if _, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: "txn-7", Result: json.RawMessage(`{"Txn":"txn-7"}`)}); err != nil {
+				panic(err)
+			}
+		}
+	}
+	def := ch.definition(t, 0)
+	env = sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	// The request reaches the channel, which calls back, and then the
+	// worker loses the request's answer: the lease runs out and the
+	// request is sent again under the same key; the kept callback
+	// completes the step once the step waits.
+	env.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: "charge", Attempt: 1})
+	sg := env.Run(t, def, "order-lost", map[string]int{"amount": 5})
+	require.Equal(t, 1, env.Fired(sagatest.LoseOutcome))
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.JSONEq(t, `{"shipped_for":"txn-7"}`, string(sg.Results["ship"]))
+	require.Equal(t, 2, ch.requests[saga.StepKey(sg.ID, "charge", saga.PhaseForward)], "sent again under its key")
+	require.Len(t, sg.Callbacks, 1)
+	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+}
+
+func TestReconcileChecksCallbacks(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	done, err := env.Client.Start(ctx, def, "done", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	_, err = env.Client.Complete(ctx, engine.Callback{Token: ch.token(t), EventID: "e-1", Result: json.RawMessage(`{"Txn":"e-1"}`)})
+	require.NoError(t, err)
+	env.Wait(t, done.ID)
+	waiting, err := env.Client.Start(ctx, def, "waiting", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	ch.token(t)
+	waitStatus(t, env, waiting.ID, "charge", saga.StepWaiting)
+	defs := []*saga.Definition{def}
+	diffs, err := engine.Reconcile(ctx, env.Pool, defs, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+
+	plant := func(sql string, args ...any) {
+		t.Helper()
+		_, err := env.Pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	// A second event applied to the finished saga's step, and the step
+	// rewound to failed; a pending event left beside a waiting step.
+	plant(`insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, outcome, detail) values ('pay', 'charge', 'e-2', $1, '\x00', false, 'applied', 'planted')`, done.ID)
+	plant(`update idemsaga.steps set status = 'failed' where saga_id = $1 and step = 'charge' and phase = 'forward'`, done.ID)
+	plant(`insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, outcome, detail) values ('pay', 'charge', 'e-3', $1, '\x00', false, 'pending', 'planted')`, waiting.ID)
+	diffs, err = engine.Reconcile(ctx, env.Pool, defs, time.Minute)
+	require.NoError(t, err)
+	var whats []string
+	for _, d := range diffs {
+		whats = append(whats, d.What)
+	}
+	require.Contains(t, whats, "several callbacks completed one step: charge: e-1, e-2")
+	require.Contains(t, whats, "a callback completed a step that did not end as it said: charge event e-1: step failed")
+	require.Contains(t, whats, "a callback is pending for a step that waits (it should have completed it): charge event e-3")
+}

@@ -124,6 +124,16 @@ left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.
 where s.state = 'compensated'
   and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
   and c.status is distinct from 'succeeded'`, nil},
+		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+		{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
+from idemsaga.callbacks cb join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
+where cb.outcome = 'pending' and st.status = 'waiting'`, nil},
+		{"a callback completed a step that did not end as it said: %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id || ': step ' || coalesce(st.status, 'missing')
+from idemsaga.callbacks cb left join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
+where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed then 'failed' else 'succeeded' end)`, nil},
+		{"several callbacks completed one step: %s", `select saga_id, step || ': ' || string_agg(event_id, ', ' order by event_id)
+from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'

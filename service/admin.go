@@ -333,6 +333,9 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 			if st.PossiblyDone {
 				note = "possibly done: an attempt's outcome is unknown"
 			}
+			if st.Status == saga.StepWaiting && st.LeaseUntil != nil {
+				note = "waits for its callback until " + st.LeaseUntil.Format(time.RFC3339) + " (token " + saga.CallbackToken(sg.ID, st.Step) + ")"
+			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, truncate(note, 80))
 		}
 		_ = w.Flush()
@@ -350,6 +353,19 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 				outcome = "in flight"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.DispatchedAt.Format("15:04:05.000"), a.Step, a.Phase, a.Attempt, outcome, took, truncate(a.Error, 80))
+		}
+		_ = w.Flush()
+	}
+	if len(sg.Callbacks) > 0 {
+		fmt.Fprintln(out, "\ncallbacks:")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "RECEIVED\tSTEP\tEVENT\tOUTCOME\tBODY")
+		for _, cb := range sg.Callbacks {
+			body := string(cb.Result)
+			if cb.Failed {
+				body = "refused: " + cb.Error
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", cb.ReceivedAt.Format("15:04:05.000"), cb.Step, cb.EventID, cb.Outcome, truncate(body, 80))
 		}
 		_ = w.Flush()
 	}

@@ -89,6 +89,7 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("GET /v1/sagas", a.list)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
+	a.mux.HandleFunc("POST /v1/callbacks/{token}", a.callback)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)
@@ -115,7 +116,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) == 0 {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "Not found",
-			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id} and /v1/sagas/{id}/cancel|retry"))
+			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id}, /v1/sagas/{id}/cancel|retry and /v1/callbacks/{token}"))
 		return
 	}
 	slices.Sort(allow)

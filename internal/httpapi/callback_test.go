@@ -1,0 +1,133 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// pledgeEnv serves the API of an engine running "pledge": a callback
+// step, then a database step; tokens receives each request's callback
+// token.
+func pledgeEnv(t *testing.T) (*env, chan string) {
+	t.Helper()
+	tokens := make(chan string, 10)
+	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	def := saga.MustNew("pledge",
+		saga.Step{Name: "ask", Reaches: "asked", Kind: saga.CallbackStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: noop,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				tokens <- sc.CallbackToken()
+				return nil, nil
+			}},
+		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy})
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("HTTPCB")
+	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
+		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger()}
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, engine.Deploy(context.Background(), cfg))
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, e.Stop(ctx))
+	})
+	return serve(t, pool, e.Client()), tokens
+}
+
+func completed(t testing.TB, r response) httpapi.Completed {
+	t.Helper()
+	require.Equal(t, "application/json", r.header.Get("Content-Type"), "%d %s", r.status, r.body)
+	var c httpapi.Completed
+	require.NoError(t, json.Unmarshal(r.body, &c))
+	return c
+}
+
+func TestCallbackOverHTTP(t *testing.T) {
+	t.Parallel()
+	e, tokens := pledgeEnv(t)
+	r := e.do(t, http.MethodPost, "/v1/sagas/pledge", startHeaders("p-1"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	id := started(t, r).ID
+	var token string
+	select {
+	case token = <-tokens:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no request sent")
+	}
+	require.Eventually(t, func() bool {
+		return e.count(t, `select count(*) from idemsaga.steps where saga_id = $1 and step = 'ask' and status = 'waiting'`, id) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+
+	// Ten deliveries of one event at once: one decides, all answer
+	// applied, nine of them as replays.
+	path := "/v1/callbacks/" + token
+	const n = 10
+	res := make([]response, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = e.send(http.MethodPost, path, []hdr{jsonType()}, `{"event_id":"evt-1","result":{"amount":10}}`)
+		}()
+	}
+	wg.Wait()
+	replayed := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, http.StatusOK, res[i].status, "%s", res[i].body)
+		c := completed(t, res[i])
+		require.Equal(t, engine.CallbackApplied, c.Outcome)
+		require.Equal(t, id, c.SagaID)
+		if res[i].header.Get(httpapi.ReplayedHeader) == "true" {
+			replayed++
+		}
+	}
+	require.Equal(t, n-1, replayed)
+	require.Eventually(t, func() bool {
+		return e.count(t, `select count(*) from idemsaga.sagas where id = $1 and state = 'thanked'`, id) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+
+	// Refusals write nothing.
+	before := e.count(t, `select count(*) from idemsaga.callbacks`)
+	for _, tc := range []struct {
+		path, body string
+		headers    []hdr
+		status     int
+		typ        string
+	}{
+		{path, `{"event_id":"evt-1","result":{"amount":11}}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemCallbackReused},
+		{path, `{"event_id":"evt-2","Result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
+		{path, `{"event_id":"evt-2","event_id":"evt-3"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
+		{path, `{"result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
+		{path, `{"event_id":"evt-2","result":{},"error":"no"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
+		{path, `{"event_id":"evt-2"}`, nil, http.StatusUnsupportedMediaType, httpapi.ProblemUnsupportedMediaType},
+		{"/v1/callbacks/nope", `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusNotFound, httpapi.ProblemNotFound},
+		{"/v1/callbacks/" + saga.CallbackToken(id, "thank"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemNotCallbackStep},
+		{"/v1/callbacks/" + saga.CallbackToken(id, "other"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusNotFound, httpapi.ProblemNotFound},
+	} {
+		r := e.do(t, http.MethodPost, tc.path, tc.headers, tc.body)
+		require.Equal(t, tc.status, r.status, "%s %s: %s", tc.path, tc.body, r.body)
+		require.Equal(t, tc.typ, r.problem(t).Type)
+	}
+	require.Equal(t, before, e.count(t, `select count(*) from idemsaga.callbacks`))
+
+	// Another event for the finished saga: recorded as late, 200.
+	r = e.do(t, http.MethodPost, path, []hdr{jsonType()}, `{"event_id":"evt-9","result":{"amount":10}}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.Equal(t, engine.CallbackLate, completed(t, r).Outcome)
+}
