@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/sagatest"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/sagatest"
 )
 
 // channel is a payment channel that takes requests and answers by
