@@ -334,3 +334,48 @@ func nullTextArg(s string) any {
 	}
 	return s
 }
+
+// giveUpOrComplete gives up a step whose attempts ran out (giveUp), but a
+// callback step with a callback kept for it is completed by that callback
+// instead: the other system's own word that the request took effect,
+// which the lost answers to the request never told.
+func (c *core) giveUpOrComplete(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
+	step := def.Step(idx)
+	if step.Kind != saga.CallbackStep || phase != saga.PhaseForward {
+		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
+	}
+	var eventID, refusal string
+	var failed bool
+	var result json.RawMessage
+	err := tx.Conn().QueryRow(ctx, firstPendingCallback, pguuid.Of(sg.ID), def.Name(), step.Name).Scan(&eventID, &failed, &result, &refusal)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
+	}
+	if err != nil {
+		return fmt.Errorf("read the callbacks of step %q of saga %s: %w", step.Name, sg.ID, err)
+	}
+	// Fence the key first: no attempt may still be running under it.
+	s, err := c.settle(ctx, tx, sg.ID, step.Name, phase)
+	if err != nil {
+		return err
+	}
+	if s.outcome == "succeeded" {
+		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
+	}
+	if failed && refusal == "" {
+		refusal = "refused"
+	}
+	_, m, err := c.callbackMove(sg, def, idx, attemptNo, refusal, result)
+	if err != nil {
+		return err
+	}
+	outcome := "succeeded"
+	if refusal != "" {
+		outcome = "failed"
+	}
+	tx.Exec(completeSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
+	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
+	c.log.Info("callback step given up after its attempts, completed by the callback kept for it", "saga_id", sg.ID, "step", step.Name, "event_id", eventID)
+	return nil
+}

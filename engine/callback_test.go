@@ -366,3 +366,32 @@ func TestReconcileChecksCallbacks(t *testing.T) {
 	require.Contains(t, whats, "a callback completed a step that did not end as it said: charge event e-1: step failed")
 	require.Contains(t, whats, "a callback is pending for a step that waits (it should have completed it): charge event e-3")
 }
+
+func TestKeptCallbackCompletesAStepWhoseAnswersWereAllLost(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	var env *sagatest.Env
+	var first atomic.Bool
+	ch.before = func(token string) {
+		if first.CompareAndSwap(false, true) {
+			if _, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: "txn-kept", Result: json.RawMessage(`{"Txn":"txn-kept"}`)}); err != nil {
+				panic(err)
+			}
+		}
+	}
+	def := ch.definition(t, 0)
+	env = sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	// Every answer to the request is lost: the attempts run out, and the
+	// step would be given up as possibly done and refunded; the callback
+	// the channel sent says it took effect, and completes it.
+	env.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: "charge", Times: fastPolicy.MaxAttempts})
+	sg := env.Run(t, def, "order-all-lost", map[string]int{"amount": 5})
+	require.Equal(t, fastPolicy.MaxAttempts, env.Fired(sagatest.LoseOutcome))
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.JSONEq(t, `{"shipped_for":"txn-kept"}`, string(sg.Results["ship"]))
+	require.Zero(t, ch.refunds[saga.StepKey(sg.ID, "charge", saga.PhaseForward)])
+	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+	diffs, err := engine.Reconcile(context.Background(), env.Pool, []*saga.Definition{def}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+}

@@ -183,7 +183,7 @@ func (c *core) apply(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def
 			// that the step was given up after it.
 			tx.Exec(markAttemptUnknown, nil, pguuid.Of(r.SagaID), r.Step, string(r.Phase), r.Attempt, r.Error)
 		}
-		return c.giveUp(ctx, tx, sg, def, idx, r.Phase, r.Attempt, exhausted(r.Attempt, r.Error), possiblyDone, fx)
+		return c.giveUpOrComplete(ctx, tx, sg, def, idx, r.Phase, r.Attempt, exhausted(r.Attempt, r.Error), possiblyDone, fx)
 
 	default: // failed for good
 		return c.giveUp(ctx, tx, sg, def, idx, r.Phase, r.Attempt, r.Error, possiblyDone, fx)

@@ -314,3 +314,8 @@ where definition = $1 and step = $2 and outcome = 'pending' and saga_id = $5`
 	selectCallbacks = `select step, event_id, outcome, failed, result, coalesce(error, ''), received_at, applied_at
 from idemsaga.callbacks where saga_id = $1 order by received_at, event_id`
 )
+
+// completeSettled records a kept callback's outcome under a step key that
+// settleTombstone fenced in the same transaction.
+const completeSettled = `update idemsaga.inbox set outcome = $3::text, result = $4::jsonb, error = $5::text
+where saga_id = $1 and step_key = $2 and outcome = 'tombstone'`

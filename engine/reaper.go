@@ -138,7 +138,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		// unknown. Settle it through the inbox (tombstone, then read) and
 		// give it up, or apply it if it did take effect.
 		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
-		if err := c.giveUp(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, st.possiblyDone, fx); err != nil {
+		if err := c.giveUpOrComplete(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, st.possiblyDone, fx); err != nil {
 			if errors.Is(err, attempt.ErrBusy) {
 				return false, nil // an attempt still holds the key; decide on a later pass
 			}
