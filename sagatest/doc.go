@@ -28,8 +28,11 @@
 // plus an offset (Clock.Advance). Wait moves the offset whenever the saga
 // only waits for time: to a retry's due time at once, and to an
 // attempt's lease once the engine has held no command for a moment (the
-// attempt's worker died). Handlers' own timeouts (RetryPolicy.Timeout)
-// stay on wall time.
+// attempt's worker died), and to a callback step's deadline once the saga
+// has been quiet for a second (no callback is coming). A test completes a
+// callback step with Env.Client.Complete, before Wait or from another
+// goroutine; a callback sent before the step waits is kept for it.
+// Handlers' own timeouts (RetryPolicy.Timeout) stay on wall time.
 //
 // # Faults
 //

@@ -205,7 +205,7 @@ from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
 		if sig != last {
 			last, quiet = sig, time.Now()
 		} else if time.Since(quiet) > 20*time.Millisecond {
-			if e.skip(ctx, t, id, time.Since(quiet) > 200*time.Millisecond) {
+			if e.skip(ctx, t, id, time.Since(quiet)) {
 				quiet = time.Now()
 			}
 		}
@@ -222,24 +222,28 @@ from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
 }
 
 // skip moves the clock to the next moment saga id waits for, while the
-// engine runs no handler: a retry's due time, or, once the saga has been
-// quiet for a while (idle), the lease of an attempt nobody is running.
-// It reports whether it moved.
-func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, idle bool) bool {
+// engine runs no handler: a retry's due time; once the saga has been
+// quiet for a while, the lease of an attempt nobody is running; and once
+// it has been quiet for longer, the deadline of a callback step that
+// waits for a callback (which another goroutine of the test may still be
+// sending). It reports whether it moved.
+func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, quiet time.Duration) bool {
 	t.Helper()
 	// Never while a handler runs: moving the clock past its lease would
 	// have the reaper run it again beside it.
 	if testhook.Busy(e.Engine) > 0 {
 		return false
 	}
-	leases := idle
+	leases, waits := quiet > 200*time.Millisecond, quiet > time.Second
 	var wait *time.Duration
 	err := e.Pool.QueryRow(ctx, `select min(due) - idemsaga.now() from (
   select next_attempt_at as due from idemsaga.steps where saga_id = $1 and status = 'retrying'
   union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'waiting') and $2
+  select lease_until from idemsaga.steps where saga_id = $1 and status = 'dispatched' and $2
     and not exists (select 1 from idemsaga.outbox where saga_id = $1 and published_at is null)
-) d`, id, leases).Scan(&wait)
+  union all
+  select lease_until from idemsaga.steps where saga_id = $1 and status = 'waiting' and $3
+) d`, id, leases, waits).Scan(&wait)
 	if err != nil {
 		t.Fatalf("sagatest: read what saga %s waits for: %v", id, err)
 	}

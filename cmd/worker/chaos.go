@@ -148,6 +148,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	if err != nil {
 		return err
 	}
+	work.connect(client)
 
 	// The workload, submitted while the chaos runs.
 	var submitted, startDups atomic.Int64

@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -26,6 +30,8 @@ type chaosWorkload interface {
 	count(c *chaosCmd) int
 	describe()
 	definition(policy saga.RetryPolicy) (*saga.Definition, error)
+	// connect gives the workload the harness's client, once it exists.
+	connect(client *engine.Client)
 	jobs(n int, seed uint64) []chaosJob
 	// check reconciles the run into fig.
 	check(ctx context.Context, pool *pgxpool.Pool, def *saga.Definition, fig *chaosFigures) error
@@ -42,10 +48,11 @@ func (w *transferChaos) prepare(ctx context.Context, pool *pgxpool.Pool, _ uint6
 	return err
 }
 
-func (w *transferChaos) env() []string         { return nil }
-func (w *transferChaos) count(c *chaosCmd) int { return c.Transfers }
-func (w *transferChaos) describe()             {}
-func (w *transferChaos) close()                {}
+func (w *transferChaos) env() []string          { return nil }
+func (w *transferChaos) count(c *chaosCmd) int  { return c.Transfers }
+func (w *transferChaos) describe()              {}
+func (w *transferChaos) close()                 {}
+func (w *transferChaos) connect(*engine.Client) {}
 
 func (w *transferChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
 	return transfer.NewDefinition(p)
@@ -84,10 +91,16 @@ func (w *transferChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga
 // losing answers after it charged, failing before it charged, and
 // answering some charges after the step's timeout.
 type orderChaos struct {
-	svc *payments.Service
-	srv *http.Server
-	url string
+	svc    *payments.Service
+	srv    *http.Server
+	url    string
+	client atomic.Pointer[engine.Client]
 }
+
+// chaosChargeWait is how long an order of a chaos run waits for its
+// charge's confirmation: both of a charge's confirmations are sometimes
+// lost, and the run must end.
+const chaosChargeWait = 15 * time.Second
 
 // Customers the service always loses the answers of: their charges
 // commit every time and no attempt ever learns it.
@@ -103,7 +116,22 @@ func (w *orderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, seed uint6
 	w.svc.SetFaults(payments.Faults{
 		LoseResponse: 0.05, AlwaysLoseFor: chaosUnlucky, FailBefore: 0.04, Busy: 0.03,
 		Slow: chaosStepTimeout + 500*time.Millisecond, SlowP: 0.02, Refunds: true,
+		ConfirmEarly: 0.3, LoseConfirmation: 0.1,
 	}, seed)
+	// The service confirms charges to the harness's own engine client,
+	// as it would to any process of the deployment's API.
+	w.svc.SetNotifier(func(ctx context.Context, n payments.Notice) error {
+		client := w.client.Load()
+		if client == nil {
+			return errors.New("the harness's client is not ready")
+		}
+		result, err := json.Marshal(n.Charge)
+		if err != nil {
+			return err
+		}
+		_, err = client.Complete(ctx, engine.Callback{Token: n.Token, EventID: n.EventID, Result: result})
+		return err
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -114,11 +142,15 @@ func (w *orderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, seed uint6
 	return nil
 }
 
-func (w *orderChaos) env() []string         { return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url} }
-func (w *orderChaos) count(c *chaosCmd) int { return c.Orders }
+func (w *orderChaos) env() []string {
+	return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url, "IDEMSAGA_CHARGE_WAIT=" + chaosChargeWait.String()}
+}
+func (w *orderChaos) connect(client *engine.Client) { w.client.Store(client) }
+func (w *orderChaos) count(c *chaosCmd) int         { return c.Orders }
 
 func (w *orderChaos) describe() {
-	fmt.Printf("  payment service at %s: 5%% of answers lost after the charge or refund committed (always for %v), 4%% 500 before charging, 3%% 503, 2%% answered after the step timeout\n",
+	fmt.Printf("  payment service at %s: 5%% of answers lost after the charge or refund committed (always for %v), 4%% 500 before charging, 3%% 503, 2%% answered after the step timeout;\n"+
+		"  each charge confirmed by callback twice, 30%% of them first before the answer, 10%% of confirmations lost\n",
 		w.url, chaosUnlucky)
 }
 
@@ -126,10 +158,13 @@ func (w *orderChaos) close() {
 	if w.srv != nil {
 		_ = w.srv.Close()
 	}
+	if w.svc != nil {
+		w.svc.Close()
+	}
 }
 
 func (w *orderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
-	return order.NewDefinition(order.Config{PaymentsURL: w.url, Policy: p})
+	return order.NewDefinition(order.Config{PaymentsURL: w.url, Policy: p, ChargeWait: chaosChargeWait})
 }
 
 func (w *orderChaos) jobs(n int, seed uint64) []chaosJob {
@@ -189,5 +224,16 @@ func (w *orderChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga.De
 		fmt.Sprintf("charges recovered  %d charge steps possibly done; %d charges refunded, %d keys voided before any charge; held %d = shipped %d",
 			possiblyDone, rep.Refunded, rep.Voided, rep.Charged, rep.Shipped),
 	)
+	var applied, pending, late, superseded, waitsRanOut int
+	if err := pool.QueryRow(ctx, `select
+  count(*) filter (where outcome = 'applied'), count(*) filter (where outcome = 'pending'),
+  count(*) filter (where outcome = 'late'), count(*) filter (where outcome = 'superseded'),
+  (select count(*) from idemsaga.sagas where error like '%no callback within%')
+from idemsaga.callbacks`).Scan(&applied, &pending, &late, &superseded, &waitsRanOut); err != nil {
+		return err
+	}
+	fig.Extra = append(fig.Extra,
+		fmt.Sprintf("confirmations      %d delivered (%d deliveries failed and were sent again, %d lost on the way); events: %d completed a charge, %d kept for a step that never waited, %d late, %d superseded; %d orders heard no confirmation within %s and were refunded",
+			c.Confirmed, c.ConfirmFailures, c.ConfirmationsLost, applied, pending, late, superseded, waitsRanOut, chaosChargeWait))
 	return nil
 }

@@ -25,6 +25,7 @@ type exampleFlags struct {
 	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
 	MaxBackoff  time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
 	PaymentsURL string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
+	ChargeWait  time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
 }
 
 var examples exampleFlags
@@ -42,7 +43,7 @@ var commands = []service.Command{
 	{Name: "seed", Help: "Create the examples' accounts and products (after migrate), which reconcile checks money and stock against.", Cmd: &seedCmd{}},
 	{Name: "transfer", Help: "Start a money transfer saga (the same key gives the same saga).", Cmd: &transferCmd{}},
 	{Name: "order", Help: "Start an order saga: reserve stock, charge at the payment service, ship (the same key gives the same saga).", Cmd: &orderCmd{}},
-	{Name: "payments", Help: "Run the order example's payment service, optionally misbehaving (lost answers, 500s, slow answers).", Cmd: &paymentsCmd{}},
+	{Name: "payments", Help: "Run the order example's payment service, which confirms charges by callback to the worker's API, optionally misbehaving (lost answers, 500s, slow answers).", Cmd: &paymentsCmd{}},
 	{Name: "demo", Help: "Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database.", Cmd: &demoCmd{}},
 	{Name: "chaos", Help: "Run transfers or orders across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile.", Cmd: &chaosCmd{}},
 	{Name: "bench", Help: "Measure transfer sagas per second, latency and cost per saga against the local PostgreSQL, with pgbench as the ceiling.", Cmd: &benchCmd{}},
@@ -66,7 +67,7 @@ func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err e
 	if transferDef, err = transfer.NewDefinition(policy); err != nil {
 		return nil, nil, err
 	}
-	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy})
+	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait})
 	return transferDef, orderDef, err
 }
 

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemsaga/idemsaga/examples/order"
@@ -48,6 +53,51 @@ type paymentsCmd struct {
 	Busy         float64       `help:"Fraction of requests answered 503 (not charged, try again)."`
 	Slow         time.Duration `help:"Answer a committed charge only after this long, for --slow-fraction of them."`
 	SlowFraction float64       `name:"slow-fraction" help:"Fraction of charges answered after --slow."`
+	CallbackURL  string        `name:"callback-url" env:"IDEMSAGA_CALLBACK_URL" default:"http://127.0.0.1:9464" help:"Base URL of a worker's API (worker run --http-addr), where the service confirms each charge (POST /v1/callbacks/{token}). Empty: no confirmations."`
+	CallbackAuth string        `name:"callback-token-file" env:"IDEMSAGA_CALLBACK_TOKEN_FILE" help:"File whose first line is the bearer token for --callback-url (one of the worker's --api-tokens-file)."`
+	ConfirmEarly float64       `name:"confirm-early" help:"Fraction of charges confirmed before the charge is answered."`
+	LoseConfirm  float64       `name:"lose-confirmation" help:"Fraction of confirmations lost on their way."`
+}
+
+// callbackNotifier posts confirmations to a worker's callback API.
+func callbackNotifier(base, tokenFile string) (payments.NotifyFunc, error) {
+	var bearer string
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("payments: read --callback-token-file: %w", err)
+		}
+		bearer, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
+		if bearer = strings.TrimSpace(bearer); bearer == "" {
+			return nil, fmt.Errorf("payments: --callback-token-file %s is empty; put the worker's API token on its first line", tokenFile)
+		}
+	}
+	base = strings.TrimRight(base, "/")
+	client := &http.Client{Timeout: 5 * time.Second}
+	return func(ctx context.Context, n payments.Notice) error {
+		body, err := json.Marshal(map[string]any{"event_id": n.EventID, "result": n.Charge})
+		if err != nil {
+			return err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/callbacks/"+url.PathEscape(n.Token), bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("the worker answered %d: %s", resp.StatusCode, bytes.TrimSpace(answer))
+		}
+		return nil
+	}, nil
 }
 
 func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
@@ -67,7 +117,16 @@ func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
 		}
 	}
 	svc := payments.New(pool, log)
-	svc.SetFaults(payments.Faults{LoseResponse: p.LoseResponse, FailBefore: p.FailBefore, Busy: p.Busy, Slow: p.Slow, SlowP: p.SlowFraction, Refunds: true}, uint64(time.Now().UnixNano()))
+	svc.SetFaults(payments.Faults{LoseResponse: p.LoseResponse, FailBefore: p.FailBefore, Busy: p.Busy, Slow: p.Slow, SlowP: p.SlowFraction, Refunds: true,
+		ConfirmEarly: p.ConfirmEarly, LoseConfirmation: p.LoseConfirm}, uint64(time.Now().UnixNano()))
+	if p.CallbackURL != "" {
+		notify, err := callbackNotifier(p.CallbackURL, p.CallbackAuth)
+		if err != nil {
+			return err
+		}
+		svc.SetNotifier(notify)
+	}
+	defer svc.Close()
 	ln, err := net.Listen("tcp", p.Addr)
 	if err != nil {
 		return fmt.Errorf("payments: listen on %s: %w (choose another with --addr)", p.Addr, err)
@@ -87,6 +146,7 @@ func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
 		return err
 	}
 	c := svc.Counts()
-	log.Info("payment service stopped", "charges", c.Charges, "refunds", c.Refunds, "lost_responses", c.LostResponses, "replays", c.Replays)
+	log.Info("payment service stopped", "charges", c.Charges, "refunds", c.Refunds, "lost_responses", c.LostResponses, "replays", c.Replays,
+		"confirmations", c.Confirmed, "confirmation_failures", c.ConfirmFailures)
 	return nil
 }

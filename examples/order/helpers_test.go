@@ -15,3 +15,10 @@ func customerOf(body []byte) string {
 	_ = json.Unmarshal(body, &v)
 	return v.Customer
 }
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -108,7 +109,14 @@ type Config struct {
 	// Policy is every step's retry policy (zero fields take the
 	// defaults).
 	Policy saga.RetryPolicy
+	// ChargeWait is how long an order waits for the payment service's
+	// confirmation of its charge; past it the charge is refunded.
+	// Defaults to ChargeWaitDefault.
+	ChargeWait time.Duration
 }
+
+// ChargeWaitDefault is Config.ChargeWait's default.
+const ChargeWaitDefault = 10 * time.Minute
 
 // NewDefinition returns the order saga; its input is an Input, decoded
 // strictly and validated at every start.
@@ -119,6 +127,9 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if cfg.Client == nil {
 		cfg.Client = http.DefaultClient
 	}
+	if cfg.ChargeWait == 0 {
+		cfg.ChargeWait = ChargeWaitDefault
+	}
 	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), client: cfg.Client}
 	d, err := saga.New(DefinitionName,
 		saga.Step{
@@ -127,7 +138,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
 		},
 		saga.Step{
-			Name: StepCharge, Reaches: StateCharged, Kind: saga.ExternalStep,
+			// The payment service answers the charge request at once, and
+			// confirms it later by callback (Confirmation is the step's
+			// result).
+			Name: StepCharge, Reaches: StateCharged, Kind: saga.CallbackStep, Wait: cfg.ChargeWait,
 			Forward: saga.Handle(p.charge), Compensate: saga.Handle(p.refund),
 			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
 		},
@@ -205,7 +219,7 @@ type paymentAPI struct {
 
 func (p *paymentAPI) charge(ctx context.Context, sc *saga.StepContext, in Input) (payments.Charge, error) {
 	var c payments.Charge
-	status, err := p.post(ctx, "/charges", sc.Key, payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount}, &c)
+	status, err := p.post(ctx, "/charges", sc.Key, payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()}, &c)
 	switch {
 	case err != nil:
 		// A transport error or the attempt's timeout: the charge may

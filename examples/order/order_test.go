@@ -2,6 +2,9 @@ package order_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -86,6 +89,10 @@ type env struct {
 	kit    *sagatest.Env
 	reg    *prometheus.Registry
 	policy saga.RetryPolicy
+	svc    *payments.Service
+	// dropConfirmations, when set, loses the service's confirmations
+	// on their way: only the answers to the requests tell the saga.
+	dropConfirmations *atomic.Bool
 }
 
 // policy keeps the tests quick: three attempts of half a second.
@@ -110,17 +117,38 @@ func start(t *testing.T, script func(path, customer string, n int) fault, defs .
 	def, err := newDef(order.Config{PaymentsURL: srv.URL, Policy: policy})
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
+	// The service confirms every charge by callback, twice, half of the
+	// time before it answers the charge.
+	var kitp atomic.Pointer[sagatest.Env]
+	var svc *payments.Service
+	drop := new(atomic.Bool)
+	notify := func(ctx context.Context, n payments.Notice) error {
+		if drop.Load() {
+			return nil // lost on the way: the service believes it delivered
+		}
+		k := kitp.Load()
+		if k == nil {
+			return errors.New("the engine is not running yet")
+		}
+		_, err := k.Client.Complete(ctx, engine.Callback{Token: n.Token, EventID: n.EventID, Result: must(json.Marshal(n.Charge))})
+		return err
+	}
 	kit := sagatest.New(t, sagatest.Config{
 		Definitions: []*saga.Definition{def},
 		Migrations:  []sagaservice.Migration{{Schema: order.Schema, Files: order.Migrations}, {Schema: payments.Schema, Files: payments.Migrations}},
 		Registerer:  reg,
 		Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
-			var h http.Handler = &faulty{inner: payments.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler(), script: script}
+			svc = payments.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			svc.SetFaults(payments.Faults{ConfirmEarly: 0.5}, 1)
+			svc.SetNotifier(notify)
+			var h http.Handler = &faulty{inner: svc.Handler(), script: script}
 			service.Store(&h)
 			return order.Seed(ctx, pool, 2, 100)
 		},
 	})
-	return &env{t: t, pool: kit.Pool, def: def, kit: kit, reg: reg, policy: policy}
+	kitp.Store(kit)
+	t.Cleanup(svc.Close)
+	return &env{t: t, pool: kit.Pool, def: def, kit: kit, reg: reg, policy: policy, svc: svc, dropConfirmations: drop}
 }
 
 // run starts an order and waits for it to finish.
@@ -177,6 +205,18 @@ func TestOrdersEndAsTheirInputsSay(t *testing.T) {
 	v := start(t, nil)
 	shipped := v.run("o-1", ann("1 Main St"))
 	require.Equal(t, order.StateShipped, shipped.State)
+	// The charge was confirmed by callback, twice; the first delivery of
+	// the service's transaction number completed it, the second was
+	// answered from its record.
+	require.Len(t, shipped.Callbacks, 1)
+	require.Equal(t, engine.CallbackApplied, shipped.Callbacks[0].Outcome)
+	key := saga.StepKey(shipped.ID, order.StepCharge, saga.PhaseForward)
+	require.Equal(t, "txn-"+key.String(), shipped.Callbacks[0].EventID)
+	var confirmed payments.Confirmation
+	require.NoError(t, json.Unmarshal(shipped.Results[order.StepCharge], &confirmed))
+	require.Equal(t, int64(1500), confirmed.Amount)
+	require.Eventually(t, func() bool { return v.svc.Counts().Confirmed == payments.Confirmations }, 30*time.Second, 5*time.Millisecond)
+	require.Equal(t, 1.0, metric(t, v.reg, "idemsaga_duplicates_absorbed_total", "layer", "callback"))
 	require.Equal(t, saga.StateCompensated, v.run("o-2", order.Input{Customer: "ann", Product: 2, Quantity: 101, Amount: 9, Address: "x"}).State)
 	declined := v.run("o-3", order.Input{Customer: "declined-bob", Product: 1, Quantity: 1, Amount: 700, Address: "x"})
 	require.Equal(t, saga.StateCompensated, declined.State)
@@ -223,6 +263,9 @@ func TestGiveUpRule(t *testing.T) {
 				}
 				return pass
 			})
+			// The confirmations are lost too: nothing tells the saga the
+			// charge went through.
+			v.dropConfirmations.Store(true)
 			sg := v.run("given-up", ann("1 Main St"))
 			require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
 			charge := v.step(sg, order.StepCharge, saga.PhaseForward)
@@ -250,6 +293,7 @@ func TestGiveUpRule(t *testing.T) {
 func TestLeaseExpiryOnTheLastAttempt(t *testing.T) {
 	t.Parallel()
 	v := start(t, nil)
+	v.dropConfirmations.Store(true)
 	v.kit.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: order.StepCharge, Times: policy.MaxAttempts})
 	sg := v.run("lease", ann("1 Main St"))
 	require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
@@ -289,6 +333,7 @@ func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
 		return saga.New(order.DefinitionName, steps...)
 	})
 	ctx := context.Background()
+	v.dropConfirmations.Store(true)
 	sg := v.run("parked", ann("1 Main St"))
 	require.Equal(t, saga.StateParked, sg.State)
 	charge := v.step(sg, order.StepCharge, saga.PhaseForward)
@@ -310,6 +355,7 @@ func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 
+	v.dropConfirmations.Store(false)
 	mu.Lock()
 	losing = false
 	mu.Unlock()
@@ -387,4 +433,41 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 		}
 	}
 	return false
+}
+
+// TestConfirmationsBeforeTheAnswerAndTwice: the payment service confirms
+// every charge before it answers the charge request, and once more after;
+// orders run side by side. Each early confirmation is kept until its step
+// waits, each second one is absorbed, and every order ships once.
+func TestConfirmationsBeforeTheAnswerAndTwice(t *testing.T) {
+	t.Parallel()
+	v := start(t, nil)
+	v.svc.SetFaults(payments.Faults{ConfirmEarly: 1}, 3)
+	ctx := context.Background()
+	const n = 12
+	ids := make([]uuid.UUID, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := v.kit.Client.Start(ctx, v.def, fmt.Sprintf("early-%d", i), order.Input{Customer: "ann", Product: 1 + int64(i%2), Quantity: 1, Amount: 100, Address: "1 Main St"})
+			if err == nil {
+				ids[i] = res.ID
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		require.NotEqual(t, uuid.Nil, id)
+		sg := v.kit.Wait(t, id)
+		require.Equal(t, order.StateShipped, sg.State, sg.Error)
+		require.Len(t, sg.Callbacks, 1)
+		require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+	}
+	require.Equal(t, float64(n), metric(t, v.reg, "idemsaga_callbacks_total", "outcome", "pending"), "every first confirmation came before its step waited")
+	require.Eventually(t, func() bool { return v.svc.Counts().Confirmed == n*payments.Confirmations }, 30*time.Second, 5*time.Millisecond)
+	require.Equal(t, float64(n), metric(t, v.reg, "idemsaga_duplicates_absorbed_total", "layer", "callback"))
+	rep := v.audit(map[string]int{"shipped": n})
+	require.Equal(t, int64(100*n), rep.Charged)
 }

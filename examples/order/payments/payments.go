@@ -4,10 +4,13 @@
 // the charge committed, a 500 before charging, an answer slower than the
 // caller waits).
 //
-//	POST /charges  {"order":"<uuid>","customer":"ann","amount":1200}
+//	POST /charges  {"order":"<uuid>","customer":"ann","amount":1200,"callback":"<token>"}
 //	    201 charged, 200 the same key again, 402 declined (a customer named
 //	    "declined-…"), 409 voided (a refund of the key came first), 422 the
-//	    key reused with another body, 503 not charged: try again.
+//	    key reused with another body, 503 not charged: try again. A charge
+//	    with a callback token is confirmed by callback too (SetNotifier):
+//	    twice, as payment channels do, and sometimes before the charge is
+//	    answered.
 //	POST /refunds  {"charge":"<charge key>","order":"<uuid>","customer":"ann"}
 //	    200 {"state":"refunded"|"voided"}: the charge is given back, or
 //	    voided if it never came (a late charge is then refused); 422 the
@@ -79,11 +82,51 @@ type Faults struct {
 	SlowP float64
 	// Refunds get the faults too when set; otherwise refunds behave.
 	Refunds bool
+	// ConfirmEarly is the fraction of charges whose first confirmation
+	// is sent before the charge is answered (the callback races the
+	// answer).
+	ConfirmEarly float64
+	// LoseConfirmation is the fraction of confirmations lost on their
+	// way: the service believes it delivered them.
+	LoseConfirmation float64
 }
+
+// Notice is a charge's confirmation, sent to the Callback token the
+// charge request gave.
+type Notice struct {
+	Token string
+	// EventID is the service's transaction number for the charge: the
+	// same in every confirmation of it.
+	EventID string
+	Charge  Confirmation
+}
+
+// Confirmation is what a confirmation says of a charge.
+type Confirmation struct {
+	Txn    string    `json:"txn"`
+	Key    uuid.UUID `json:"key"`
+	Amount int64     `json:"amount"`
+}
+
+// NotifyFunc delivers one confirmation; an error makes the service send
+// it again later.
+type NotifyFunc func(ctx context.Context, n Notice) error
+
+// Confirmations is how many times the service confirms each charge (a
+// payment channel's retries, whether or not the first was heard).
+const Confirmations = 2
+
+// confirmRetryFor bounds how long the service keeps resending a
+// confirmation that fails.
+const confirmRetryFor = time.Minute
 
 // Counts is what the service saw.
 type Counts struct {
 	Charges, Refunds, LostResponses, FailedBefore, Busy, Slow, Replays int64
+	// Confirmed counts confirmations delivered, ConfirmFailures the
+	// deliveries that failed (and were sent again), ConfirmationsLost
+	// those lost on purpose (Faults.LoseConfirmation).
+	Confirmed, ConfirmFailures, ConfirmationsLost int64
 }
 
 // Service is the payment API.
@@ -96,6 +139,13 @@ type Service struct {
 	rng    *rand.Rand
 
 	charges, refunds, lost, failed, busy, slow, replays atomic.Int64
+	confirmed, confirmFailed, confirmLost               atomic.Int64
+
+	notify NotifyFunc
+	// notices are the confirmations being sent; Close stops and waits.
+	notices sync.WaitGroup
+	stop    chan struct{}
+	closed  sync.Once
 }
 
 // New returns the service over pool's payments schema (Migrate first).
@@ -103,7 +153,68 @@ func New(pool *pgxpool.Pool, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{pool: pool, log: log, rng: rand.New(rand.NewPCG(1, 2))}
+	return &Service{pool: pool, log: log, rng: rand.New(rand.NewPCG(1, 2)), stop: make(chan struct{})}
+}
+
+// SetNotifier makes the service confirm each charge that carries a
+// callback token through fn. Call it before serving.
+func (s *Service) SetNotifier(fn NotifyFunc) { s.notify = fn }
+
+// Close stops sending confirmations and waits for those under way.
+func (s *Service) Close() {
+	s.closed.Do(func() { close(s.stop) })
+	s.notices.Wait()
+}
+
+// confirm sends a charge's confirmations: the first one now when early
+// (before the charge is answered), the rest in the background, each
+// resent until it is delivered or confirmRetryFor passed; those the roll
+// drops are lost on the way.
+func (s *Service) confirm(token string, c Charge, f roll) {
+	if s.notify == nil || token == "" {
+		return
+	}
+	n := Notice{Token: token, EventID: "txn-" + c.Key.String(), Charge: Confirmation{Txn: "txn-" + c.Key.String(), Key: c.Key, Amount: c.Amount}}
+	for i, lost := range f.drop {
+		switch {
+		case lost:
+			s.confirmLost.Add(1)
+		case i == 0 && f.early:
+			s.deliver(n, false)
+		default:
+			s.notices.Add(1)
+			go func() {
+				defer s.notices.Done()
+				s.deliver(n, true)
+			}()
+		}
+	}
+}
+
+func (s *Service) deliver(n Notice, retry bool) {
+	deadline := time.Now().Add(confirmRetryFor)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := s.notify(ctx, n)
+		cancel()
+		if err == nil {
+			s.confirmed.Add(1)
+			return
+		}
+		s.confirmFailed.Add(1)
+		s.log.Debug("payments: confirmation not delivered; sending it again", "event_id", n.EventID, "error", err)
+		if !retry || time.Now().Add(delay).After(deadline) {
+			if retry {
+				s.log.Warn("payments: gave up a confirmation", "event_id", n.EventID, "error", err)
+			}
+			return
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(delay):
+		}
+	}
 }
 
 // SetFaults replaces the faults, seeding their dice.
@@ -116,13 +227,16 @@ func (s *Service) SetFaults(f Faults, seed uint64) {
 // Counts returns what the service saw so far.
 func (s *Service) Counts() Counts {
 	return Counts{Charges: s.charges.Load(), Refunds: s.refunds.Load(), LostResponses: s.lost.Load(),
-		FailedBefore: s.failed.Load(), Busy: s.busy.Load(), Slow: s.slow.Load(), Replays: s.replays.Load()}
+		FailedBefore: s.failed.Load(), Busy: s.busy.Load(), Slow: s.slow.Load(), Replays: s.replays.Load(),
+		Confirmed: s.confirmed.Load(), ConfirmFailures: s.confirmFailed.Load(), ConfirmationsLost: s.confirmLost.Load()}
 }
 
 // roll draws the faults of one request.
 type roll struct {
-	lose, failBefore, busy bool
-	slow                   time.Duration
+	lose, failBefore, busy, early bool
+	// drop says, per confirmation, whether it is lost.
+	drop [Confirmations]bool
+	slow time.Duration
 }
 
 func (s *Service) roll(customer string, refund bool) roll {
@@ -136,6 +250,10 @@ func (s *Service) roll(customer string, refund bool) roll {
 		lose:       s.rng.Float64() < f.LoseResponse,
 		failBefore: s.rng.Float64() < f.FailBefore,
 		busy:       s.rng.Float64() < f.Busy,
+		early:      s.rng.Float64() < f.ConfirmEarly,
+	}
+	for i := range r.drop {
+		r.drop[i] = s.rng.Float64() < f.LoseConfirmation
 	}
 	if f.Slow > 0 && s.rng.Float64() < f.SlowP {
 		r.slow = f.Slow
@@ -164,6 +282,8 @@ type ChargeRequest struct {
 	Order    uuid.UUID `json:"order"`
 	Customer string    `json:"customer"`
 	Amount   int64     `json:"amount"`
+	// Callback, if set, is the token the service's confirmations carry.
+	Callback string `json:"callback,omitempty"`
 }
 
 // Charge is a charge as the service answers it.
@@ -249,6 +369,7 @@ select key, order_id, customer, amount, state, false from payments.charges where
 	default:
 		s.charges.Add(1)
 	}
+	s.confirm(req.Callback, c, f)
 	s.respond(w, f, status, c)
 }
 
