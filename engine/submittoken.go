@@ -172,9 +172,10 @@ func explainSubmitToken(ctx context.Context, q queryer, definition, token string
 	case issuedFor != definition:
 		return fmt.Errorf("%w: %q was issued for a saga of %s, not of %s; nothing was written: %s", ErrSubmitTokenInvalid, token, issuedFor, definition, fetch)
 	case consumed:
-		// Its saga is gone (deleted by hand: retention keeps a saga longer
-		// than any token lives).
-		return fmt.Errorf("%w: %q was used already, and its saga no longer exists; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)
+		// Its saga is gone: finished and deleted past the replay window
+		// (RetentionConfig.FinishedSagas), which can be shorter than the
+		// token's life.
+		return fmt.Errorf("%w: %q was used already, by a saga since deleted past the replay window; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)
 	case expired:
 		return fmt.Errorf("%w: %q expired at %s unused; nothing was written: %s", ErrSubmitTokenInvalid, token, expiresAt.UTC().Format(time.RFC3339), fetch)
 	default:

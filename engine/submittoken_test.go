@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -320,4 +321,34 @@ func TestSubmitTokenWaitsForTheFirst(t *testing.T) {
 		}
 		require.Equal(t, int64(1), countSQL(t, e.pool, `select count(*) from idemsaga.sagas where idem_key = $1 and id = $2`, tok.Token, a.res.ID))
 	}
+}
+
+// TestReconcileSubmitTokens: a token and the saga it started agree; a
+// token that names no saga of its key, or another one, is reported.
+func TestReconcileSubmitTokens(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newTokenEnv(t)
+	tokenDiffs := func() []string {
+		t.Helper()
+		diffs, err := engine.Reconcile(ctx, e.pool, []*saga.Definition{e.def, e.other}, 0)
+		require.NoError(t, err)
+		var out []string
+		for _, d := range diffs {
+			if strings.Contains(d.What, "submit token") {
+				out = append(out, d.String())
+			}
+		}
+		return out
+	}
+	tok, err := e.cl.IssueToken(ctx, e.def, 0)
+	require.NoError(t, err)
+	_, err = e.cl.IssueToken(ctx, e.def, 0) // unused, and no saga: fine
+	require.NoError(t, err)
+	res, err := e.cl.Start(ctx, e.def, tok.Token, transferInput(1, 2, 10))
+	require.NoError(t, err)
+	require.Empty(t, tokenDiffs())
+
+	execSQL(t, e.pool, `update idemsaga.submit_tokens set saga_id = null, consumed_at = null where token = $1`, tok.Token)
+	require.Equal(t, []string{"saga " + res.ID.String() + ": started with submit token " + tok.Token + ", which is recorded as unused"}, tokenDiffs())
 }
