@@ -109,6 +109,15 @@ func TestSubmitTokenStart(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Duplicate)
 	require.Equal(t, first.ID, again.ID)
+
+	// Its saga deleted (by retention, past the replay window, which may
+	// come before the token's expiry), a used token starts nothing.
+	e.advance(-2 * time.Hour)
+	execSQL(t, e.pool, `delete from idemsaga.sagas where id = $1`, first.ID)
+	_, err = e.cl.Start(ctx, e.def, tok.Token, transferInput(1, 2, 10))
+	require.ErrorIs(t, err, engine.ErrSubmitTokenInvalid)
+	require.ErrorContains(t, err, "was used already, by a saga since deleted")
+	require.Zero(t, countSQL(t, e.pool, `select count(*) from idemsaga.sagas`))
 }
 
 // TestSubmitTokenRefused: a token never issued, one of another
