@@ -277,8 +277,8 @@ func (c *Cleaner) loop(ctx context.Context) {
 
 // CleanOnce deletes every record past its window: finished sagas with
 // their steps, inbox rows and repair records, then published outbox
-// rows, then expired submit tokens. Each kind is deleted batch after batch, each
-// batch its own transaction, until a batch comes back short (the rest, if
+// rows, then expired submit tokens. Each kind is deleted batch after
+// batch, each batch its own transaction, until a batch comes back short (the rest, if
 // any, is held by another cleaner, which deletes it). When ctx ends, it
 // stops between batches; a batch in hand finishes under its own timeout.
 // On error it returns what it deleted so far, having still tried the other
