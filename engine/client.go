@@ -80,6 +80,11 @@ type StartResult struct {
 // set, and nothing is written. Same key, different input:
 // saga.ErrIdempotencyKeyReused, and nothing is written. Any number of
 // concurrent calls with one key create one saga.
+//
+// A key with SubmitTokenPrefix is a submit token (IssueToken): the start
+// consumes it in the same transaction, and one never issued for def, or
+// expired unused, is refused with ErrSubmitTokenInvalid, nothing written.
+// Once it started a saga it is that saga's key, as above.
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
 	// Without the caller's transaction the start is one statement, which
 	// PostgreSQL runs as its own transaction: one round trip.
@@ -160,7 +165,11 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 		hash     []byte
 		state    *string
 	)
-	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
+	stmt := startSaga
+	if IsSubmitToken(key) {
+		stmt = startSagaWithToken
+	}
+	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
 		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
@@ -172,17 +181,23 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	}
 	cl.c.metrics.Deliveries.WithLabelValues(metrics.LayerStart).Inc()
 	if inserted == 0 {
-		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
 		// The unique key already names a saga (committed, since an
-		// uncommitted one would have made us wait): adjudicate by input.
-		// The statement saw it unless it committed while the insert
-		// waited for it; then read it now.
+		// uncommitted one would have made us wait), or the key is a
+		// submit token that could not be consumed: adjudicate by input.
+		// The statement saw the saga unless it committed while the insert
+		// (or the token's update) waited for it; then read it now.
 		if existing == nil || state == nil {
 			existing, state = new(uuid.UUID), new(string)
-			if err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(existing, &hash, state); err != nil {
+			err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(existing, &hash, state)
+			if errors.Is(err, pgx.ErrNoRows) && IsSubmitToken(key) {
+				// The token was not consumed, and started no saga.
+				return StartResult{}, nil, explainSubmitToken(ctx, q, def.Name(), key)
+			}
+			if err != nil {
 				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 			}
 		}
+		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
 		if !bytes.Equal(hash, sum[:]) {
 			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
 			return StartResult{ID: *existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, *existing)

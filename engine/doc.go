@@ -16,6 +16,11 @@
 //     constraint. The same key and input returns the existing saga with
 //     Duplicate set; a different input returns saga.ErrIdempotencyKeyReused
 //     and writes nothing.
+//   - Submit tokens (Client.IssueToken): a key the server issued is
+//     consumed by the start that carries it, in the statement that inserts
+//     its saga, so a rollback leaves it unused and concurrent starts of one
+//     token make one saga; one never issued, of another definition or
+//     expired is ErrSubmitTokenInvalid, and writes nothing.
 //   - Every state change is one conditional update on (state, version) in
 //     the same transaction as the step's outcome and the next step's row.
 //     The engine's own step workers apply an outcome in the step's

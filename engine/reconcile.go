@@ -55,6 +55,8 @@ func (d Difference) String() string {
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
+//   - a saga started with a submit token is the one the token records as
+//     having used it (the two are written in one statement);
 //   - sagas in StateFailed or StateParked are listed: they need a person.
 //
 // What the schema guards itself (steps, attempts and inbox rows without
@@ -136,6 +138,10 @@ where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed
 from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
+		{"started with submit token %s", `select s.id, t.token || ', which is recorded as ' ||
+  case when t.saga_id is null then 'unused' else 'used by saga ' || t.saga_id end
+from idemsaga.submit_tokens t join idemsaga.sagas s on s.definition = t.definition and s.idem_key = t.token
+where t.saga_id is distinct from s.id`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
 from idemsaga.outbox where published_at is null and (coalesce(publish_after, created_at) < idemsaga.now() - $1 * interval '1 second' or attempts > 0)

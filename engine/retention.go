@@ -65,6 +65,9 @@ const (
 //     older than that (an hour for rows marked while PublishedOutbox is
 //     0: by another engine, or an older version). An unpublished row is
 //     never deleted, however old.
+//   - A submit token (Client.IssueToken) is deleted once it expired,
+//     used or not: a used one's saga holds it as its key, for as long as
+//     the saga is kept.
 //
 // Past FinishedSagas the saga's idempotency key is free again: Start with
 // the same key creates a new saga, with a new ID and so new step keys.
@@ -192,6 +195,8 @@ type CleanResult struct {
 	Inbox int64
 	// Outbox is the number of published outbox rows deleted.
 	Outbox int64
+	// SubmitTokens is the number of expired submit tokens deleted.
+	SubmitTokens int64
 	// Batches is the number of committed transactions that deleted at
 	// least one row.
 	Batches int
@@ -202,6 +207,7 @@ func (r *CleanResult) add(o CleanResult) {
 	r.Steps += o.Steps
 	r.Inbox += o.Inbox
 	r.Outbox += o.Outbox
+	r.SubmitTokens += o.SubmitTokens
 	r.Batches += o.Batches
 }
 
@@ -263,7 +269,7 @@ func (c *Cleaner) loop(ctx context.Context) {
 		}
 		if res.Batches > 0 {
 			c.log.Info("retention: deleted expired records",
-				"sagas", res.Sagas, "steps", res.Steps, "inbox", res.Inbox, "outbox", res.Outbox, "batches", res.Batches)
+				"sagas", res.Sagas, "steps", res.Steps, "inbox", res.Inbox, "outbox", res.Outbox, "submit_tokens", res.SubmitTokens, "batches", res.Batches)
 		}
 		t.Reset(c.cfg.Interval)
 	}
@@ -271,8 +277,8 @@ func (c *Cleaner) loop(ctx context.Context) {
 
 // CleanOnce deletes every record past its window: finished sagas with
 // their steps, inbox rows and repair records, then published outbox
-// rows. Each kind is deleted batch after batch, each
-// batch its own transaction, until a batch comes back short (the rest, if
+// rows, then expired submit tokens. Each kind is deleted batch after
+// batch, each batch its own transaction, until a batch comes back short (the rest, if
 // any, is held by another cleaner, which deletes it). When ctx ends, it
 // stops between batches; a batch in hand finishes under its own timeout.
 // On error it returns what it deleted so far, having still tried the other
@@ -286,6 +292,7 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 	}{
 		{"finished sagas", c.sagaBatch},
 		{"published outbox rows", c.outboxBatch},
+		{"expired submit tokens", c.submitTokenBatch},
 	} {
 		for ctx.Err() == nil {
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retentionBatchTimeout)
@@ -359,6 +366,12 @@ func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	}
 	n, err := c.deleteBatch(ctx, deletePublishedOutbox, window)
 	return CleanResult{Outbox: n}, n, err
+}
+
+// submitTokenBatch deletes one batch of expired submit tokens.
+func (c *Cleaner) submitTokenBatch(ctx context.Context) (CleanResult, int64, error) {
+	n, err := c.deleteBatch(ctx, deleteExpiredSubmitTokens, 0)
+	return CleanResult{SubmitTokens: n}, n, err
 }
 
 // deleteBatch runs one single-statement delete in its own transaction.

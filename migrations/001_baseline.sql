@@ -270,3 +270,23 @@ create table idemsaga.callbacks (
 );
 
 create index callbacks_saga_idx on idemsaga.callbacks (saga_id, step);
+-- Submit tokens: the third source of saga keys, next to a client's own key
+-- and a business key. The server issues a one-time token (for a form, say),
+-- unguessable, for one definition and with a time to live; the submit that
+-- carries it as its key consumes it with a conditional update in the very
+-- statement that inserts its saga, so a rolled-back start leaves it unused
+-- and any number of concurrent submits of one token start one saga. Once
+-- consumed, the saga holds the token as its key: a resubmit is answered
+-- from the saga for as long as the saga is kept, whatever the token's
+-- expiry. The cleaner deletes a token once it expired, consumed or not.
+create table idemsaga.submit_tokens (
+    token       text primary key,
+    definition  text not null,
+    issued_at   timestamptz not null default idemsaga.now(),
+    expires_at  timestamptz not null,
+    saga_id     uuid,
+    consumed_at timestamptz,
+    constraint submit_tokens_consumed_whole check ((saga_id is null) = (consumed_at is null))
+);
+
+create index submit_tokens_expires_idx on idemsaga.submit_tokens (expires_at);

@@ -35,6 +35,7 @@ type runCmd struct {
 	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"How long published outbox rows are kept (0: deleted once the broker acknowledged them)."`
 	RelayHandOff     time.Duration `name:"relay-hand-off" default:"10s" help:"How long the relay leaves an outbox row to the process that committed it; past it the relay publishes what is still there."`
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
+	SubmitTokenTTL   time.Duration `name:"submit-token-ttl" default:"1h" help:"Time to live of a submit token POST /v1/tokens issues without ttl_seconds (1m to 24h); requests may ask for up to 24h."`
 	MetricsFile      string        `name:"metrics-file" hidden:"" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 }
 
@@ -52,6 +53,9 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	if r.HTTPAddr != "" && (tokens == nil || tokens.Len() == 0) && !r.InsecureNoAuth && !loopback(r.HTTPAddr) {
 		return fmt.Errorf("--http-addr %s is reachable from other machines, and no API tokens are configured: give --api-tokens-file (IDEMSAGA_API_TOKENS_FILE), listen on 127.0.0.1, or pass --insecure-no-auth", r.HTTPAddr)
+	}
+	if r.SubmitTokenTTL < engine.MinSubmitTokenTTL || r.SubmitTokenTTL > engine.MaxSubmitTokenTTL || r.SubmitTokenTTL%time.Second != 0 {
+		return fmt.Errorf("--submit-token-ttl %s is not a whole number of seconds from %s to %s; give one such as 30m", r.SubmitTokenTTL, engine.MinSubmitTokenTTL, engine.MaxSubmitTokenTTL)
 	}
 	pool, err := f.OpenDB(ctx, r.MaxConns)
 	if err != nil {
@@ -91,7 +95,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	var ops *opsServer
 	if r.HTTPAddr != "" {
-		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log})
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL})
 		if err != nil {
 			_ = e.Stop(context.Background())
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -44,6 +45,14 @@ type Config struct {
 	RequestTimeout time.Duration
 	// Logger receives server-side failures. Defaults to slog.Default().
 	Logger *slog.Logger
+	// SubmitTokenTTL is the time to live of a submit token issued by POST
+	// /v1/tokens without "ttl_seconds". Defaults to
+	// engine.SubmitTokenTTLDefault.
+	SubmitTokenTTL time.Duration
+	// MaxSubmitTokenTTL is the longest time to live a POST /v1/tokens may
+	// ask for, at most engine.MaxSubmitTokenTTL. Defaults to
+	// engine.MaxSubmitTokenTTL.
+	MaxSubmitTokenTTL time.Duration
 }
 
 func (c *Config) validate() error {
@@ -65,6 +74,20 @@ func (c *Config) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.MaxSubmitTokenTTL == 0 {
+		c.MaxSubmitTokenTTL = engine.MaxSubmitTokenTTL
+	}
+	if c.SubmitTokenTTL == 0 {
+		c.SubmitTokenTTL = min(engine.SubmitTokenTTLDefault, c.MaxSubmitTokenTTL)
+	}
+	switch {
+	case c.MaxSubmitTokenTTL < engine.MinSubmitTokenTTL || c.MaxSubmitTokenTTL > engine.MaxSubmitTokenTTL:
+		return fmt.Errorf("httpapi: Config.MaxSubmitTokenTTL is %s, outside %s to %s; leave it 0 for %s", c.MaxSubmitTokenTTL, engine.MinSubmitTokenTTL, engine.MaxSubmitTokenTTL, engine.MaxSubmitTokenTTL)
+	case c.SubmitTokenTTL < engine.MinSubmitTokenTTL || c.SubmitTokenTTL > c.MaxSubmitTokenTTL:
+		return fmt.Errorf("httpapi: Config.SubmitTokenTTL is %s, outside %s to MaxSubmitTokenTTL (%s); leave it 0 for %s", c.SubmitTokenTTL, engine.MinSubmitTokenTTL, c.MaxSubmitTokenTTL, engine.SubmitTokenTTLDefault)
+	case c.SubmitTokenTTL%time.Second != 0:
+		return fmt.Errorf("httpapi: Config.SubmitTokenTTL is %s; give whole seconds, as a request's ttl_seconds", c.SubmitTokenTTL)
 	}
 	return nil
 }
@@ -90,6 +113,7 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
 	a.mux.HandleFunc("POST /v1/callbacks/{token}", a.callback)
+	a.mux.HandleFunc("POST /v1/tokens", a.issueToken)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)
@@ -116,7 +140,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) == 0 {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "Not found",
-			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id}, /v1/sagas/{id}/cancel|retry and /v1/callbacks/{token}"))
+			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id}, /v1/sagas/{id}/cancel|retry, /v1/tokens and /v1/callbacks/{token}"))
 		return
 	}
 	slices.Sort(allow)

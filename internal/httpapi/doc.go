@@ -16,6 +16,7 @@
 //	                                  sagas newest first, with counts by state
 //	POST /v1/sagas/{id}/cancel        cancel it (Idempotency-Key required; body {"reason":…} optional)
 //	POST /v1/sagas/{id}/retry         retry a failed or parked saga (likewise)
+//	POST /v1/tokens                   issue a submit token; body {"definition":…,"ttl_seconds":…}
 //
 // # The key
 //
@@ -28,6 +29,22 @@
 // bare value, so " T-1 " can only be sent quoted, and is refused. A key
 // scopes to its definition (a start) or its saga (a repair).
 //
+// # Submit tokens
+//
+// Instead of a key of its own, a client may submit with a key the server
+// issued: POST /v1/tokens with {"definition":"payout"} (and optionally
+// "ttl_seconds", from 60 to Config.MaxSubmitTokenTTL; Config.SubmitTokenTTL
+// by default) answers 201 with {"token":"st_…","definition":…,
+// "expires_at":…,"ttl_seconds":…}. These are one-time saga keys, not the
+// API's bearer tokens (Tokens). The start that carries one as its
+// Idempotency-Key consumes it in the transaction that creates the saga;
+// from then on it is that saga's key, with every answer above (a replay
+// stays a replay after the token's expiry). A key that begins with st_ but
+// was never issued, was issued for another definition, or expired unused
+// is answered 400 with ProblemSubmitTokenInvalid: fetch a new token.
+// Issuing takes no Idempotency-Key: a request sent again issues another
+// token, and the unused one expires.
+//
 // # Answers of a start
 //
 //   - 201 Created: the saga was started. The body is
@@ -39,7 +56,9 @@
 //     started over HTTP or through another channel. The body is the one a
 //     201 had or would have had, byte for byte: it is the answer as of the
 //     saga's creation, never its current state.
-//   - 400: the key is missing, sent twice or refused; or the input is
+//   - 400: the key is missing, sent twice or refused, or is a submit
+//     token that cannot be used (never issued, another definition's,
+//     expired: ProblemSubmitTokenInvalid); or the input is
 //     refused (invalid JSON, a member twice or in two spellings, a member
 //     the definition's input type lacks, its validator's refusal: the
 //     detail says which).

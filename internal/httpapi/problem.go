@@ -52,6 +52,11 @@ const (
 	// ProblemMisconfigured: this server's settings or definitions differ
 	// from the deployment's, so it refuses to write (503).
 	ProblemMisconfigured = "urn:idemsaga:problem:server-misconfigured"
+	// ProblemSubmitTokenInvalid: the Idempotency-Key is a submit token
+	// (prefix st_) that was never issued, was issued for another
+	// definition, or expired unused; POST /v1/tokens issues a new one
+	// (400).
+	ProblemSubmitTokenInvalid = "urn:idemsaga:problem:submit-token-invalid"
 	// ProblemInternal: the server failed, for example because the database
 	// is unreachable (500). Retrying with the same Idempotency-Key is safe.
 	ProblemInternal = "urn:idemsaga:problem:internal"

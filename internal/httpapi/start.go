@@ -143,6 +143,8 @@ func (a *api) startFailed(w http.ResponseWriter, r *http.Request, definition, ke
 		writeProblem(w, invalidInput(err))
 	case errors.Is(err, saga.ErrInvalidKey):
 		writeProblem(w, invalidKey(trimPrefix(err.Error())))
+	case errors.Is(err, engine.ErrSubmitTokenInvalid):
+		writeProblem(w, submitTokenInvalid(definition, err))
 	case errors.Is(err, engine.ErrDeploymentMismatch):
 		a.cfg.Logger.ErrorContext(r.Context(), "http api: refusing to start sagas: this process differs from the deployment",
 			"definition", definition, "error", err)

@@ -1,0 +1,186 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// SubmitTokenPrefix begins every submit token, and reserves the keys that
+// begin with it: Start takes a key with this prefix for a submit token,
+// and refuses it unless IssueToken issued it for that definition and it
+// has not expired. Other keys never touch the tokens.
+const SubmitTokenPrefix = "st_"
+
+// Time-to-live bounds of a submit token.
+const (
+	// SubmitTokenTTLDefault is the time to live of a token issued with a
+	// ttl of 0.
+	SubmitTokenTTLDefault = time.Hour
+	// MinSubmitTokenTTL is the shortest time to live IssueToken accepts.
+	MinSubmitTokenTTL = time.Minute
+	// MaxSubmitTokenTTL is the longest time to live IssueToken accepts.
+	MaxSubmitTokenTTL = 24 * time.Hour
+)
+
+// submitTokenBytes is the randomness of a token: 256 bits, unguessable.
+const submitTokenBytes = 32
+
+// ErrSubmitTokenInvalid is returned by Start and StartTx for a key with
+// SubmitTokenPrefix that cannot start a saga of the definition: never
+// issued, issued for another definition, or expired. Nothing was written;
+// the caller fetches a new token (IssueToken) and submits with it. A token
+// that already started a saga is not invalid: submitted again, it answers
+// with that saga like any key.
+var ErrSubmitTokenInvalid = errors.New("idemsaga: submit token not valid")
+
+// SubmitToken is a one-time saga key issued by the server: the first Start
+// that carries it as its key consumes it, in the transaction that creates
+// the saga.
+type SubmitToken struct {
+	// Token is the key to start the saga with: SubmitTokenPrefix and 43
+	// characters of unpadded base64url.
+	Token string
+	// Definition is the definition the token starts a saga of.
+	Definition string
+	// ExpiresAt is when the token stops being accepted if unused, on the
+	// database clock.
+	ExpiresAt time.Time
+}
+
+// IsSubmitToken reports whether key has the form of a submit token, that
+// is, whether Start treats it as one.
+func IsSubmitToken(key string) bool { return strings.HasPrefix(key, SubmitTokenPrefix) }
+
+const (
+	// insertSubmitToken issues a token; $3 is its time to live in
+	// milliseconds.
+	insertSubmitToken = `insert into idemsaga.submit_tokens (token, definition, expires_at)
+values ($1, $2, idemsaga.now() + $3 * interval '1 millisecond')
+returning expires_at`
+
+	// startSagaWithToken is startSaga for a key that is a submit token
+	// ($3): it first consumes the token, if it was issued for the
+	// definition ($2), is unused and has not expired, and inserts the saga
+	// only then, in the same statement. A concurrent start of the token
+	// waits on the token's row; once the first commits, the row no longer
+	// matches (consumed), so it inserts nothing and adjudicates from the
+	// saga as a duplicate. A token that did not match and names no saga is
+	// invalid (explainSubmitToken).
+	startSagaWithToken = `with t as (
+  update idemsaga.submit_tokens set saga_id = $1, consumed_at = idemsaga.now()
+  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now()
+  returning token
+), s as (
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
+  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init' from t
+  on conflict (definition, idem_key) do nothing
+  returning id
+), st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
+  returning saga_id
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond' from st
+  returning id
+)
+select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
+from (select 1) one left join lateral (
+  select id, input_hash, state from idemsaga.sagas
+  where definition = $2 and idem_key = $3 and not exists (select 1 from s)
+) e on true`
+
+	// selectSubmitToken reads why a token did not start a saga.
+	selectSubmitToken = `select definition, expires_at, consumed_at is not null, expires_at <= idemsaga.now()
+from idemsaga.submit_tokens where token = $1`
+
+	// deleteExpiredSubmitTokens deletes a batch of tokens past their
+	// expiry by more than $1 milliseconds. A consumed one goes too: its
+	// saga holds it as its key.
+	deleteExpiredSubmitTokens = `delete from idemsaga.submit_tokens where token in (
+  select token from idemsaga.submit_tokens
+  where expires_at < idemsaga.now() - $1 * interval '1 millisecond'
+  order by expires_at
+  limit $2
+  for update skip locked)`
+)
+
+// IssueToken issues a submit token for a saga of def that lives for ttl
+// (0: SubmitTokenTTLDefault; at least MinSubmitTokenTTL, at most
+// MaxSubmitTokenTTL). Hand it to whoever will submit (a form, say): the
+// first Start of def with the token as its key consumes it and starts the
+// saga, and every later Start with it and the same input answers with
+// that saga, as with any key. A token not used before it expires is
+// refused with ErrSubmitTokenInvalid, and deleted by the Cleaner.
+func (cl *Client) IssueToken(ctx context.Context, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
+	return cl.issueToken(ctx, cl.c.pool, def, ttl)
+}
+
+// IssueTokenTx is IssueToken inside the caller's transaction: the token
+// exists if and only if the transaction commits.
+func (cl *Client) IssueTokenTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
+	return cl.issueToken(ctx, tx, def, ttl)
+}
+
+func (cl *Client) issueToken(ctx context.Context, q queryer, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
+	if def == nil {
+		return SubmitToken{}, errors.New("idemsaga: issue submit token: definition is nil")
+	}
+	if ttl == 0 {
+		ttl = SubmitTokenTTLDefault
+	}
+	if ttl < MinSubmitTokenTTL || ttl > MaxSubmitTokenTTL {
+		return SubmitToken{}, fmt.Errorf("idemsaga: issue submit token: a time to live of %s is outside %s to %s; give one within, or 0 for %s",
+			ttl, MinSubmitTokenTTL, MaxSubmitTokenTTL, SubmitTokenTTLDefault)
+	}
+	if _, err := cl.c.resolve(ctx, def.Name()); err != nil {
+		return SubmitToken{}, err
+	}
+	b := make([]byte, submitTokenBytes)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	tok := SubmitToken{Token: SubmitTokenPrefix + base64.RawURLEncoding.EncodeToString(b), Definition: def.Name()}
+	if err := q.QueryRow(ctx, insertSubmitToken, tok.Token, tok.Definition, ttl.Milliseconds()).Scan(&tok.ExpiresAt); err != nil {
+		return SubmitToken{}, fmt.Errorf("idemsaga: issue submit token for %q: %w", def.Name(), err)
+	}
+	return tok, nil
+}
+
+// explainSubmitToken returns the ErrSubmitTokenInvalid of a token that
+// started no saga of definition, saying why.
+func explainSubmitToken(ctx context.Context, q queryer, definition, token string) error {
+	var (
+		issuedFor         string
+		expiresAt         time.Time
+		consumed, expired bool
+		fetch             = fmt.Sprintf("fetch a new token for %s and submit with it", definition)
+	)
+	err := q.QueryRow(ctx, selectSubmitToken, token).Scan(&issuedFor, &expiresAt, &consumed, &expired)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: %q was not issued by this deployment, or it expired and was deleted; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)
+	case err != nil:
+		return fmt.Errorf("idemsaga: start saga %q: read submit token: %w", definition, err)
+	case issuedFor != definition:
+		return fmt.Errorf("%w: %q was issued for a saga of %s, not of %s; nothing was written: %s", ErrSubmitTokenInvalid, token, issuedFor, definition, fetch)
+	case consumed:
+		// Its saga is gone: finished and deleted past the replay window
+		// (RetentionConfig.FinishedSagas), which can be shorter than the
+		// token's life.
+		return fmt.Errorf("%w: %q was used already, by a saga since deleted past the replay window; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)
+	case expired:
+		return fmt.Errorf("%w: %q expired at %s unused; nothing was written: %s", ErrSubmitTokenInvalid, token, expiresAt.UTC().Format(time.RFC3339), fetch)
+	default:
+		// Unused and live by this read's clock, which can be later than the
+		// start's: it expired as it was submitted.
+		return fmt.Errorf("%w: %q expired at %s, as it was submitted; nothing was written: %s", ErrSubmitTokenInvalid, token, expiresAt.UTC().Format(time.RFC3339), fetch)
+	}
+}
