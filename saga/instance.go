@@ -26,6 +26,31 @@ type Instance struct {
 	// Attempts is the timeline: every attempt of every step execution in
 	// dispatch order, filled by inspection calls only.
 	Attempts []StepAttempt `json:"attempts,omitempty"`
+	// Repairs lists the operators' repairs of the saga, oldest first,
+	// filled by inspection calls only.
+	Repairs []RepairRecord `json:"repairs,omitempty"`
+}
+
+// RepairRecord is one operator's repair of a saga (retry, cancel, skip,
+// close), as recorded in the repair's own transaction.
+type RepairRecord struct {
+	// Operation is the repair's name: retry, cancel, skip or close.
+	Operation string `json:"operation"`
+	// Key is the request's key: the same request sent again under it
+	// changed nothing.
+	Key string `json:"key"`
+	// Reason says why, as the operator gave it.
+	Reason string `json:"reason,omitempty"`
+	// By names who asked, as the operator's tool gave it.
+	By string `json:"by,omitempty"`
+	// Step and Phase name the step a skip marked succeeded; empty for
+	// the other repairs.
+	Step  string `json:"step,omitempty"`
+	Phase Phase  `json:"phase,omitempty"`
+	// StateAfter is the saga's state right after the repair committed.
+	StateAfter State `json:"state_after"`
+	// At is when the repair's transaction began, on the database clock.
+	At time.Time `json:"at"`
 }
 
 // StepAttempt is one attempt of one step execution.
