@@ -89,6 +89,9 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("GET /v1/sagas", a.list)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/skip", a.skip)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/close", a.close)
+	a.mux.HandleFunc("POST /v1/repairs", a.bulk)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)
