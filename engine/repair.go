@@ -83,7 +83,8 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 		fx := &effects{}
 		fn, after = cl.skipFn(ctx, s, r, rop.phase, &fx), func() { cl.c.emit(fx) }
 	case "close":
-		fn = closeFn(ctx)
+		closed := &attempt.Move{}
+		fn, after = closeFn(ctx, closed), func() { cl.c.Moved(closed, time.Time{}) }
 	default:
 		return RepairResult{}, fmt.Errorf("%w: %q; the repairs are %s", ErrUnknownRepair, op, strings.Join(Repairs, ", "))
 	}
@@ -402,7 +403,8 @@ type RepairResult struct {
 	ID uuid.UUID
 	// Operation is "retry", "cancel", "skip" or "close".
 	Operation string
-	// Before is the saga's state when the repair began.
+	// Before is the saga's state when the repair began (for a replay,
+	// its state when the request was answered again).
 	Before saga.State
 	// State is the saga's state right after the repair committed (for a
 	// dry run: the state it would leave).

@@ -214,8 +214,12 @@ func (cl *Client) Close(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 	return cl.repair(ctx, id, "close", SkipStep{}, r, false)
 }
 
-func closeFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
+// closeFn is Close's work on a saga locked in tx; it fills *closed with
+// the move it made, for the metrics and Config.OnFinishedFunc.
+func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg *saga.Instance) error {
 	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		*closed = attempt.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: saga.StateClosed,
+			Finished: true, Outcome: string(saga.StateClosed)}
 		switch {
 		case sg.State == saga.StateFailed || sg.State == saga.StateParked:
 		case sg.State == saga.StateClosed:
