@@ -325,7 +325,22 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
-	return nil
+	rrows, err := cl.c.pool.Query(ctx, selectRepairs, pguuid.Of(sg.ID))
+	if err != nil {
+		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
+	}
+	defer rrows.Close()
+	sg.Repairs = sg.Repairs[:0]
+	for rrows.Next() {
+		var r saga.RepairRecord
+		var phase, state string
+		if err := rrows.Scan(&r.Operation, &r.Key, &r.Reason, &r.By, &r.Step, &phase, &state, &r.At); err != nil {
+			return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
+		}
+		r.Phase, r.StateAfter = saga.Phase(phase), saga.State(state)
+		sg.Repairs = append(sg.Repairs, r)
+	}
+	return rrows.Err()
 }
 
 // ListOptions filters List. Zero fields do not filter.
@@ -386,7 +401,7 @@ func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
 		}
 	}
 	states := map[string]bool{}
-	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked} {
+	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked, saga.StateClosed} {
 		states[string(s)] = true
 	}
 	for _, d := range defs {

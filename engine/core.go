@@ -314,7 +314,8 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 		if possibly {
 			how = " (it may have taken effect: an attempt's outcome is unknown)"
 		}
-		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `worker retry %s`", step.Name, key, how, reason, sg.ID)
+		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `worker retry %s`, "+
+			"or, having undone the step by hand, go on with the next compensation with `worker skip %s --step %s`, or close the saga as handled with `worker close %s`", step.Name, key, how, reason, sg.ID, sg.ID, step.Name, sg.ID)
 		finish(m, string(saga.StateFailed))
 		return m, nil
 	}
@@ -327,7 +328,8 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, true
 		m.Error = fmt.Sprintf("step %q may have taken effect at the other system (an attempt's outcome is unknown; its key is %s) and has no compensation, so nothing was undone: %s; "+
 			"check the other system under that key, then retry the step with `worker retry %s` (the same key: the other system answers with what it did), "+
-			"or, if it did not take effect, compensate the steps before it with `worker cancel %s`", step.Name, key, reason, sg.ID, sg.ID)
+			"or, if it did take effect, go on with `worker skip %s --step %s --result JSON` (its result), "+
+			"or, if it did not, compensate the steps before it with `worker cancel %s`, or close the saga as handled with `worker close %s`", step.Name, key, reason, sg.ID, sg.ID, step.Name, sg.ID, sg.ID)
 		finish(m, string(saga.StateParked))
 		return m, nil
 	}

@@ -43,6 +43,10 @@
 //     the saga parks (saga.StateParked) when it has none.
 //   - Retries wait for a due time stored in the database, not a timer in
 //     memory, so they survive restarts.
+//   - An operator's repair (Client.Retry, Cancel, Skip, Close, and Bulk
+//     for many sagas) keeps every step key, runs under the saga's lock and
+//     is recorded, with who and why, in its own transaction under its
+//     request key: sent again, it changes nothing.
 //   - Any number of engines may share one database and one stream. The
 //     reaper locks a saga before its step (as the orchestrator does) and
 //     skips sagas another process holds.

@@ -319,3 +319,41 @@ from idemsaga.callbacks where saga_id = $1 order by received_at, event_id`
 // settleTombstone fenced in the same transaction.
 const completeSettled = `update idemsaga.inbox set outcome = $3::text, result = $4::jsonb, error = $5::text
 where saga_id = $1 and step_key = $2 and outcome = 'tombstone'`
+
+// selectStepInFlight reads a running saga's step in flight (one, as
+// reconcile checks), under its saga's lock.
+const selectStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
+where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting') order by updated_at desc limit 1`
+
+// skipAttempt ends a step's attempt $4 for an operator's skip (into the
+// timeline as it ended: failed, retry, or cut short) and opens the skip's
+// own attempt, whose success the skip's move records with the note $5.
+// It returns the skip's attempt.
+const skipAttempt = `with cur as (
+  select saga_id, step, phase, attempt, status, coalesce(dispatched_at, created_at) as dispatched_at, updated_at, last_error
+  from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('failed', 'retrying', 'dispatched', 'waiting')
+), r as (
+  update idemsaga.steps set
+    status = 'dispatched', attempt = attempt + 1, lease_until = idemsaga.now(), next_attempt_at = null,
+    dispatched_at = idemsaga.now(), updated_at = idemsaga.now()
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('failed', 'retrying', 'dispatched', 'waiting')
+  returning attempt
+), old as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+  select saga_id, step, phase, attempt, dispatched_at,
+    case when status = 'failed' then updated_at else idemsaga.now() end,
+    case status when 'failed' then 'failed' when 'retrying' then 'retry' when 'waiting' then 'unknown' else 'lease expired' end,
+    case when status = 'failed' then last_error else 'ended by an operator''s skip' end
+  from cur where exists (select 1 from r)
+  on conflict (saga_id, step, phase, attempt) do update set
+    finished_at = coalesce(idemsaga.step_attempts.finished_at, idemsaga.now()),
+    outcome = coalesce(idemsaga.step_attempts.outcome, excluded.outcome)
+), skip as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, error)
+  select $1, $2, $3, attempt, idemsaga.now(), $5 from r
+)
+select attempt from r`
+
+// selectRepairs is a saga's repairs, oldest first.
+const selectRepairs = `select operation, request_key, reason, requested_by, coalesce(step, ''), coalesce(phase::text, ''), state_after::text, created_at
+from idemsaga.repairs where saga_id = $1 order by created_at, request_key`

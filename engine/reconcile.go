@@ -57,6 +57,10 @@ func (d Difference) String() string {
 //     the broker refused;
 //   - a saga started with a submit token is the one the token records as
 //     having used it (the two are written in one statement);
+//   - an operator's repairs hold: a step skipped (Client.Skip) is
+//     succeeded and its key fenced in the inbox (a final record, so no
+//     late delivery can take effect), and a closed saga (Client.Close)
+//     has its close recorded;
 //   - sagas in StateFailed or StateParked are listed: they need a person.
 //
 // What the schema guards itself (steps, attempts and inbox rows without
@@ -113,7 +117,15 @@ from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.ste
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
 		{"step recorded as succeeded has no success in the inbox: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')`, nil},
+where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')
+  and not exists (select 1 from idemsaga.repairs r where r.saga_id = st.saga_id and r.operation = 'skip' and r.step = st.step and r.phase = st.phase)`, nil},
+		{"step skipped by an operator is not fenced: %s", `select r.saga_id, r.step || '/' || r.phase || ' is ' || coalesce(st.status, 'missing') || ', its key holds ' || coalesce(i.outcome, 'nothing')
+from idemsaga.repairs r
+left join idemsaga.steps st on st.saga_id = r.saga_id and st.step = r.step and st.phase = r.phase
+left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
+where r.operation = 'skip' and (st.status is distinct from 'succeeded' or i.outcome is null or i.outcome in ('started', 'retry', 'waiting'))`, nil},
+		{"closed with no close recorded in its repairs%s", `select s.id, '' from idemsaga.sagas s
+where s.state = 'closed' and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.operation = 'close')`, nil},
 		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, nil},
@@ -160,7 +172,7 @@ order by id limit 100`, []any{stale}},
 	// Sagas in their final state: every forward step succeeded.
 	rows, err := pool.Query(ctx, `select s.id, s.definition, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
 from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
-where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked')
+where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked', 'closed')
 group by s.id, s.definition, s.state`)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,8 +26,8 @@ var ErrStateForbids = errors.New("idemsaga: the saga's state does not allow this
 // the key of the step it settles.
 const repairBusyWait = 10 * time.Second
 
-// Retry resumes a saga that stopped for a person, from where it stopped,
-// with the same step keys:
+// Retry runs a step again under its key, at its next attempt, from where
+// the saga stopped or waits; what it does depends on the saga's state:
 //
 //   - StateFailed: the compensation that could not finish is dispatched
 //     again at its next attempt, and the saga is compensating again.
@@ -35,29 +36,89 @@ const repairBusyWait = 10 * time.Second
 //     system answers with what it did; the saga is back where it was when
 //     the step ran. It stays possibly done, so if it is given up again the
 //     saga parks again.
+//   - Running, its step (forward or compensation) waiting out a retry's
+//     backoff: the next attempt is dispatched now rather than when due
+//     ("retry now"), under the same key and fenced by the attempt, as the
+//     reaper would.
+//
+// Everything else is refused with ErrStateForbids, saying why and what to
+// do: a step running its attempt (its lease, when it runs out, brings the
+// next one), a compensated saga (a forward step whose undo began or
+// finished is never run again: the undo may have reached other systems;
+// start a new saga with a new key), a completed saga, and a closed one.
 //
 // Use it after a person checked or repaired the other system. The step's
 // failure or tombstone is cleared from the inbox in the same transaction,
 // so the retried attempt runs; every other step key keeps its record, so
 // nothing that took effect runs twice.
 func (cl *Client) Retry(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	c := cl.c
+	return cl.repair(ctx, id, "retry", SkipStep{}, r, false)
+}
+
+// ErrUnknownRepair is returned for a repair operation the engine does not
+// have. Nothing is written.
+var ErrUnknownRepair = errors.New("idemsaga: unknown repair operation")
+
+// Repairs names the repair operations Bulk and the HTTP API accept.
+var Repairs = []string{"retry", "cancel", "skip", "close"}
+
+// repair runs the repair named op on saga id (s is a skip's step), or,
+// with dryRun, says what it would do and writes nothing.
+func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipStep, r Repair, dryRun bool) (RepairResult, error) {
+	rop := repairOp{name: op, r: r, dryRun: dryRun}
+	var fn func(tx *attempt.Tx, sg *saga.Instance) error
+	var after func()
+	switch op {
+	case "retry":
+		fn = cl.retryFn(ctx)
+	case "cancel":
+		fx := &effects{}
+		fn, after = cl.cancelFn(ctx, r, &fx), func() { cl.c.emit(fx) }
+	case "skip":
+		var err error
+		if rop, err = skipOp(s, r); err != nil {
+			return RepairResult{}, err
+		}
+		rop.dryRun = dryRun
+		fx := &effects{}
+		fn, after = cl.skipFn(ctx, s, r, rop.phase, &fx), func() { cl.c.emit(fx) }
+	case "close":
+		closed := &attempt.Move{}
+		fn, after = closeFn(ctx, closed), func() { cl.c.Moved(closed, time.Time{}) }
+	default:
+		return RepairResult{}, fmt.Errorf("%w: %q; the repairs are %s", ErrUnknownRepair, op, strings.Join(Repairs, ", "))
+	}
 	if err := cl.resolveSaga(ctx, id); err != nil {
 		return RepairResult{}, err
 	}
-	return c.recorded(ctx, id, "retry", r, func(tx *attempt.Tx, sg *saga.Instance) error {
+	return cl.c.recorded(ctx, id, rop, fn, after)
+}
+
+// retryFn is Retry's work on a saga locked in tx.
+func (cl *Client) retryFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
+	c := cl.c
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		id := sg.ID
+		def, err := c.definition(sg.Definition)
+		if err != nil {
+			return err
+		}
 		var phase saga.Phase
 		switch sg.State {
 		case saga.StateFailed:
 			phase = saga.PhaseCompensate
 		case saga.StateParked:
 			phase = saga.PhaseForward
+		case saga.StateClosed:
+			return fmt.Errorf("%w: saga %s was closed as handled by an operator (its repairs: `worker show %s`); nothing runs for it any more", ErrStateForbids, id, id)
+		case saga.StateCompensated:
+			return fmt.Errorf("%w: saga %s is compensated: a step failed and every completed step was undone, so no step runs again under its key "+
+				"(its undo may already have reached other systems); to do the business again, start a new saga with a new key", ErrStateForbids, id)
 		default:
-			return fmt.Errorf("%w: saga %s is %q; only a failed or parked saga can be retried (cancel a running one instead)", ErrStateForbids, id, sg.State)
-		}
-		def, err := c.definition(sg.Definition)
-		if err != nil {
-			return err
+			if sg.Finished() {
+				return fmt.Errorf("%w: saga %s completed (state %q); there is nothing to retry", ErrStateForbids, id, sg.State)
+			}
+			return c.retryNow(ctx, tx, sg, def)
 		}
 		var step string
 		var idx, attemptNo int
@@ -111,7 +172,37 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, attempt.ErrInvariant)
 		}
 		return nil
-	}, nil)
+	}
+}
+
+// retryNow dispatches now the next attempt of a running saga's step that
+// waits out a retry's backoff; a step running its attempt is refused.
+func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition) error {
+	var step, phase, status string
+	var idx, attemptNo int
+	var lease *time.Time
+	err := tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: saga %s is %s with no step in flight; `worker reconcile` reports why", ErrStateForbids, sg.ID, sg.State)
+	}
+	if err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: find its step in flight: %w", sg.ID, err)
+	}
+	if idx >= def.Len() || def.Step(idx).Name != step {
+		return fmt.Errorf("idemsaga: retry saga %s: definition %q has no step %q at %d; deploy the same definition everywhere", sg.ID, sg.Definition, step, idx)
+	}
+	if saga.StepStatus(status) == saga.StepDispatched {
+		until := "its lease"
+		if lease != nil {
+			until = lease.UTC().Format(time.RFC3339)
+		}
+		what := fmt.Sprintf("step %q (%s) is running attempt %d", step, phase, attemptNo)
+		if sg.State == saga.StateCompensating && saga.Phase(phase) == saga.PhaseCompensate {
+			what = fmt.Sprintf("it is compensating (a forward step failed and compensation began, so no forward step runs again: its undo may have reached other systems) and the compensation of step %q is running attempt %d", step, attemptNo)
+		}
+		return fmt.Errorf("%w: saga %s: %s; a retry would race it. Wait: its outcome, or the end of its lease (%s), brings the next attempt under the same key", ErrStateForbids, sg.ID, what, until)
+	}
+	return c.redispatch(tx, sg, def, idx, saga.Phase(phase), attemptNo)
 }
 
 // Cancel stops a saga and compensates what it completed.
@@ -129,19 +220,22 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 //
 // A saga already compensating or finished is refused.
 func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, id, "cancel", SkipStep{}, r, false)
+}
+
+// cancelFn is Cancel's work on a saga locked in tx. *fx is replaced on
+// every try, so that only the committed one's effects are emitted.
+func (cl *Client) cancelFn(ctx context.Context, r Repair, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
 	c := cl.c
-	if err := cl.resolveSaga(ctx, id); err != nil {
-		return RepairResult{}, err
-	}
 	msg := "cancelled by an operator"
 	if r.Reason != "" {
 		msg += ": " + r.Reason
 	}
-	fx := &effects{}
-	return c.recorded(ctx, id, "cancel", r, func(tx *attempt.Tx, sg *saga.Instance) error {
-		fx = &effects{}
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		*fx = &effects{}
+		id := sg.ID
 		if sg.State == saga.StateParked {
-			return c.cancelParked(ctx, tx, sg, msg, fx)
+			return c.cancelParked(ctx, tx, sg, msg, *fx)
 		}
 		if sg.Finished() || sg.State == saga.StateCompensating {
 			return fmt.Errorf("%w: saga %s is %q; only a running saga that is not compensating, or a parked one, can be cancelled", ErrStateForbids, id, sg.State)
@@ -190,7 +284,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 				err = fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 			}
 			if m != nil {
-				attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+				attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 			}
 			return errCommitted{err}
 		case s.outcome == "succeeded":
@@ -209,9 +303,9 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		if err != nil {
 			return err
 		}
-		attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 		return nil
-	}, func() { c.emit(fx) })
+	}
 }
 
 // cancelMove is the move that cancels a saga whose step idx completed
@@ -288,7 +382,8 @@ where id = $1 and version = $2 returning created_at`,
 	return nil
 }
 
-// Repair is an operator's request to Retry or Cancel a saga.
+// Repair is an operator's request to repair a saga: Retry, Cancel, Skip
+// or Close.
 type Repair struct {
 	// Key makes the request safe to send again: a second request with
 	// the same key for the same saga changes nothing and answers with the
@@ -306,9 +401,13 @@ type Repair struct {
 type RepairResult struct {
 	// ID is the saga's.
 	ID uuid.UUID
-	// Operation is "retry" or "cancel".
+	// Operation is "retry", "cancel", "skip" or "close".
 	Operation string
-	// State is the saga's state right after the repair committed.
+	// Before is the saga's state when the repair began (for a replay,
+	// its state when the request was answered again).
+	Before saga.State
+	// State is the saga's state right after the repair committed (for a
+	// dry run: the state it would leave).
 	State saga.State
 	// Key is the request's key (Repair.Key, or the one made up for it).
 	Key string
@@ -317,6 +416,9 @@ type RepairResult struct {
 	// Replayed is true when the key named a repair already done: nothing
 	// was written, and the rest is that repair's.
 	Replayed bool
+	// DryRun is true when nothing was written: the result is what the
+	// repair would do (Bulk with DryRun).
+	DryRun bool
 }
 
 // ErrStepInFlight is returned by Cancel while an external step's attempt
@@ -366,21 +468,47 @@ func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
 	return err
 }
 
+// repairOp is one repair as recorded: its name, the request, and what
+// else the request carries that its key must match.
+type repairOp struct {
+	// name is the operation: retry, cancel, skip or close.
+	name string
+	r    Repair
+	// extra is what the request carries beside its reason (a skip's
+	// step and result), hashed with it: the same key with another is
+	// ErrRepairKeyReused.
+	extra string
+	// step, if set, names the step the repair is about (a skip's), for
+	// the record; the repair's work sets *phase to its phase.
+	step  string
+	phase *saga.Phase
+	// dryRun runs the repair in a transaction that is rolled back: the
+	// result says what it would do, and nothing is written or sent.
+	dryRun bool
+}
+
+// errDryRun makes a dry run's transaction roll back.
+var errDryRun = errors.New("idemsaga: dry run")
+
 // recorded runs a repair under the saga's lock and records it in
 // idemsaga.repairs in the same transaction, so that a request sent again
 // after a lost answer (a crash, a timeout) finds the first one's record
 // and changes nothing.
-func (c *core) recorded(ctx context.Context, id uuid.UUID, op string, r Repair, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (RepairResult, error) {
+func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (RepairResult, error) {
+	r := op.r
 	if r.Key == "" {
 		r.Key = uuid.NewString()
 	}
 	if err := saga.CheckKey(r.Key); err != nil {
 		return RepairResult{}, err
 	}
-	sum := sha256.Sum256([]byte(op + "\x00" + r.Reason))
+	sum := sha256.Sum256([]byte(op.name + "\x00" + r.Reason + op.extra))
 	var res RepairResult
-	err := c.withSagaLocked(ctx, id, op, func(tx *attempt.Tx, sg *saga.Instance) error {
-		res = RepairResult{ID: id, Operation: op, Key: r.Key}
+	if op.dryRun {
+		after = nil
+	}
+	err := c.withSagaLocked(ctx, id, op.name, func(tx *attempt.Tx, sg *saga.Instance) error {
+		res = RepairResult{ID: id, Operation: op.name, Key: r.Key, Before: sg.State, DryRun: op.dryRun}
 		var hash []byte
 		var state string
 		err := tx.Conn().QueryRow(ctx, `select request_hash, state_after, created_at from idemsaga.repairs where saga_id = $1 and request_key = $2`,
@@ -388,29 +516,59 @@ func (c *core) recorded(ctx context.Context, id uuid.UUID, op string, r Repair, 
 		switch {
 		case err == nil && bytes.Equal(hash, sum[:]):
 			res.State, res.Replayed = saga.State(state), true
+			if op.dryRun {
+				return errDryRun
+			}
 			return nil
 		case err == nil:
 			return fmt.Errorf("%w (saga %s, key %q)", ErrRepairKeyReused, id, r.Key)
 		case !errors.Is(err, pgx.ErrNoRows):
-			return fmt.Errorf("idemsaga: %s saga %s: read its repairs: %w", op, id, err)
+			return fmt.Errorf("idemsaga: %s saga %s: read its repairs: %w", op.name, id, err)
 		}
 		if err := fn(tx, sg); err != nil {
+			var committed errCommitted
+			if op.dryRun && errors.As(err, &committed) {
+				// Nothing commits in a dry run.
+				return committed.err
+			}
 			return err
+		}
+		if op.dryRun {
+			tx.Queue(`select state::text, idemsaga.now() from idemsaga.sagas where id = $1`, func(row pgx.Row) error {
+				var st string
+				if err := row.Scan(&st, &res.At); err != nil {
+					return fmt.Errorf("idemsaga: %s saga %s: read what the repair would leave: %w", op.name, id, err)
+				}
+				res.State = saga.State(st)
+				return nil
+			}, pguuid.Of(id))
+			if err := tx.Flush(ctx); err != nil {
+				return err
+			}
+			return errDryRun
+		}
+		var step, phase *string
+		if op.step != "" && op.phase != nil {
+			p := string(*op.phase)
+			step, phase = &op.step, &p
 		}
 		// Queued after the repair's own writes: it reads the state they
 		// leave.
-		tx.Queue(`insert into idemsaga.repairs (saga_id, request_key, operation, request_hash, reason, requested_by, state_after)
-select id, $2, $3, $4, $5, $6, state from idemsaga.sagas where id = $1
+		tx.Queue(`insert into idemsaga.repairs (saga_id, request_key, operation, request_hash, reason, requested_by, state_after, step, phase)
+select id, $2, $3, $4, $5, $6, state, $7, $8 from idemsaga.sagas where id = $1
 returning state_after, created_at`, func(row pgx.Row) error {
 			var st string
 			if err := row.Scan(&st, &res.At); err != nil {
-				return fmt.Errorf("idemsaga: %s saga %s: record the repair: %w", op, id, err)
+				return fmt.Errorf("idemsaga: %s saga %s: record the repair: %w", op.name, id, err)
 			}
 			res.State = saga.State(st)
 			return nil
-		}, pguuid.Of(id), r.Key, op, sum[:], r.Reason, r.By)
+		}, pguuid.Of(id), r.Key, op.name, sum[:], r.Reason, r.By, step, phase)
 		return nil
 	}, after)
+	if errors.Is(err, errDryRun) {
+		err = nil
+	}
 	return res, err
 }
 

@@ -381,7 +381,7 @@ func TestListRefusesFiltersNoSagaMatches(t *testing.T) {
 	require.NoError(t, cl.Check(ctx))
 	_, err := cl.List(ctx, engine.ListOptions{State: "parkd"})
 	require.ErrorIs(t, err, engine.ErrInvalidFilter)
-	require.ErrorContains(t, err, "the states are compensated, compensating, credited, deducted, failed, init, parked")
+	require.ErrorContains(t, err, "the states are closed, compensated, compensating, credited, deducted, failed, init, parked")
 	_, err = cl.List(ctx, engine.ListOptions{Definition: "transfr"})
 	require.ErrorIs(t, err, engine.ErrInvalidFilter)
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)

@@ -228,18 +228,27 @@ create table idemsaga.workers (
     seen_at     timestamptz not null default idemsaga.now()
 );
 
--- Every operator repair (retry, cancel), with who asked and why, keyed by
--- the request's key: a repair sent again after a lost answer finds its
--- record, written in the repair's own transaction, and changes nothing.
+-- Every operator repair (retry, cancel, skip, close), with who asked and
+-- why, keyed by the request's key: a repair sent again after a lost answer
+-- finds its record, written in the repair's own transaction, and changes
+-- nothing. A bulk repair records one row per saga, under a key derived
+-- from the bulk request's.
 create table idemsaga.repairs (
     saga_id      uuid not null references idemsaga.sagas (id) on delete cascade,
     request_key  text not null,
-    operation    text not null check (operation in ('retry', 'cancel')),
+    operation    text not null check (operation in ('retry', 'cancel', 'skip', 'close')),
     request_hash bytea not null,
     reason       text not null,
     requested_by text not null,
     state_after  idemsaga.state_name not null,
     created_at   timestamptz not null default idemsaga.now(),
+
+    -- The step a skip marked succeeded (null for the other repairs): its
+    -- key holds a tombstone, not a success, in the inbox, and reconcile
+    -- tells it from a step whose success went unrecorded by this row.
+    step         text,
+    phase        idemsaga.phase,
+    constraint repairs_skip_names_step check ((operation = 'skip') = (step is not null and phase is not null)),
     primary key (saga_id, request_key)
 );
 

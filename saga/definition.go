@@ -240,10 +240,10 @@ func (d *Definition) StateBefore(i int) State {
 }
 
 // IsTerminal reports whether s ends a saga of this definition: its final
-// state, StateCompensated, or one of the two that need a person,
-// StateFailed and StateParked.
+// state, StateCompensated, one of the two that need a person,
+// StateFailed and StateParked, or StateClosed.
 func (d *Definition) IsTerminal(s State) bool {
-	return s == d.FinalState() || s == StateCompensated || s == StateFailed || s == StateParked
+	return s == d.FinalState() || s == StateCompensated || s == StateFailed || s == StateParked || s == StateClosed
 }
 
 // ValidState reports whether s is a state a saga of this definition can be in.
@@ -270,7 +270,8 @@ func (d *Definition) CanTransition(from, to State) bool {
 		return false
 	}
 	switch to {
-	case StateInit:
+	case StateInit, StateClosed:
+		// Only an operator's Client.Close reaches StateClosed.
 		return false
 	case StateCompensating, StateParked:
 		return from != StateCompensating

@@ -60,6 +60,7 @@ func TestNewRejectsInvalidDefinitions(t *testing.T) {
 		{"Reaches failed", "s", []saga.Step{step("a", saga.StateFailed)}, "steps[0].Reaches"},
 		{"duplicate Reaches", "s", []saga.Step{step("a", "done"), step("b", "x"), step("c", "done")}, "steps[2].Reaches"},
 		{"Reaches parked", "s", []saga.Step{step("a", saga.StateParked)}, "steps[0].Reaches"},
+		{"Reaches closed", "s", []saga.Step{step("a", saga.StateClosed)}, "steps[0].Reaches"},
 		{"nil Forward", "s", []saga.Step{step("a", "a_done"), {Name: "b", Reaches: "b_done", Kind: saga.DatabaseStep}}, "steps[1].Forward"},
 		{"no Kind", "s", []saga.Step{step("a", "a_done"), {Name: "b", Reaches: "b_done", Forward: noop}}, "steps[1].Kind"},
 		{"unknown Kind", "s", []saga.Step{{Name: "b", Reaches: "b_done", Forward: noop, Kind: saga.StepKind(7)}}, "steps[0].Kind"},
@@ -161,14 +162,14 @@ func TestValidStateAndIsTerminal(t *testing.T) {
 	t.Parallel()
 	def := saga.MustNew("s", step("a", "a_done"), step("b", "b_done"))
 
-	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked, "a_done", "b_done"} {
+	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, saga.StateCompensated, saga.StateFailed, saga.StateParked, saga.StateClosed, "a_done", "b_done"} {
 		require.True(t, def.ValidState(s), s)
 	}
 	for _, s := range []saga.State{"", "a", "unknown", "A_DONE"} {
 		require.False(t, def.ValidState(s), s)
 	}
 
-	for _, s := range []saga.State{"b_done", saga.StateCompensated, saga.StateFailed, saga.StateParked} {
+	for _, s := range []saga.State{"b_done", saga.StateCompensated, saga.StateFailed, saga.StateParked, saga.StateClosed} {
 		require.True(t, def.IsTerminal(s), s)
 	}
 	for _, s := range []saga.State{saga.StateInit, saga.StateCompensating, "a_done"} {

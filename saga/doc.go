@@ -46,8 +46,10 @@
 //   - A saga moves one way: StateInit, then the state each step reaches, in
 //     order; on failure StateCompensating, then StateCompensated or, when
 //     compensation cannot finish, StateFailed; StateParked when a possibly
-//     done step cannot be undone. CanTransition encodes this graph, which
-//     has no cycles, and nothing leaves a terminal state.
+//     done step cannot be undone; StateClosed when an operator closed a
+//     failed or parked saga as handled. CanTransition encodes this graph,
+//     which has no cycles, and nothing leaves a terminal state (an
+//     operator's repair is not a transition).
 //   - StepKey is a UUIDv5 over (saga ID, step, phase): the same on every
 //     attempt, worker and restart, and different for every other step or
 //     phase of the saga. Pass it downstream as an idempotency key.

@@ -29,6 +29,9 @@ type Instance struct {
 	// Callbacks lists the callbacks received for the saga's callback
 	// steps, filled by inspection calls only.
 	Callbacks []CallbackRecord `json:"callbacks,omitempty"`
+	// Repairs lists the operators' repairs of the saga, oldest first,
+	// filled by inspection calls only.
+	Repairs []RepairRecord `json:"repairs,omitempty"`
 }
 
 // CallbackRecord is one callback received for a CallbackStep, as stored
@@ -48,6 +51,28 @@ type CallbackRecord struct {
 	Error      string          `json:"error,omitempty"`
 	ReceivedAt time.Time       `json:"received_at"`
 	AppliedAt  *time.Time      `json:"applied_at,omitempty"`
+}
+
+// RepairRecord is one operator's repair of a saga (retry, cancel, skip,
+// close), as recorded in the repair's own transaction.
+type RepairRecord struct {
+	// Operation is the repair's name: retry, cancel, skip or close.
+	Operation string `json:"operation"`
+	// Key is the request's key: the same request sent again under it
+	// changed nothing.
+	Key string `json:"key"`
+	// Reason says why, as the operator gave it.
+	Reason string `json:"reason,omitempty"`
+	// By names who asked, as the operator's tool gave it.
+	By string `json:"by,omitempty"`
+	// Step and Phase name the step a skip marked succeeded; empty for
+	// the other repairs.
+	Step  string `json:"step,omitempty"`
+	Phase Phase  `json:"phase,omitempty"`
+	// StateAfter is the saga's state right after the repair committed.
+	StateAfter State `json:"state_after"`
+	// At is when the repair's transaction began, on the database clock.
+	At time.Time `json:"at"`
 }
 
 // StepAttempt is one attempt of one step execution.

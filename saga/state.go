@@ -4,7 +4,8 @@ package saga
 // a directed acyclic graph: StateInit, then the state reached by each step in
 // order; on failure StateCompensating then StateCompensated, or StateFailed
 // when compensation cannot finish; StateParked when a step that may have
-// taken effect cannot be undone.
+// taken effect cannot be undone; StateClosed when an operator closed a
+// failed or parked saga as handled.
 type State string
 
 // Built-in states every saga can be in.
@@ -22,13 +23,20 @@ const (
 	// up while possibly done (an attempt's outcome at another system is
 	// unknown) and has no compensation, so nothing was undone. The saga's
 	// error names the step and its key: check the other system under that
-	// key, then retry the step (Client.Retry) or close the saga.
+	// key, then retry the step (Client.Retry, `worker retry`), skip it
+	// with its result if it did take effect (Client.Skip, `worker skip`),
+	// cancel the saga if it did not (Client.Cancel), or close the saga as
+	// handled (Client.Close, `worker close`).
 	StateParked State = "parked"
+	// StateClosed is terminal: an operator closed a failed or parked saga
+	// as handled (Client.Close), with who and why in its repairs. Nothing
+	// runs for it any more.
+	StateClosed State = "closed"
 )
 
 func reservedState(s State) bool {
 	switch s {
-	case StateInit, StateCompensating, StateCompensated, StateFailed, StateParked:
+	case StateInit, StateCompensating, StateCompensated, StateFailed, StateParked, StateClosed:
 		return true
 	}
 	return false

@@ -24,6 +24,7 @@ func TestCanTransition(t *testing.T) {
 		compensated  = saga.StateCompensated
 		failed       = saga.StateFailed
 		parked       = saga.StateParked
+		closed       = saga.StateClosed
 	)
 	tests := []struct {
 		from, to saga.State
@@ -84,6 +85,14 @@ func TestCanTransition(t *testing.T) {
 		{parked, "shipped", false},
 		{parked, failed, false},
 		{parked, initial, false},
+		// Closed is reached by an operator's close only, and is terminal.
+		{failed, closed, false},
+		{parked, closed, false},
+		{initial, closed, false},
+		{compensating, closed, false},
+		{closed, compensating, false},
+		{closed, "reserved", false},
+		{closed, initial, false},
 		// Unknown states.
 		{"unknown", "reserved", false},
 		{"unknown", compensating, false},

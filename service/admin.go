@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/user"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -197,74 +195,6 @@ func (s *showCmd) Run(ctx context.Context, f *Flags) error {
 	})
 }
 
-// repairFlags are the flags of retry and cancel.
-type repairFlags struct {
-	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
-	Key     string `name:"request-key" help:"Key of this request: the same key sent again changes nothing and prints the first result (default: a new key)."`
-	Reason  string `help:"Why, recorded with the repair (and, for cancel, in the saga's error)."`
-	By      string `help:"Who asks, recorded with the repair (default: $USER)."`
-	JSON    bool   `name:"json" help:"Print JSON."`
-}
-
-func (r *repairFlags) repair() engine.Repair {
-	by := r.By
-	if by == "" {
-		if u, err := user.Current(); err == nil {
-			by = u.Username
-		}
-	}
-	return engine.Repair{Key: r.Key, Reason: r.Reason, By: "cli:" + by}
-}
-
-type retryCmd struct{ repairFlags }
-
-func (c *retryCmd) Run(ctx context.Context, f *Flags) error {
-	return c.run(ctx, f, "retry", func(cl *engine.Client, id uuid.UUID) (engine.RepairResult, error) {
-		return cl.Retry(ctx, id, c.repair())
-	})
-}
-
-type cancelCmd struct{ repairFlags }
-
-func (c *cancelCmd) Run(ctx context.Context, f *Flags) error {
-	return c.run(ctx, f, "cancel", func(cl *engine.Client, id uuid.UUID) (engine.RepairResult, error) {
-		return cl.Cancel(ctx, id, c.repair())
-	})
-}
-
-// run finds the saga, repairs it and says who will carry the work out:
-// the steps run in a worker that has the definition's code, which may
-// not be this process.
-func (r *repairFlags) run(ctx context.Context, f *Flags, op string, do func(*engine.Client, uuid.UUID) (engine.RepairResult, error)) error {
-	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
-		sg, err := cl.Lookup(ctx, r.IDOrKey)
-		if err != nil {
-			return err
-		}
-		res, err := do(cl, sg.ID)
-		if err != nil {
-			return err
-		}
-		workers, werr := cl.Workers(ctx)
-		runs := slices.ContainsFunc(workers, func(w engine.Worker) bool { return slices.Contains(w.Definitions, sg.Definition) })
-		if r.JSON {
-			return printJSON(f.out, map[string]any{"id": res.ID, "operation": res.Operation, "state": res.State, "key": res.Key,
-				"at": res.At, "replayed": res.Replayed, "worker_running": runs})
-		}
-		what := map[string]string{"retry": "resumed", "cancel": "cancelled"}[op]
-		if res.Replayed {
-			fmt.Fprintf(f.out, "saga %s: already %s by this request (key %s) at %s; now %s\n", sg.ID, what, res.Key, res.At.Format(time.RFC3339), res.State)
-		} else {
-			fmt.Fprintf(f.out, "saga %s: %s; now %s (request key %s)\n", sg.ID, what, res.State, res.Key)
-		}
-		def, derr := cl.Definition(ctx, sg.Definition)
-		if derr == nil && !def.IsTerminal(res.State) && werr == nil && !runs {
-			fmt.Fprintf(f.errOut, "no live worker runs definition %q: its steps wait in the outbox until one starts (`%s run` with that definition)\n", sg.Definition, name(*f.cfg))
-		}
-		return nil
-	})
-}
-
 type workersCmd struct {
 	JSON bool `name:"json" help:"Print JSON."`
 }
@@ -366,6 +296,19 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 				body = "refused: " + cb.Error
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", cb.ReceivedAt.Format("15:04:05.000"), cb.Step, cb.EventID, cb.Outcome, truncate(body, 80))
+		}
+		_ = w.Flush()
+	}
+	if len(sg.Repairs) > 0 {
+		fmt.Fprintln(out, "\nrepairs:")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "AT\tOPERATION\tSTEP\tBY\tSTATE AFTER\tREQUEST KEY\tREASON")
+		for _, r := range sg.Repairs {
+			step := r.Step
+			if step != "" {
+				step += "/" + string(r.Phase)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.At.Format(time.RFC3339), r.Operation, step, r.By, r.StateAfter, r.Key, truncate(r.Reason, 80))
 		}
 		_ = w.Flush()
 	}

@@ -133,8 +133,10 @@ type cli struct {
 	Start     startCmd     `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
 	List      listCmd      `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
 	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
-	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation, or run a parked saga's step again (same step keys: nothing runs twice)."`
-	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed."`
+	Retry     retryCmd     `cmd:"" help:"Run a step again under its key at its next attempt: a failed saga's compensation, a parked saga's step, or a running step waiting out its backoff (now). One saga, or every saga a filter matches."`
+	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed. One saga, or every saga a filter matches."`
+	Skip      skipCmd      `cmd:"" help:"Mark a step succeeded with the result you give (a person checked it took effect, or undid it by hand) and go on. One saga, or every saga a filter matches."`
+	Close     closeCmd     `cmd:"" help:"Close a failed or parked saga as handled: nothing runs for it any more. One saga, or every saga a filter matches."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
 	Workers   workersCmd   `cmd:"" help:"List the live workers and the definitions each runs."`
 }

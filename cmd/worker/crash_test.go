@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -246,4 +247,81 @@ func TestCrashAfterStartCommits(t *testing.T) {
 	require.Contains(t, r.stdout, "credited")
 	w.stop(t)
 	d.check(1, 0)
+}
+
+// TestBulkCancelWithTheWorkerKilled: the only worker dies in the middle
+// of a step (its claim made, its transaction open); an operator cancels
+// every transfer and order in bulk from the admin commands while no
+// worker runs, then sends the same command again, which replays instead
+// of cancelling again. A fresh worker carries the cancels out: money and
+// stock conserved, every charge refunded once, no invariant broken.
+func TestBulkCancelWithTheWorkerKilled(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t)
+	d.submit(10)
+	crashing := d.startWorker(failpoint.StepAfterInbox + "=exit*1")
+	require.Equal(t, failpoint.ExitCode, crashing.wait(t, 60*time.Second), crashing.stderr.String())
+
+	type item struct {
+		ID       string `json:"id"`
+		Before   string `json:"before"`
+		State    string `json:"state"`
+		Replayed bool   `json:"replayed"`
+		Error    string `json:"error"`
+	}
+	bulk := func(definition string) []item {
+		r := worker(t, d.env, "cancel", "--definition", definition, "--request-key", "incident-9", "--reason", "worker lost", "--json")
+		var out struct {
+			Items []item `json:"items"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout+r.stderr)
+		return out.Items
+	}
+	for _, def := range []string{"transfer", "order"} {
+		first := bulk(def)
+		require.NotEmpty(t, first)
+		cancelled := map[string]bool{}
+		for _, it := range first {
+			if it.Error != "" {
+				// One the crashing worker finished before it died.
+				require.Contains(t, it.Error, "the saga's state does not allow this", it.Error)
+				continue
+			}
+			require.False(t, it.Replayed)
+			cancelled[it.ID] = true
+		}
+		require.NotEmpty(t, cancelled)
+		t.Logf("%s: %d sagas, %d cancelled with no worker running, %d refused (finished before the crash)", def, len(first), len(cancelled), len(first)-len(cancelled))
+		for _, it := range bulk(def) {
+			if cancelled[it.ID] {
+				require.True(t, it.Replayed, "saga %s: the resend replays its cancel", it.ID)
+			} else {
+				require.NotEmpty(t, it.Error, "saga %s: nothing new is cancelled by a resend", it.ID)
+			}
+		}
+		var recorded int
+		require.NoError(t, d.pool.QueryRow(context.Background(), `select count(*) from idemsaga.repairs r join idemsaga.sagas s on s.id = r.saga_id
+where s.definition = $1 and r.request_key like 'incident-9/%'`, def).Scan(&recorded))
+		require.Equal(t, len(cancelled), recorded)
+	}
+
+	fresh := d.startWorker("")
+	ctx := context.Background()
+	// Once it runs (the cancels may have left it nothing to do).
+	require.Eventually(t, func() bool {
+		var n int
+		_ = d.pool.QueryRow(ctx, `select count(*) from idemsaga.workers where pid = $1`, fresh.cmd.Process.Pid).Scan(&n)
+		return n == 1
+	}, 60*time.Second, 20*time.Millisecond, "the fresh worker registers")
+	d.waitFinished(90*time.Second, crashing, fresh)
+	fresh.stop(t)
+	rep, err := transfer.Audit(ctx, d.pool, d.seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	ord, err := order.Audit(ctx, d.pool)
+	require.NoError(t, err)
+	require.Empty(t, ord.Differences)
+	diffs, err := engine.Reconcile(ctx, d.pool, []*saga.Definition{d.def, d.order}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
 }

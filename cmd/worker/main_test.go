@@ -136,7 +136,7 @@ func TestWorkerCommands(t *testing.T) {
 
 	r = worker(t, env, "retry", id.String())
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "only a failed or parked saga can be retried")
+	require.Contains(t, r.stderr, "there is nothing to retry")
 
 	r = worker(t, env, "transfer", "--from", "1", "--to", "2", "--amount=-5", "--key", "bad")
 	require.Equal(t, 1, r.code)

@@ -114,6 +114,9 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
 	a.mux.HandleFunc("POST /v1/callbacks/{token}", a.callback)
 	a.mux.HandleFunc("POST /v1/tokens", a.issueToken)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/skip", a.skip)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/close", a.close)
+	a.mux.HandleFunc("POST /v1/repairs", a.bulk)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)

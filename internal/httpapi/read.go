@@ -59,6 +59,27 @@ type Saga struct {
 	// Attempts is the timeline: every attempt of every step, in dispatch
 	// order.
 	Attempts []Attempt `json:"attempts"`
+	// Repairs lists the operators' repairs of the saga, oldest first.
+	Repairs []RepairRecord `json:"repairs"`
+}
+
+// RepairRecord is one operator's repair of a Saga, as recorded.
+type RepairRecord struct {
+	// Operation is retry, cancel, skip or close.
+	Operation string `json:"operation"`
+	// Key is the repair request's key.
+	Key    string  `json:"key"`
+	Reason *string `json:"reason"`
+	// By names who asked ("http" for this API, "cli:<user>" for the CLI).
+	By *string `json:"by"`
+	// Step and Phase name the step a skip marked succeeded; null for the
+	// other repairs.
+	Step  *string     `json:"step"`
+	Phase *saga.Phase `json:"phase"`
+	// StateAfter is the saga's state right after the repair.
+	StateAfter saga.State `json:"state_after"`
+	// At is when the repair committed, on the database's clock.
+	At time.Time `json:"at"`
 }
 
 // Step is one step execution of a Saga.
@@ -126,7 +147,7 @@ func sagaOf(sg *saga.Instance) Saga {
 	out := Saga{ID: sg.ID, Definition: sg.Definition, Key: sg.Key, State: sg.State, Version: sg.Version,
 		Input: sg.Input, Results: sg.Results, Error: optional(sg.Error),
 		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt,
-		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts))}
+		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs))}
 	if out.Results == nil {
 		out.Results = map[string]json.RawMessage{}
 	}
@@ -139,6 +160,15 @@ func sagaOf(sg *saga.Instance) Saga {
 	for _, at := range sg.Attempts {
 		out.Attempts = append(out.Attempts, Attempt{Step: at.Step, Phase: at.Phase, Attempt: at.Attempt, Key: at.Key,
 			DispatchedAt: at.DispatchedAt, FinishedAt: at.FinishedAt, Outcome: optional(at.Outcome), Error: optional(at.Error)})
+	}
+	for _, rp := range sg.Repairs {
+		rec := RepairRecord{Operation: rp.Operation, Key: rp.Key, Reason: optional(rp.Reason), By: optional(rp.By),
+			Step: optional(rp.Step), StateAfter: rp.StateAfter, At: rp.At.UTC()}
+		if rp.Phase != "" {
+			ph := rp.Phase
+			rec.Phase = &ph
+		}
+		out.Repairs = append(out.Repairs, rec)
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 type Repaired struct {
 	// ID is the saga's.
 	ID uuid.UUID `json:"id"`
-	// Operation is "cancel" or "retry".
+	// Operation is "cancel", "retry", "skip" or "close".
 	Operation string `json:"operation"`
 	// State is the saga's state right after the repair committed.
 	State saga.State `json:"state"`
@@ -33,7 +34,8 @@ type Repaired struct {
 	At time.Time `json:"at"`
 }
 
-// repairFunc is engine.Client.Cancel or engine.Client.Retry.
+// repairFunc is engine.Client.Cancel, Retry or Close, or a Skip with its
+// step.
 type repairFunc func(ctx context.Context, id uuid.UUID, r engine.Repair) (engine.RepairResult, error)
 
 // cancel handles POST /v1/sagas/{id}/cancel.
@@ -46,8 +48,19 @@ func (a *api) retry(w http.ResponseWriter, r *http.Request) {
 	a.repair(w, r, "retry", a.cfg.Client.Retry)
 }
 
+// close handles POST /v1/sagas/{id}/close.
+func (a *api) close(w http.ResponseWriter, r *http.Request) {
+	a.repair(w, r, "close", a.cfg.Client.Close)
+}
+
+// skip handles POST /v1/sagas/{id}/skip, body {"step":…,"result":…,"reason":…}.
+func (a *api) skip(w http.ResponseWriter, r *http.Request) {
+	a.repair(w, r, "skip", nil)
+}
+
 // repair checks the request, then leaves it to the engine, which records
-// the repair under its key in the repair's own transaction.
+// the repair under its key in the repair's own transaction. do nil is a
+// skip, whose body names its step.
 func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repairFunc) {
 	id, ok := sagaID(w, r)
 	if !ok {
@@ -63,47 +76,46 @@ func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repai
 		writeProblem(w, p)
 		return
 	}
-	var reason string
-	if len(bytes.TrimSpace(body)) > 0 {
+	var req repairBody
+	if len(bytes.TrimSpace(body)) > 0 || do == nil {
 		if p := requireJSON(w, r.Header); p != nil {
 			writeProblem(w, p)
 			return
 		}
-		if reason, p = decodeReason(body); p != nil {
+		members := []string{"reason"}
+		hint := `send {"reason":"<why>"} or no body`
+		if do == nil {
+			members, hint = []string{"step", "result", "reason"}, `send {"step":"<name>","result":<JSON>,"reason":"<why>"}`
+		}
+		if req, p = decodeRepairBody(body, hint, members...); p != nil {
 			writeProblem(w, p)
 			return
 		}
 	}
+	if do == nil {
+		if req.Step == "" {
+			writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid request body",
+				`member "step" is missing: name the step to skip (GET /v1/sagas/{id} lists them); send {"step":"<name>","result":<JSON>,"reason":"<why>"}`))
+			return
+		}
+		do = func(ctx context.Context, id uuid.UUID, rp engine.Repair) (engine.RepairResult, error) {
+			return a.cfg.Client.Skip(ctx, id, engine.SkipStep{Step: req.Step, Result: req.Result}, rp)
+		}
+	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
-	res, err := do(ctx, id, engine.Repair{Key: key, Reason: reason, By: "http"})
-	var inFlight *engine.StepInFlightError
-	switch {
-	case errors.Is(err, saga.ErrNotFound):
-		writeProblem(w, sagaNotFound(id))
-		return
-	case errors.As(err, &inFlight):
-		wait := max(1, int(math.Ceil(time.Until(inFlight.Until).Seconds())))
-		w.Header().Set("Retry-After", strconv.Itoa(wait))
-		writeProblem(w, newProblem(http.StatusConflict, ProblemInFlight, "A step is calling another system", trimPrefix(err.Error())))
-		return
-	case errors.Is(err, engine.ErrStateForbids):
-		writeProblem(w, newProblem(http.StatusConflict, ProblemStateForbids, "The saga's state does not allow this", trimPrefix(err.Error())))
-		return
-	case errors.Is(err, engine.ErrRepairKeyReused):
-		writeProblem(w, newProblem(http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused",
-			fmt.Sprintf("Idempotency-Key %q already names another request on saga %s (another operation or reason); resend that request to get its answer, or use a new key", key, id)))
-		return
-	case errors.Is(err, saga.ErrInvalidKey):
-		writeProblem(w, invalidKey(trimPrefix(err.Error())))
-		return
-	case errors.Is(err, engine.ErrDeploymentMismatch):
-		writeProblem(w, newProblem(http.StatusServiceUnavailable, ProblemMisconfigured, "Server misconfigured",
-			"this server's settings or definitions differ from the deployment's; nothing was written. Retry later, or with another server"))
-		return
-	case err != nil:
-		a.internal(w, r, op+" the saga", "retrying with the same Idempotency-Key is safe: it answers with the repair if it was done", err,
-			"id", id, "key", key)
+	res, err := do(ctx, id, engine.Repair{Key: key, Reason: req.Reason, By: "http"})
+	if err != nil {
+		p, wait := repairProblem(err, id, key)
+		if p == nil {
+			a.internal(w, r, op+" the saga", "retrying with the same Idempotency-Key is safe: it answers with the repair if it was done", err,
+				"id", id, "key", key)
+			return
+		}
+		if wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(wait))
+		}
+		writeProblem(w, p)
 		return
 	}
 	if res.Replayed {
@@ -112,40 +124,108 @@ func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repai
 	a.encode(w, r, http.StatusOK, Repaired{ID: res.ID, Operation: res.Operation, State: res.State, Key: res.Key, At: res.At.UTC()})
 }
 
-// decodeReason reads a repair body: one JSON object with at most the
-// string member "reason", named exactly and once.
-func decodeReason(body []byte) (string, *Problem) {
-	bad := func(detail string) (string, *Problem) {
-		return "", newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid request body",
-			detail+`; send {"reason":"<why>"} or no body`)
+// repairProblem is the answer to a repair's error, with the seconds of its
+// Retry-After (0: none); nil for an error of the server's.
+func repairProblem(err error, id uuid.UUID, key string) (*Problem, int) {
+	var inFlight *engine.StepInFlightError
+	switch {
+	case errors.Is(err, saga.ErrNotFound):
+		return sagaNotFound(id), 0
+	case errors.As(err, &inFlight):
+		wait := max(1, int(math.Ceil(time.Until(inFlight.Until).Seconds())))
+		return newProblem(http.StatusConflict, ProblemInFlight, "A step is calling another system", trimPrefix(err.Error())), wait
+	case errors.Is(err, engine.ErrStateForbids):
+		return newProblem(http.StatusConflict, ProblemStateForbids, "The saga's state does not allow this", trimPrefix(err.Error())), 0
+	case errors.Is(err, engine.ErrRepairKeyReused):
+		return newProblem(http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused",
+			fmt.Sprintf("Idempotency-Key %q already names another request on saga %s (another operation, reason or result); resend that request to get its answer, or use a new key", key, id)), 0
+	case errors.Is(err, engine.ErrInvalidResult):
+		return newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid step result", trimPrefix(err.Error())), 0
+	case errors.Is(err, saga.ErrInvalidKey):
+		return invalidKey(trimPrefix(err.Error())), 0
+	case errors.Is(err, engine.ErrDeploymentMismatch):
+		return newProblem(http.StatusServiceUnavailable, ProblemMisconfigured, "Server misconfigured",
+			"this server's settings or definitions differ from the deployment's; nothing was written. Retry later, or with another server"), 0
+	}
+	return nil, 0
+}
+
+// repairBody is what a repair's body may carry.
+type repairBody struct {
+	Reason string
+	Step   string
+	Result json.RawMessage
+	// The members of a bulk repair (POST /v1/repairs).
+	Operation string
+	Filter    json.RawMessage
+	Limit     *int
+	Cursor    string
+	DryRun    bool
+	// The members of a bulk repair's filter.
+	Definition string
+	State      string
+}
+
+// decodeRepairBody reads a repair body: one JSON object whose members are
+// among members, each named exactly and once; hint says what to send.
+func decodeRepairBody(body []byte, hint string, members ...string) (repairBody, *Problem) {
+	var out repairBody
+	bad := func(detail string) (repairBody, *Problem) {
+		return repairBody{}, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid request body", detail+"; "+hint)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return bad("the body is not a JSON object")
 	}
-	var reason string
-	seen := false
+	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return bad("the body is not valid JSON")
 		}
-		if name, _ := tok.(string); name != "reason" {
+		name, _ := tok.(string)
+		if !slices.Contains(members, name) {
 			return bad(fmt.Sprintf("member %q is unknown (names are matched exactly)", tok))
 		}
-		if seen {
-			return bad(`member "reason" appears twice`)
+		if seen[name] {
+			return bad(fmt.Sprintf("member %q appears twice", name))
 		}
-		seen = true
-		tok, err = dec.Token()
-		if err != nil {
+		seen[name] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			return bad("the body is not valid JSON")
 		}
-		s, ok := tok.(string)
-		if !ok {
-			return bad(`member "reason" must be a string`)
+		var derr error
+		switch name {
+		case "reason":
+			derr = json.Unmarshal(raw, &out.Reason)
+		case "step":
+			derr = json.Unmarshal(raw, &out.Step)
+		case "operation":
+			derr = json.Unmarshal(raw, &out.Operation)
+		case "cursor":
+			derr = json.Unmarshal(raw, &out.Cursor)
+		case "definition":
+			derr = json.Unmarshal(raw, &out.Definition)
+		case "state":
+			derr = json.Unmarshal(raw, &out.State)
+		case "result":
+			out.Result = raw
+		case "filter":
+			out.Filter = raw
+		case "limit":
+			out.Limit = new(int)
+			derr = json.Unmarshal(raw, out.Limit)
+		case "dry_run":
+			derr = json.Unmarshal(raw, &out.DryRun)
 		}
-		reason = s
+		if derr != nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) && name != "result" {
+			kind := map[string]string{"limit": "an integer", "dry_run": "true or false", "result": "JSON"}[name]
+			if kind == "" {
+				kind = "a string"
+			}
+			return bad(fmt.Sprintf("member %q must be %s", name, kind))
+		}
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
 		return bad("the body is not valid JSON")
@@ -153,5 +233,5 @@ func decodeReason(body []byte) (string, *Problem) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return bad("the body holds more than one JSON value")
 	}
-	return reason, nil
+	return out, nil
 }

@@ -91,7 +91,7 @@ func TestRepairRefusals(t *testing.T) {
 		{"array", cancel, []hdr{key("k"), jsonType()}, `["x"]`, 400, httpapi.ProblemMalformedRequest, "object"},
 		{"two values", cancel, []hdr{key("k"), jsonType()}, `{} {}`, 400, httpapi.ProblemMalformedRequest, "more than one"},
 		{"truncated", cancel, []hdr{key("k"), jsonType()}, `{"reason":"x"`, 400, httpapi.ProblemMalformedRequest, "JSON"},
-		{"retry of a running saga", "/v1/sagas/" + s.ID.String() + "/retry", []hdr{key("k")}, "", 409, httpapi.ProblemStateForbids, "only a failed or parked saga"},
+		{"retry of a running saga", "/v1/sagas/" + s.ID.String() + "/retry", []hdr{key("k")}, "", 409, httpapi.ProblemStateForbids, "a retry would race it"},
 	}
 	for _, c := range cases {
 		r := e.do(t, http.MethodPost, c.path, c.headers, c.body)

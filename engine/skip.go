@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// SkipStep names the step Skip marks succeeded, and its result.
+type SkipStep struct {
+	// Step names the step to skip. It must be the saga's step in flight,
+	// or the step it parked or failed on: a saga that moved on meanwhile
+	// is refused rather than another step skipped.
+	Step string
+	// Result is the step's result as JSON, what later steps read as its
+	// result and the saga's results hold. Empty means null. It is
+	// decoded strictly (one value, each member name once).
+	Result json.RawMessage
+}
+
+// ErrInvalidResult is returned by Skip for a result that is not one
+// strict JSON value. Nothing is written.
+var ErrInvalidResult = errors.New("idemsaga: invalid step result")
+
+// Skip marks a step succeeded with the result an operator gives, and the
+// saga goes on from it: the next step is dispatched, or the saga
+// completes. For a compensation, the undo is taken as done (a person
+// undid it by hand) and the next compensation runs, or the saga ends
+// compensated. Which step it is depends on the saga's state:
+//
+//   - Running: its step in flight (retrying, or an attempt running). The
+//     step's key is fenced first (a tombstone in the inbox, as a cancel
+//     does), so no delivery of an earlier attempt can take effect after
+//     the skip. If the step did take effect meanwhile, its own result is
+//     applied instead and the skip is refused (ErrStateForbids). An
+//     external step calling the other system is waited for, then refused
+//     with a StepInFlightError: skipping it would race the call.
+//   - StateParked: the forward step that may have taken effect (a person
+//     checked the other system, and it did).
+//   - StateFailed: the compensation that could not finish (a person
+//     undid its step by hand).
+//
+// The skipped step's key keeps its inbox record (a tombstone, or the
+// failure), so a late delivery of any earlier attempt is answered from it
+// and changes nothing. The skip ends an attempt of its own, shown in the
+// timeline as succeeded with "skipped by an operator", and is recorded
+// with the step's name in the saga's repairs. A step skipped forward is
+// compensated like any succeeded step if a later one fails.
+func (cl *Client) Skip(ctx context.Context, id uuid.UUID, s SkipStep, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, id, "skip", s, r, false)
+}
+
+// skipOp checks a skip's request and returns it as recorded.
+func skipOp(s SkipStep, r Repair) (repairOp, error) {
+	if s.Step == "" {
+		return repairOp{}, fmt.Errorf("%w: name the step to skip (`worker show` lists the saga's steps)", ErrStateForbids)
+	}
+	res, err := checkResult(s.Result)
+	if err != nil {
+		return repairOp{}, err
+	}
+	return repairOp{name: "skip", r: r, extra: "\x00" + s.Step + "\x00" + string(res), step: s.Step, phase: new(saga.Phase)}, nil
+}
+
+// checkResult decodes a step result strictly and returns it canonical.
+func checkResult(raw json.RawMessage) (json.RawMessage, error) {
+	if len(raw) == 0 {
+		return json.RawMessage("null"), nil
+	}
+	var v any
+	if err := jsonv2.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("%w: %v; give one JSON value, each member name once (null for none)", ErrInvalidResult, err)
+	}
+	out, err := saga.CanonicalInput(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidResult, err)
+	}
+	return out, nil
+}
+
+// skipFn is Skip's work on a saga locked in tx. *fx is replaced on every
+// try, so that only the committed one's effects are emitted.
+func (cl *Client) skipFn(ctx context.Context, s SkipStep, r Repair, skipped *saga.Phase, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
+	c := cl.c
+	result, _ := checkResult(s.Result)
+	note := "skipped by an operator"
+	if r.By != "" {
+		note += " (" + r.By + ")"
+	}
+	if r.Reason != "" {
+		note += ": " + r.Reason
+	}
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		*fx = &effects{}
+		id := sg.ID
+		def, err := c.definition(sg.Definition)
+		if err != nil {
+			return err
+		}
+		var step, phase, status string
+		var idx, attemptNo int
+		var lease *time.Time
+		switch {
+		case sg.State == saga.StateParked || sg.State == saga.StateFailed:
+			want := saga.PhaseForward
+			if sg.State == saga.StateFailed {
+				want = saga.PhaseCompensate
+			}
+			err = tx.Conn().QueryRow(ctx, `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
+where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(id), string(want)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+		case sg.Finished():
+			return fmt.Errorf("%w: saga %s is %q, finished; only a running, parked or failed saga's step can be skipped", ErrStateForbids, id, sg.State)
+		default:
+			err = tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(id)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `worker show %s`", ErrStateForbids, id, sg.State, id)
+		}
+		if err != nil {
+			return fmt.Errorf("idemsaga: skip a step of saga %s: %w", id, err)
+		}
+		if step != s.Step {
+			return fmt.Errorf("%w: saga %s is at step %q (%s), not %q; nothing was skipped: check it with `worker show %s`", ErrStateForbids, id, step, phase, s.Step, id)
+		}
+		if idx >= def.Len() || def.Step(idx).Name != step {
+			return fmt.Errorf("idemsaga: skip step %q of saga %s: definition %q has no such step at %d; deploy the same definition everywhere", step, id, sg.Definition, idx)
+		}
+		ph := saga.Phase(phase)
+		*skipped = ph
+		resumed := *sg
+		if saga.StepStatus(status) != saga.StepFailed {
+			// A step in flight: fence its key first.
+			if saga.StepStatus(status) == saga.StepDispatched && def.Step(idx).Kind == saga.ExternalStep {
+				var calling bool
+				if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome = 'started')
+  and $3::timestamptz > idemsaga.now()`, pguuid.Of(id), pguuid.Of(saga.StepKey(id, step, ph)), lease).Scan(&calling); err != nil {
+					return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
+				}
+				if calling {
+					return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: *lease}
+				}
+			}
+			st, err := c.settleWith(ctx, tx, settleTombstoneForCancel, id, step, ph)
+			if err != nil {
+				return err
+			}
+			switch st.outcome {
+			case "started":
+				// Claimed after the look above: the call is in flight.
+				until := time.Now()
+				if lease != nil {
+					until = *lease
+				}
+				return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: until}
+			case "succeeded":
+				// It took effect on its own: apply that, not the skip.
+				m, err := c.successMove(sg, def, idx, ph, attemptNo, st.result)
+				if err != nil {
+					return err
+				}
+				attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+				return errCommitted{fmt.Errorf("%w: step %q of saga %s took effect before it could be skipped; its own result was applied and nothing was skipped", ErrStateForbids, step, id)}
+			}
+		} else {
+			// Parked or failed: the saga is open again, at the step.
+			resumed.State = def.StateBefore(idx)
+			if ph == saga.PhaseCompensate {
+				resumed.State = saga.StateCompensating
+			}
+			resumed.Version, resumed.FinishedAt, resumed.Error = sg.Version+1, nil, ""
+			tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, error = null, version = version + 1, updated_at = idemsaga.now()
+where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
+			if err != nil {
+				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
+			}
+			if tag.RowsAffected() == 0 {
+				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, attempt.ErrInvariant)
+			}
+		}
+		// The skip is an attempt of its own, after the one it ends.
+		var next int
+		if err := tx.Conn().QueryRow(ctx, skipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
+			return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
+		}
+		m, err := c.successMove(&resumed, def, idx, ph, next, result)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrStateForbids, err)
+		}
+		m.StepError = note
+		attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+		return nil
+	}
+}
+
+// Close closes a failed or parked saga as handled: a person repaired or
+// accepted what its steps left (the compensation that could not finish,
+// the step that may have taken effect), and nothing is to run for it any
+// more. The saga ends in saga.StateClosed, its error kept, with who and
+// why in its repairs. Nothing is dispatched; every step key keeps its
+// inbox record, so a late delivery for it changes nothing. Any other
+// state is refused with ErrStateForbids: a running saga is cancelled
+// (Cancel), a completed or compensated one needs nothing.
+func (cl *Client) Close(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, id, "close", SkipStep{}, r, false)
+}
+
+// closeFn is Close's work on a saga locked in tx; it fills *closed with
+// the move it made, for the metrics and Config.OnFinishedFunc.
+func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg *saga.Instance) error {
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		*closed = attempt.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: saga.StateClosed,
+			Finished: true, Outcome: string(saga.StateClosed)}
+		switch {
+		case sg.State == saga.StateFailed || sg.State == saga.StateParked:
+		case sg.State == saga.StateClosed:
+			return fmt.Errorf("%w: saga %s is already closed (its repairs: `worker show %s`)", ErrStateForbids, sg.ID, sg.ID)
+		case !sg.Finished():
+			return fmt.Errorf("%w: saga %s is %q, running; only a failed or parked saga can be closed (cancel a running one with `worker cancel %s`)", ErrStateForbids, sg.ID, sg.State, sg.ID)
+		default:
+			return fmt.Errorf("%w: saga %s is %q, finished without needing a person; only a failed or parked saga can be closed", ErrStateForbids, sg.ID, sg.State)
+		}
+		var inFlight bool
+		if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'retrying'))`,
+			pguuid.Of(sg.ID)).Scan(&inFlight); err != nil {
+			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
+		}
+		if inFlight {
+			// A finished saga has none (reconcile checks it): not closed
+			// over a step that could still run.
+			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, attempt.ErrInvariant)
+		}
+		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = 'closed', finished_at = idemsaga.now(), version = version + 1, updated_at = idemsaga.now()
+where id = $1 and version = $2`, pguuid.Of(sg.ID), sg.Version)
+		if err != nil {
+			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, attempt.ErrInvariant)
+		}
+		return nil
+	}
+}
