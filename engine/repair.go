@@ -129,7 +129,6 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 //
 // A saga already compensating or finished is refused.
 func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	c := cl.c
 	if err := cl.resolveSaga(ctx, id); err != nil {
 		return RepairResult{}, err
 	}
@@ -137,6 +136,12 @@ func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 	if r.Reason != "" {
 		msg += ": " + r.Reason
 	}
+	return cl.c.cancel(ctx, id, r, msg)
+}
+
+// cancel is Cancel, with msg the saga's error: an operator's, or its
+// deadline's (cancelLate).
+func (c *core) cancel(ctx context.Context, id uuid.UUID, r Repair, msg string) (RepairResult, error) {
 	fx := &effects{}
 	return c.recorded(ctx, id, "cancel", r, func(tx *attempt.Tx, sg *saga.Instance) error {
 		fx = &effects{}

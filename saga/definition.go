@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"time"
 )
 
 // HandlerFunc runs one attempt of one phase of a step. It receives the
@@ -98,6 +99,9 @@ type Definition struct {
 	// members.
 	inputName   string
 	inputFields []string
+	// deadline is the time a saga has to finish (WithDeadline), 0 for
+	// none.
+	deadline time.Duration
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

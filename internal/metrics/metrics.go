@@ -38,6 +38,10 @@ type Metrics struct {
 	RelayBatchSeconds prometheus.Histogram
 	Deliveries        *prometheus.CounterVec
 	UniqueConflicts   *prometheus.CounterVec
+	// DeadlinesPassed and CommandsHeld are the saga deadlines' and the
+	// pauses'.
+	DeadlinesPassed *prometheus.CounterVec
+	CommandsHeld    *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -104,6 +108,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "unique_conflicts_total",
 		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
 	}, []string{"table"})
+	m.DeadlinesPassed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "deadlines_passed_total",
+		Help: "Sagas cancelled because their definition's deadline passed before they finished.",
+	}, []string{"definition"})
+	m.CommandsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "commands_held_total",
+		Help: "Step commands not run because their saga or its definition is paused; resuming sends them again at the same attempt.",
+	}, []string{"definition", "step", "phase"})
 	if reg == nil {
 		return m, nil
 	}
@@ -112,6 +124,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
 		m.Deliveries, m.UniqueConflicts,
+		m.DeadlinesPassed, m.CommandsHeld,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)
