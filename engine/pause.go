@@ -222,7 +222,6 @@ on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
 	return res, nil
 }
 
-
 // loadPause reads whether sg is held, and its deadline.
 func (cl *Client) loadPause(ctx context.Context, sg *saga.Instance) error {
 	var own, def *time.Time
