@@ -89,6 +89,10 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("GET /v1/sagas", a.list)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/pause", a.pause)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/resume", a.resume)
+	a.mux.HandleFunc("POST /v1/definitions/{definition}/pause", a.pauseDefinition)
+	a.mux.HandleFunc("POST /v1/definitions/{definition}/resume", a.resumeDefinition)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)

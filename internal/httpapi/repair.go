@@ -18,12 +18,13 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// Repaired is the body of a successful cancel or retry: the repair as it
+// Repaired is the body of a successful cancel, retry, pause or resume of
+// a saga: the repair as it
 // committed, the same bytes when a request with its key is sent again.
 type Repaired struct {
 	// ID is the saga's.
 	ID uuid.UUID `json:"id"`
-	// Operation is "cancel" or "retry".
+	// Operation is "cancel", "retry", "pause" or "resume".
 	Operation string `json:"operation"`
 	// State is the saga's state right after the repair committed.
 	State saga.State `json:"state"`
