@@ -251,7 +251,7 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, do func(*eng
 			return printJSON(f.out, map[string]any{"id": res.ID, "operation": res.Operation, "state": res.State, "key": res.Key,
 				"at": res.At, "replayed": res.Replayed, "worker_running": runs})
 		}
-		what := map[string]string{"retry": "resumed", "cancel": "cancelled"}[op]
+		what := map[string]string{"retry": "resumed", "cancel": "cancelled", "pause": "paused", "resume": "resumed from its pause"}[op]
 		if res.Replayed {
 			fmt.Fprintf(f.out, "saga %s: already %s by this request (key %s) at %s; now %s\n", sg.ID, what, res.Key, res.At.Format(time.RFC3339), res.State)
 		} else {
@@ -323,6 +323,7 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 	if sg.Error != "" {
 		fmt.Fprintf(w, "error\t%s\n", sg.Error)
 	}
+	printPause(w, sg)
 	_ = w.Flush()
 	if len(sg.Steps) > 0 {
 		fmt.Fprintln(out)

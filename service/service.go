@@ -135,6 +135,8 @@ type cli struct {
 	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
 	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation, or run a parked saga's step again (same step keys: nothing runs twice)."`
 	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed."`
+	Pause     pauseCmd     `cmd:"" help:"Hold a running saga, or every saga of a definition (--definition): no attempt starts and none is spent until resume."`
+	Resume    resumeCmd    `cmd:"" help:"Let a paused saga or definition go on where it stopped, with the attempts it had."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
 	Workers   workersCmd   `cmd:"" help:"List the live workers and the definitions each runs."`
 }
