@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/sagatest"
 )
@@ -383,4 +385,44 @@ func TestDeadlineCancelsLikeCancel(t *testing.T) {
 		res.ID).Scan(&n, &by, &key))
 	require.Equal(t, []any{1, "deadline", "deadline"}, []any{n, by, key})
 	t.Logf("deadline passed while paused: held; resumed: cancelled once by 9 racing reapers, reservation undone 1x")
+}
+
+// TestReconcilePausesAndDeadlines: a paused saga's expired lease is not
+// overdue; a resumed step nobody sent again, and a saga past its
+// deadline that nobody cancelled, are reported.
+func TestReconcilePausesAndDeadlines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	def := saga.WithDeadline(saga.MustNew("nobody", saga.Step{Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }}), time.Minute)
+	cl := brokerClient(t, pool, testenv.Name("RECPAUSE"), def)
+	var ids []uuid.UUID
+	for i := range 3 {
+		res, err := cl.Start(ctx, def, fmt.Sprintf("k-%d", i), map[string]int{})
+		require.NoError(t, err)
+		ids = append(ids, res.ID)
+	}
+	_, err := pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set paused_at = now() where id = $1`, ids[0])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.steps set next_attempt_at = now() - interval '1 minute' where saga_id = $1`, ids[1])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.sagas set deadline_at = now() - interval '1 hour' where id = $1`, ids[2])
+	require.NoError(t, err)
+
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{def}, time.Second)
+	require.NoError(t, err)
+	got := map[uuid.UUID][]string{}
+	for _, d := range diffs {
+		if d.SagaID != nil {
+			got[*d.SagaID] = append(got[*d.SagaID], d.What)
+		}
+	}
+	require.Empty(t, got[ids[0]], "a paused saga waits by design")
+	require.Len(t, got[ids[1]], 1)
+	require.Contains(t, got[ids[1]][0], "resumed, but its step in flight was not sent again")
+	require.Len(t, got[ids[2]], 2)
+	require.Contains(t, strings.Join(got[ids[2]], "\n"), "past its deadline and not cancelled")
 }
