@@ -248,6 +248,7 @@ func TestPauseDefinition(t *testing.T) {
 	sg, err := cl.Get(ctx, ids[inFlight])
 	require.NoError(t, err)
 	require.Equal(t, &saga.Pause{Since: paused[0].Since, Definition: "held"}, sg.Paused)
+	require.Equal(t, float64(inFlight+arriving), gauge(t, reg, "idemsaga_sagas_paused", "held"))
 
 	var resumed atomic.Int32
 	for range requests {
@@ -270,6 +271,7 @@ func TestPauseDefinition(t *testing.T) {
 		}
 	}
 	require.Equal(t, int32(2*(inFlight+arriving)), calls.Load(), "each step ran once")
+	require.Zero(t, gauge(t, reg, "idemsaga_sagas_paused", "held"))
 	t.Logf("%d sagas in flight + %d started while paused: held, then each step ran once at attempt 1; %d pause and %d resume requests under one key each: 1 applied each",
 		inFlight, arriving, requests, requests)
 }
@@ -425,4 +427,25 @@ func TestReconcilePausesAndDeadlines(t *testing.T) {
 	require.Contains(t, got[ids[1]][0], "resumed, but its step in flight was not sent again")
 	require.Len(t, got[ids[2]], 2)
 	require.Contains(t, strings.Join(got[ids[2]], "\n"), "past its deadline and not cancelled")
+}
+
+// gauge reads one gauge of the family name for a definition (0 when the
+// family has no such sample).
+func gauge(t *testing.T, reg *prometheus.Registry, name, definition string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "definition" && lp.GetValue() == definition {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

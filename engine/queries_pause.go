@@ -65,4 +65,13 @@ select (select id from o),
 where s.finished_at is null and s.deadline_at <= idemsaga.now() and s.state <> 'compensating'
   and s.definition = any($2) and ` + attempt.NotPaused + `
 order by s.deadline_at limit $1`
+
+	// countPaused counts the running sagas held, by definition: those
+	// paused on their own (a partial index finds them) and those of a
+	// paused definition.
+	countPaused = `select definition, count(*) from (
+  select id, definition from idemsaga.sagas where paused_at is not null and finished_at is null
+  union
+  select s.id, s.definition from idemsaga.paused_definitions p join idemsaga.sagas s on s.definition = p.definition and s.finished_at is null
+) held group by definition`
 )

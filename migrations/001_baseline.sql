@@ -255,6 +255,9 @@ alter table idemsaga.sagas
 -- (never a lease to take over). Empty but right after a resume.
 create index steps_resend_idx on idemsaga.steps (next_attempt_at) where status = 'dispatched' and next_attempt_at is not null;
 
+-- The paused sagas, for the sagas_paused metric.
+create index sagas_paused_idx on idemsaga.sagas (paused_at) where paused_at is not null;
+
 -- The reaper's look for sagas past their deadline.
 create index sagas_deadline_idx on idemsaga.sagas (deadline_at) where finished_at is null and deadline_at is not null;
 
