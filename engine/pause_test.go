@@ -449,3 +449,49 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, definition string) floa
 	}
 	return 0
 }
+
+// TestResumeOutlivesItsWorkers: a saga paused before any worker ran it;
+// the worker that receives its command holds it and stops; the resume is
+// made by a client with no worker alive. The worker started next sends
+// the held step again and the saga finishes at attempt 1.
+func TestResumeOutlivesItsWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("RESUMEW")
+	var calls atomic.Int32
+	def := saga.MustNew("outlive", saga.Step{Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { calls.Add(1); return nil, nil }})
+	reg := prometheus.NewRegistry()
+	first, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
+		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, RelayHandOff: time.Second,
+		Logger: quietLogger(), Registerer: reg})
+	require.NoError(t, err)
+	require.NoError(t, engine.Deploy(ctx, engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: 10 * time.Second}))
+	cl := brokerClient(t, pool, stream, def)
+	res, err := cl.Start(ctx, def, "o-1", map[string]int{})
+	require.NoError(t, err)
+	_, err = cl.Pause(ctx, res.ID, engine.Repair{Reason: "before anything ran"})
+	require.NoError(t, err)
+
+	require.NoError(t, first.Start(ctx))
+	waitUntil(t, "the command held", func() bool { return metricSum(t, reg, "idemsaga_commands_held_total", nil) >= 1 })
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, first.Stop(sctx))
+
+	_, err = cl.Resume(ctx, res.ID, engine.Repair{By: "test"}) // no worker alive
+	require.NoError(t, err)
+	status, attemptNo := stepRow(t, pool, res.ID, "s", saga.PhaseForward)
+	require.Equal(t, []any{"dispatched", 1, int32(0)}, []any{status, attemptNo, calls.Load()})
+
+	startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	wctx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelWait()
+	sg, err := cl.Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.State("done"), sg.State)
+	require.Equal(t, 1, sg.Steps[0].Attempt)
+	require.Equal(t, int32(1), calls.Load())
+}
