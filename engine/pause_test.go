@@ -130,8 +130,18 @@ func TestPauseAcrossALeaseExpiryAndRetries(t *testing.T) {
 	require.NotNil(t, sg.Paused)
 	require.Empty(t, sg.Paused.Definition)
 
-	_, err = cl.Resume(ctx, res.ID, engine.Repair{Key: "resume-1", By: "test"})
-	require.NoError(t, err)
+	applied.Store(0)
+	for range 8 {
+		wg.Go(func() {
+			r, err := cl.Resume(ctx, res.ID, engine.Repair{Key: "resume-1", By: "test"})
+			require.NoError(t, err)
+			if !r.Replayed {
+				applied.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), applied.Load())
 	waitUntil(t, "b's first attempt to fail", func() bool {
 		status, _ := stepRow(t, env.Pool, res.ID, "b", saga.PhaseForward)
 		return status == "retrying"
@@ -494,4 +504,51 @@ func TestResumeOutlivesItsWorkers(t *testing.T) {
 	require.Equal(t, saga.State("done"), sg.State)
 	require.Equal(t, 1, sg.Steps[0].Attempt)
 	require.Equal(t, int32(1), calls.Load())
+}
+
+// TestDeadlineWaitsForACallInFlight: the deadline passes while an
+// external call is in flight; the cancel waits for its outcome (an undo
+// now could reach the other system before the call), then compensates
+// it once.
+func TestDeadlineWaitsForACallInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	var charged, refunded atomic.Int32
+	long := saga.RetryPolicy{MaxAttempts: 50, InitialBackoff: 10 * time.Minute, MaxBackoff: 10 * time.Minute, Jitter: -1, Timeout: time.Minute}
+	def := saga.WithDeadline(saga.MustNew("inflight",
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Retry: long,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				entered <- struct{}{}
+				<-gate
+				charged.Add(1)
+				return nil, nil
+			},
+			Compensate: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				if charged.Load() == 0 {
+					return nil, errors.New("refund before the charge")
+				}
+				refunded.Add(1)
+				return nil, nil
+			}},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.DatabaseStep, Retry: long,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, errors.New("no courier") }},
+	), 10*time.Second)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	res, err := env.Client.Start(ctx, def, "i-1", map[string]int{})
+	require.NoError(t, err)
+	<-entered
+	require.NoError(t, env.Clock.Advance(ctx, 20*time.Second)) // past the deadline, within the call's lease
+	n, err := env.Engine.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "no cancel while the call is in flight")
+	sg, err := env.Client.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateInit, sg.State)
+
+	close(gate)
+	sg = env.Wait(t, res.ID)
+	require.Equal(t, saga.StateCompensated, sg.State)
+	require.Contains(t, sg.Error, "deadline of 10s passed")
+	require.Equal(t, []int32{1, 1}, []int32{charged.Load(), refunded.Load()})
 }
