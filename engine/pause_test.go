@@ -532,7 +532,9 @@ func TestDeadlineWaitsForACallInFlight(t *testing.T) {
 				return nil, nil
 			}},
 		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.DatabaseStep, Retry: long,
-			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, errors.New("no courier") }},
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				return nil, errors.New("no courier")
+			}},
 	), 10*time.Second)
 	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
 	res, err := env.Client.Start(ctx, def, "i-1", map[string]int{})
