@@ -171,7 +171,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		subject, msgID, payload, handOff, deadlineArg(def)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -271,6 +271,9 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 }
 
 func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
+	if err := cl.loadPause(ctx, sg); err != nil {
+		return err
+	}
 	rows, err := cl.c.pool.Query(ctx, selectSteps, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)

@@ -59,4 +59,10 @@
 //   - Retry and Cancel are recorded with their request key in the repair's
 //     own transaction: a request sent again changes nothing and answers
 //     with the first result (RepairResult.Replayed).
+//   - Pause and PauseDefinition hold sagas without spending attempts: no
+//     claim starts an attempt of a paused saga, and the reaper neither
+//     dispatches its retries nor takes over its leases; Resume and
+//     ResumeDefinition send each step in flight again at its attempt.
+//     A definition's deadline (saga.WithDeadline) cancels a saga past it
+//     as Cancel does, once, however many reapers run.
 package engine

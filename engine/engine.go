@@ -273,6 +273,9 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 		if err := cfg.Registerer.Register(newBacklogCollector(cfg.Pool)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the outbox backlog metric: %w", err)
 		}
+		if err := cfg.Registerer.Register(newPausedCollector(cfg.Pool)); err != nil {
+			return nil, fmt.Errorf("idemsaga: register the paused sagas metric: %w", err)
+		}
 	}
 	e := &Engine{id: uuid.New(), cfg: cfg, c: c, client: &Client{c: c, cfg: cfg}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
 	e.js, err = jetstream.New(cfg.NATS,

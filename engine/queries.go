@@ -45,10 +45,11 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
 	// insert waited for is not in the snapshot: then the three are NULL
 	// and the caller reads it (selectSagaByKey). The look is gated on the
 	// insert having written nothing, so a new saga's start never reads
-	// the index.
+	// the index. $13 is the definition's deadline in milliseconds, NULL
+	// for none.
 	startSaga = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
-  values ($1, $2, $3, $4, $5, 'init')
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at)
+  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond')
   on conflict (definition, idem_key) do nothing
   returning id
 ), st as (
@@ -141,20 +142,22 @@ where x.outcome is null or x.outcome = 'retry'`
 	// dueRetries and expiredLeases find the work of the reaper, for the
 	// definitions this process runs ($2): another definition's steps are
 	// left to the workers that have its code.
+	// A paused saga's steps are neither (attempt.NotPaused), and a step
+	// to send again after a resume (resendDue) is not an expired lease.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
-where st.status = 'dispatched' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+where st.status = 'dispatched' and st.lease_until < idemsaga.now() and st.next_attempt_at is null
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// expiredWaits finds callback steps whose wait ran out.
 	expiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'waiting' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes
@@ -164,7 +167,9 @@ order by st.lease_until limit $1`
 
 	selectStepForReap = `select step_index, phase::text, status::text, attempt, possibly_done,
 (status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
-(status = 'dispatched' and lease_until < idemsaga.now()) as expired,
+(status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null) as expired,
+(status = 'dispatched' and next_attempt_at is not null and next_attempt_at <= idemsaga.now()) as resend,
+exists (select 1 from idemsaga.sagas s where s.id = $1 and not (` + attempt.NotPaused + `)) as paused,
 (status = 'waiting' and lease_until < idemsaga.now()) as waited
 from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 

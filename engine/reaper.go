@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -29,12 +30,18 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	// The looks travel in one round trip: most passes find nothing, and
 	// an idle process makes one every ReapInterval.
 	var due []stepID
+	var late []uuid.UUID
 	b := &pgx.Batch{}
 	names := make([]string, 0, len(c.defs))
 	for n := range c.defs {
 		names = append(names, n)
 	}
-	for _, q := range []string{dueRetries, expiredLeases, expiredWaits} {
+	b.Queue(deadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
+		var err error
+		late, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	for _, q := range []string{dueRetries, expiredLeases, resendDue, expiredWaits} {
 		b.Queue(q, limit, names).Query(func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
 				var id stepID
@@ -52,6 +59,15 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	}
 	moved := 0
 	var firstErr error
+	for _, id := range late {
+		ok, err := c.cancelLate(ctx, id)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if ok {
+			moved++
+		}
+	}
 	for _, id := range due {
 		ok, err := c.reapStep(ctx, id)
 		if err != nil && firstErr == nil {
@@ -78,7 +94,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, waited, found bool
+	var due, expired, resend, paused, waited, found bool
 	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
@@ -88,7 +104,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(selectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &waited)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -98,8 +114,8 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	if err := tx.Flush(ctx); err != nil {
 		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
-	if sg == nil || !found || !due && !expired && !waited {
-		return false, nil // held by another process, gone, or moved on since we looked
+	if sg == nil || !found || paused || !due && !expired && !resend && !waited {
+		return false, nil // held by another process, gone, paused, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 	def, err := c.definition(sg.Definition)
@@ -123,6 +139,12 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 			return false, err
 		}
 		c.metrics.CallbackWaitsExpired.WithLabelValues(def.Name(), step.Name).Inc()
+	case resend:
+		// A step in flight when its saga was paused: the same attempt
+		// goes out again, with a fresh lease.
+		if err := c.resend(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
+			return false, err
+		}
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next
 		// attempt goes out with the same key.
@@ -183,4 +205,71 @@ func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
 		subject, msgID, payload, c.handOffArg())
 	return nil
+}
+
+// resend queues a step of a resumed saga sent again at its attempt, with
+// a fresh lease, and its command written as the saga will be after tx
+// (its version bumped). The message id carries that version: the broker
+// must not drop the command as a copy of the attempt's first one.
+func (c *core) resend(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
+	after := *sg
+	after.Version++
+	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, attemptNo)
+	if err != nil {
+		return err
+	}
+	msgID += fmt.Sprintf("-v%d", after.Version)
+	name := def.Step(idx).Name
+	tx.Queue(resendStep, func(row pgx.Row) error {
+		var outboxID *int64
+		var invariant *int
+		if err := row.Scan(&outboxID, &invariant); err != nil {
+			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
+		}
+		if outboxID == nil {
+			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
+		}
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		return nil
+	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
+		subject, msgID, payload, c.handOffArg())
+	return nil
+}
+
+// deadlineRepairKey is the request key of the cancel a saga's deadline
+// makes: one per saga, so that reapers of several processes cancel it
+// once (the others find the record).
+const deadlineRepairKey = "deadline"
+
+// cancelLate cancels saga id, past its deadline, as Client.Cancel does,
+// recorded as a repair by "deadline". A step in flight (an external call,
+// or a key an attempt holds) is waited out briefly, then left to a later
+// pass. It reports whether it cancelled.
+func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
+	var def string
+	if err := c.pool.QueryRow(ctx, `select definition from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def); err != nil {
+		return false, nil // gone since the look
+	}
+	d, err := c.definition(def)
+	if err != nil {
+		return false, err
+	}
+	// withSagaLocked waits up to a second before this deadline.
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	reason := fmt.Sprintf("its deadline of %s passed", d.Deadline())
+	res, err := c.cancel(cctx, id, Repair{Key: deadlineRepairKey, Reason: reason, By: "deadline"}, "cancelled: "+reason)
+	switch {
+	case errors.Is(err, ErrStepInFlight), errors.Is(err, attempt.ErrBusy), errors.Is(err, context.DeadlineExceeded):
+		return false, nil // a later pass
+	case errors.Is(err, ErrStateForbids):
+		return false, nil // it finished or compensates on its own meanwhile
+	case err != nil:
+		return false, fmt.Errorf("cancel saga %s past its deadline: %w", id, err)
+	}
+	if !res.Replayed {
+		c.metrics.DeadlinesPassed.WithLabelValues(def).Inc()
+		c.log.Info("saga past its deadline cancelled", "saga_id", id, "definition", def, "deadline", d.Deadline(), "state", res.State)
+	}
+	return !res.Replayed, nil
 }

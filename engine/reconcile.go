@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -42,7 +43,11 @@ func (d Difference) String() string {
 // returns every difference found (none when all hold):
 //
 //   - every running saga has exactly one step in flight, with a live lease
-//     or a retry due no more than staleAfter ago; a finished saga has none;
+//     or a retry due no more than staleAfter ago (a paused saga's wait is
+//     not overdue); a finished saga has none;
+//   - a resumed saga's step in flight was sent again within staleAfter,
+//     and no running saga that is not paused is past its deadline by more
+//     than staleAfter (compensating ones excepted);
 //   - a saga's state agrees with its steps: a saga in its final state has
 //     every forward step succeeded, a compensated saga every compensation
 //     it started succeeded;
@@ -109,9 +114,17 @@ group by s.id having count(*) > 1`, nil},
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, nil},
 		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'
+  and st.next_attempt_at is null and ` + attempt.NotPaused + ``, []any{stale}},
 		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'`, []any{stale}},
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
+  and ` + attempt.NotPaused + ``, []any{stale}},
+		{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
+  and ` + attempt.NotPaused + ``, []any{stale}},
+		{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + noWorker + `
+from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
+  and ` + attempt.NotPaused + ``, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},

@@ -73,7 +73,7 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 		fn = cl.retryFn(ctx)
 	case "cancel":
 		fx := &effects{}
-		fn, after = cl.cancelFn(ctx, r, &fx), func() { cl.c.emit(fx) }
+		fn, after = cl.c.cancelFn(ctx, operatorCancel(r), &fx), func() { cl.c.emit(fx) }
 	case "skip":
 		var err error
 		if rop, err = skipOp(s, r); err != nil {
@@ -223,14 +223,26 @@ func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 	return cl.repair(ctx, id, "cancel", SkipStep{}, r, false)
 }
 
-// cancelFn is Cancel's work on a saga locked in tx. *fx is replaced on
-// every try, so that only the committed one's effects are emitted.
-func (cl *Client) cancelFn(ctx context.Context, r Repair, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
-	c := cl.c
+// operatorCancel is the saga's error after an operator's cancel.
+func operatorCancel(r Repair) string {
 	msg := "cancelled by an operator"
 	if r.Reason != "" {
 		msg += ": " + r.Reason
 	}
+	return msg
+}
+
+// cancel is Cancel, recorded as r, with msg the saga's error: for a
+// saga's deadline (cancelLate).
+func (c *core) cancel(ctx context.Context, id uuid.UUID, r Repair, msg string) (RepairResult, error) {
+	fx := &effects{}
+	return c.recorded(ctx, id, repairOp{name: "cancel", r: r}, c.cancelFn(ctx, msg, &fx), func() { c.emit(fx) })
+}
+
+// cancelFn is Cancel's work on a saga locked in tx, with msg the saga's
+// error. *fx is replaced on every try, so that only the committed one's
+// effects are emitted.
+func (c *core) cancelFn(ctx context.Context, msg string, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
 	return func(tx *attempt.Tx, sg *saga.Instance) error {
 		*fx = &effects{}
 		id := sg.ID

@@ -236,7 +236,7 @@ create table idemsaga.workers (
 create table idemsaga.repairs (
     saga_id      uuid not null references idemsaga.sagas (id) on delete cascade,
     request_key  text not null,
-    operation    text not null check (operation in ('retry', 'cancel', 'skip', 'close')),
+    operation    text not null check (operation in ('retry', 'cancel', 'skip', 'close', 'pause', 'resume')),
     request_hash bytea not null,
     reason       text not null,
     requested_by text not null,
@@ -299,3 +299,51 @@ create table idemsaga.submit_tokens (
 );
 
 create index submit_tokens_expires_idx on idemsaga.submit_tokens (expires_at);
+
+-- Pause, resume and saga deadlines. A paused saga, or any saga
+-- of a paused definition, starts no attempt: a step's claim checks both in
+-- the claim's own statement, and the reaper neither takes over its leases
+-- nor dispatches its retries, so a dependency that is down for an hour
+-- costs no attempts. paused_at is when the saga was paused (NULL: not);
+-- the who and why are its repair's. deadline_at is when the saga is
+-- cancelled if it has not finished (its definition's deadline, on the
+-- database clock at start; NULL: none).
+alter table idemsaga.sagas
+    add column paused_at   timestamptz,
+    add column deadline_at timestamptz;
+
+-- A resumed saga's steps in flight are sent again at their attempt: a
+-- dispatched step with a next attempt time is the reaper's to send again
+-- (never a lease to take over). Empty but right after a resume.
+create index steps_resend_idx on idemsaga.steps (next_attempt_at) where status = 'dispatched' and next_attempt_at is not null;
+
+-- The paused sagas, for the sagas_paused metric.
+create index sagas_paused_idx on idemsaga.sagas (paused_at) where paused_at is not null;
+
+-- The reaper's look for sagas past their deadline.
+create index sagas_deadline_idx on idemsaga.sagas (deadline_at) where finished_at is null and deadline_at is not null;
+
+-- The definitions paused as a whole, with who paused them, when and why.
+-- Their sagas start (a start is accepted and held) but run nothing until
+-- the definition is resumed.
+create table idemsaga.paused_definitions (
+    definition   text primary key,
+    request_key  text not null,
+    reason       text not null,
+    requested_by text not null,
+    paused_at    timestamptz not null default idemsaga.now()
+);
+
+-- Every pause and resume of a definition, keyed by the request's key as a
+-- saga's repairs are: a request sent again changes nothing.
+create table idemsaga.definition_repairs (
+    definition   text not null,
+    request_key  text not null,
+    operation    text not null check (operation in ('pause', 'resume')),
+    request_hash bytea not null,
+    reason       text not null,
+    requested_by text not null,
+    sagas        int not null,
+    created_at   timestamptz not null default idemsaga.now(),
+    primary key (definition, request_key)
+);

@@ -126,6 +126,9 @@ type Definition struct {
 	// members.
 	inputName   string
 	inputFields []string
+	// deadline is the time a saga has to finish (WithDeadline), 0 for
+	// none.
+	deadline time.Duration
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -20,6 +20,9 @@ type Description struct {
 	// definition rebuilt from the description refuses any other.
 	InputFields []string          `json:"input_fields,omitempty"`
 	Steps       []StepDescription `json:"steps"`
+	// Deadline is the definition's saga deadline (WithDeadline), empty
+	// for none.
+	Deadline string `json:"deadline,omitempty"`
 }
 
 // StepDescription describes one step of a Description.
@@ -69,6 +72,9 @@ func (d *Definition) Describe() Description {
 	desc := Description{Name: d.name, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
 	if d.input != nil {
 		desc.InputFields = d.input.fields
+	}
+	if d.deadline > 0 {
+		desc.Deadline = d.deadline.String()
 	}
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
@@ -129,6 +135,11 @@ func FromDescription(desc Description) (*Definition, error) {
 		return nil, err
 	}
 	d.inputName, d.inputFields = desc.Input, desc.InputFields
+	if desc.Deadline != "" {
+		if d.deadline, err = time.ParseDuration(desc.Deadline); err != nil || d.deadline <= 0 {
+			return nil, fmt.Errorf("%w: description of %q: deadline %q is not a positive duration", ErrInvalidDefinition, desc.Name, desc.Deadline)
+		}
+	}
 	return d, nil
 }
 

@@ -21,6 +21,12 @@ type Instance struct {
 	CreatedAt  time.Time                  `json:"created_at"`
 	UpdatedAt  time.Time                  `json:"updated_at"`
 	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
+	// Paused is set while the saga is held by a pause (its own or its
+	// definition's), filled by inspection calls only.
+	Paused *Pause `json:"paused,omitempty"`
+	// DeadlineAt is when the saga is cancelled if it has not finished
+	// (its definition's deadline), filled by inspection calls only.
+	DeadlineAt *time.Time `json:"deadline_at,omitempty"`
 	// Steps lists the step executions, filled by inspection calls only.
 	Steps []StepExecution `json:"steps,omitempty"`
 	// Attempts is the timeline: every attempt of every step execution in
@@ -73,6 +79,16 @@ type RepairRecord struct {
 	StateAfter State `json:"state_after"`
 	// At is when the repair's transaction began, on the database clock.
 	At time.Time `json:"at"`
+}
+
+// Pause says why a saga is held: no attempt of its steps starts until it
+// is resumed.
+type Pause struct {
+	// Since is when the pause committed, on the database clock.
+	Since time.Time `json:"since"`
+	// Definition is set when the saga is held by its definition's pause
+	// rather than its own.
+	Definition string `json:"definition,omitempty"`
 }
 
 // StepAttempt is one attempt of one step execution.

@@ -253,6 +253,7 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 	if sg.Error != "" {
 		fmt.Fprintf(w, "error\t%s\n", sg.Error)
 	}
+	printPause(w, sg)
 	_ = w.Flush()
 	if len(sg.Steps) > 0 {
 		fmt.Fprintln(out)

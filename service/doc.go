@@ -19,8 +19,9 @@
 //	           records the deployment's shared settings and definitions
 //	start      start a saga from JSON input, with its idempotency key
 //	list, show the sagas, their steps and every attempt
-//	retry, cancel
-//	           recorded repairs that keep every step key
+//	retry, cancel, pause, resume
+//	           recorded repairs that keep every step key (pause and
+//	           resume also for a whole definition: --definition)
 //	reconcile  the engine's invariants and the service's Checks
 //	workers    the live workers and the definitions each runs
 //

@@ -75,7 +75,7 @@ func (c *skipCmd) Run(ctx context.Context, f *Flags) error {
 	return c.run(ctx, f, "skip", engine.SkipStep{Step: c.Step, Result: json.RawMessage(result)})
 }
 
-var repairDone = map[string]string{"retry": "resumed", "cancel": "cancelled", "skip": "step skipped", "close": "closed as handled"}
+var repairDone = map[string]string{"retry": "resumed", "cancel": "cancelled", "skip": "step skipped", "close": "closed as handled", "pause": "paused", "resume": "resumed from its pause"}
 
 // run repairs one saga, or every saga the filter matches, and says who
 // will carry the work out: the steps run in a worker that has the
@@ -108,6 +108,10 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, skip engine.
 			res, err = cl.Skip(ctx, sg.ID, skip, r.repair())
 		case "close":
 			res, err = cl.Close(ctx, sg.ID, r.repair())
+		case "pause":
+			res, err = cl.Pause(ctx, sg.ID, r.repair())
+		case "resume":
+			res, err = cl.Resume(ctx, sg.ID, r.repair())
 		}
 		if err != nil {
 			return err

@@ -137,6 +137,8 @@ type cli struct {
 	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed. One saga, or every saga a filter matches."`
 	Skip      skipCmd      `cmd:"" help:"Mark a step succeeded with the result you give (a person checked it took effect, or undid it by hand) and go on. One saga, or every saga a filter matches."`
 	Close     closeCmd     `cmd:"" help:"Close a failed or parked saga as handled: nothing runs for it any more. One saga, or every saga a filter matches."`
+	Pause     pauseCmd     `cmd:"" help:"Hold a running saga, or every saga of a definition (--definition): no attempt starts and none is spent until resume."`
+	Resume    resumeCmd    `cmd:"" help:"Let a paused saga or definition go on where it stopped, with the attempts it had."`
 	Reconcile reconcileCmd `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
 	Workers   workersCmd   `cmd:"" help:"List the live workers and the definitions each runs."`
 }

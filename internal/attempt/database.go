@@ -95,10 +95,15 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 		a.unconsume()
 		a.consume(end)
 		end.Queue(readStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
+		var paused bool
+		end.Queue(pausedRead, scanPaused(&paused), pguuid.Of(cmd.SagaID))
 		if err := end.Commit(actx); err != nil {
 			return a.replyBase(), fmt.Errorf("read what the inbox holds for a key already claimed: %w", err)
 		}
 		a.committed(end, nil, nil)
+		if !found && paused {
+			return a.held()
+		}
 		if !found {
 			return a.sagaGone()
 		}

@@ -2,8 +2,10 @@ package attempt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -58,6 +60,17 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	})
 	if err != nil {
 		return a.replyBase(), err
+	}
+	if claimed == 0 && !(found && st.final()) {
+		// Not claimed, and no outcome to answer with: maybe the saga is
+		// paused (a rare path, so a round trip of its own).
+		var paused bool
+		if err := a.r.cfg.Pool.QueryRow(actx, pausedRead, pguuid.Of(cmd.SagaID)).Scan(&paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return a.replyBase(), fmt.Errorf("read whether the saga is paused: %w", err)
+		}
+		if paused {
+			return a.held()
+		}
 	}
 	switch {
 	case found && st.final():

@@ -2,6 +2,15 @@ package attempt
 
 import "fmt"
 
+// NotPaused holds for a saga s that may start an attempt: neither it nor
+// its definition is paused. Every claim checks it in its own statement,
+// so no attempt starts once a pause committed.
+const NotPaused = `s.paused_at is null and not exists (select 1 from idemsaga.paused_definitions p where p.definition = s.definition)`
+
+// pausedRead reads whether saga $1 is paused, itself or with its
+// definition, for a claim that took nothing; no row when it is gone.
+const pausedRead = `select not (` + NotPaused + `) from idemsaga.sagas s where s.id = $1`
+
 // The inbox's statements. None raises on a normal outcome: a key already
 // held is told by what a statement returns, not by an error, so the
 // server's log stays clean of duplicates.
@@ -22,7 +31,7 @@ var (
 	claimTx = fmt.Sprintf(`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'succeeded'
 from idemsaga.sagas s
-where s.id = $1 and pg_advisory_xact_lock_shared(%d, $6) is not null
+where s.id = $1 and `+NotPaused+` and pg_advisory_xact_lock_shared(%d, $6) is not null
   and set_config('idle_in_transaction_session_timeout', $7, true) is not null
 on conflict (saga_id, step_key) do nothing
 returning 1`, lockClass)
@@ -37,7 +46,7 @@ returning 1`, lockClass)
 	claimCall = fmt.Sprintf(`insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'started'
 from idemsaga.sagas s
-where s.id = $1 and pg_advisory_xact_lock_shared(%d, $6) is not null
+where s.id = $1 and `+NotPaused+` and pg_advisory_xact_lock_shared(%d, $6) is not null
 on conflict (saga_id, step_key) do update
   set attempt = excluded.attempt, outcome = 'started', error = null,
       unknown = x.unknown or x.outcome = 'started'

@@ -122,6 +122,30 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 	return reply, nil
 }
 
+// held answers a command of a paused saga (or of a saga whose definition
+// is paused): no attempt starts, nothing is written, and the delivery is
+// dropped. The step's row keeps its attempt; resuming the saga sends the
+// command again at that same attempt.
+func (a *attempt) held() (wire.Reply, error) {
+	a.dropped = true
+	a.r.cfg.Metrics.CommandsHeld.WithLabelValues(a.cmd.Definition, a.cmd.Step, string(a.cmd.Phase)).Inc()
+	a.r.cfg.Logger.Info("step worker: command of a paused saga held; resuming the saga sends it again",
+		"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt)
+	reply := a.replyBase()
+	reply.Outcome, reply.Error, reply.Duplicate = wire.OutcomeRetry, "the saga is paused", true
+	return reply, nil
+}
+
+// scanPaused scans pausedRead into paused; a saga gone is not paused.
+func scanPaused(paused *bool) func(pgx.Row) error {
+	return func(row pgx.Row) error {
+		if err := row.Scan(paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil
+	}
+}
+
 // sagaGone answers a command whose saga no longer exists (deleted past
 // its retention window, or by hand): nothing can be recorded for it.
 func (a *attempt) sagaGone() (wire.Reply, error) {

@@ -117,6 +117,10 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("POST /v1/sagas/{id}/skip", a.skip)
 	a.mux.HandleFunc("POST /v1/sagas/{id}/close", a.close)
 	a.mux.HandleFunc("POST /v1/repairs", a.bulk)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/pause", a.pause)
+	a.mux.HandleFunc("POST /v1/sagas/{id}/resume", a.resume)
+	a.mux.HandleFunc("POST /v1/definitions/{definition}/pause", a.pauseDefinition)
+	a.mux.HandleFunc("POST /v1/definitions/{definition}/resume", a.resumeDefinition)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)

@@ -54,6 +54,12 @@ type Saga struct {
 	CreatedAt  time.Time  `json:"created_at"`
 	UpdatedAt  time.Time  `json:"updated_at"`
 	FinishedAt *time.Time `json:"finished_at"`
+	// Paused says why the saga is held (its own pause, or its
+	// definition's), null while it runs.
+	Paused *saga.Pause `json:"paused"`
+	// DeadlineAt is when the saga is cancelled if it has not finished,
+	// null for none.
+	DeadlineAt *time.Time `json:"deadline_at"`
 	// Steps lists the step executions, one per (step, phase).
 	Steps []Step `json:"steps"`
 	// Attempts is the timeline: every attempt of every step, in dispatch
@@ -146,7 +152,7 @@ func summaryOf(sg *saga.Instance) Summary {
 func sagaOf(sg *saga.Instance) Saga {
 	out := Saga{ID: sg.ID, Definition: sg.Definition, Key: sg.Key, State: sg.State, Version: sg.Version,
 		Input: sg.Input, Results: sg.Results, Error: optional(sg.Error),
-		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt,
+		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt, Paused: sg.Paused, DeadlineAt: sg.DeadlineAt,
 		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs))}
 	if out.Results == nil {
 		out.Results = map[string]json.RawMessage{}

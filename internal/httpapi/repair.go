@@ -19,12 +19,13 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// Repaired is the body of a successful cancel or retry: the repair as it
+// Repaired is the body of a successful cancel, retry, pause or resume of
+// a saga: the repair as it
 // committed, the same bytes when a request with its key is sent again.
 type Repaired struct {
 	// ID is the saga's.
 	ID uuid.UUID `json:"id"`
-	// Operation is "cancel", "retry", "skip" or "close".
+	// Operation is "cancel", "retry", "skip", "close", "pause" or "resume".
 	Operation string `json:"operation"`
 	// State is the saga's state right after the repair committed.
 	State saga.State `json:"state"`

@@ -44,6 +44,10 @@ type Metrics struct {
 	// (an event delivered again) count under LayerCallback too.
 	Callbacks            *prometheus.CounterVec
 	CallbackWaitsExpired *prometheus.CounterVec
+	// DeadlinesPassed and CommandsHeld are the saga deadlines' and the
+	// pauses'.
+	DeadlinesPassed *prometheus.CounterVec
+	CommandsHeld    *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -118,6 +122,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "callback_waits_expired_total",
 		Help: "Callback steps given up, as possibly done, because no callback came within their wait.",
 	}, []string{"definition", "step"})
+	m.DeadlinesPassed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "deadlines_passed_total",
+		Help: "Sagas cancelled because their definition's deadline passed before they finished.",
+	}, []string{"definition"})
+	m.CommandsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "commands_held_total",
+		Help: "Step commands not run because their saga or its definition is paused; resuming sends them again at the same attempt.",
+	}, []string{"definition", "step", "phase"})
 	if reg == nil {
 		return m, nil
 	}
@@ -126,6 +138,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
+		m.DeadlinesPassed, m.CommandsHeld,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

@@ -1,0 +1,77 @@
+package engine
+
+import "github.com/idemsaga/idemsaga/internal/attempt"
+
+// The statements of pause, resume and saga deadlines.
+const (
+	pauseSaga  = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
+	resumeSaga = `update idemsaga.sagas set paused_at = null, updated_at = idemsaga.now() where id = $1 and paused_at is not null`
+
+	// resendSteps marks the steps in flight of a resumed saga ($1) to be
+	// sent again at their attempt: a dispatched step with a next attempt
+	// time is one the reaper sends again (resendDue), never one whose
+	// lease it takes over.
+	resendSteps = `update idemsaga.steps set next_attempt_at = idemsaga.now(), updated_at = idemsaga.now()
+where saga_id = $1 and status = 'dispatched'`
+
+	// resendDefinition is resendSteps for every running saga of a resumed
+	// definition ($1) that is not paused on its own, each under its
+	// saga's lock (taken first, as every writer of a step does). It
+	// returns how many sagas it resumed.
+	resendDefinition = `with s as (
+  select id from idemsaga.sagas where definition = $1 and finished_at is null and paused_at is null
+  order by id for no key update
+), st as (
+  update idemsaga.steps set next_attempt_at = idemsaga.now(), updated_at = idemsaga.now()
+  where saga_id in (select id from s) and status = 'dispatched'
+)
+select count(*) from s`
+
+	// selectPause reads why a saga is held, and its deadline.
+	selectPause = `select s.paused_at, p.paused_at, s.deadline_at from idemsaga.sagas s
+left join idemsaga.paused_definitions p on p.definition = s.definition where s.id = $1`
+
+	// resendDue finds the steps of resumed sagas to send again, for the
+	// definitions this process runs ($2).
+	resendDue = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
+where st.status = 'dispatched' and st.next_attempt_at is not null and st.next_attempt_at <= idemsaga.now()
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
+order by st.next_attempt_at limit $1`
+
+	// resendStep sends a step of a resumed saga again at the attempt seen
+	// ($4), with a fresh lease ($5 ms), bumps the saga's version ($6,
+	// seen under its lock) and writes the command ($7-$10). It returns
+	// the command's outbox id.
+	resendStep = `with r as (
+  update idemsaga.steps set lease_until = idemsaga.now() + $5 * interval '1 millisecond', next_attempt_at = null, updated_at = idemsaga.now()
+  where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is not null
+  returning saga_id
+), v as (
+  update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()
+  where id = $1 and version = $6 and exists (select 1 from r)
+  returning id
+), o as (
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
+  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond' from v
+  returning id
+)
+select (select id from o),
+  case when exists (select 1 from r) and not exists (select 1 from v) then idemsaga.invariant_broken('the resend of step ' || $2 || ' (' || $3 || ') of saga ' || $1::text || ' found its saga moved under its lock') end`
+
+	// deadlinePassed finds the running sagas past their deadline, of the
+	// definitions this process runs ($2): not those compensating already,
+	// nor paused ones.
+	deadlinePassed = `select s.id from idemsaga.sagas s
+where s.finished_at is null and s.deadline_at <= idemsaga.now() and s.state <> 'compensating'
+  and s.definition = any($2) and ` + attempt.NotPaused + `
+order by s.deadline_at limit $1`
+
+	// countPaused counts the running sagas held, by definition: those
+	// paused on their own (a partial index finds them) and those of a
+	// paused definition.
+	countPaused = `select definition, count(*) from (
+  select id, definition from idemsaga.sagas where paused_at is not null and finished_at is null
+  union
+  select s.id, s.definition from idemsaga.paused_definitions p join idemsaga.sagas s on s.definition = p.definition and s.finished_at is null
+) held group by definition`
+)
