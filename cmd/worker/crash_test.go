@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,8 +53,24 @@ func newDeployment(t *testing.T) *deployment {
 	require.NoError(t, err)
 	require.NoError(t, order.Seed(context.Background(), pool, 2, 1000))
 	// The order example's payment service, on loopback in this process.
-	pay := httptest.NewServer(payments.New(pool, slog.New(slog.DiscardHandler)).Handler())
+	// It confirms each charge by callback through the test's client.
+	svc := payments.New(pool, slog.New(slog.DiscardHandler))
+	var clp atomic.Pointer[engine.Client]
+	svc.SetNotifier(func(ctx context.Context, n payments.Notice) error {
+		cl := clp.Load()
+		if cl == nil {
+			return errors.New("the test's client is not ready")
+		}
+		result, err := json.Marshal(n.Charge)
+		if err != nil {
+			return err
+		}
+		_, err = cl.Complete(ctx, engine.Callback{Token: n.Token, EventID: n.EventID, Result: result})
+		return err
+	})
+	pay := httptest.NewServer(svc.Handler())
 	t.Cleanup(pay.Close)
+	t.Cleanup(svc.Close)
 	// Short timeouts, so that leases and redeliveries happen within
 	// seconds; the test's client uses the same definitions and lease grace
 	// as the workers, as every client of a deployment must.
@@ -62,6 +81,7 @@ func newDeployment(t *testing.T) *deployment {
 	require.NoError(t, err)
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def, orderDef}, SubjectPrefix: prefix, LeaseGrace: time.Second})
 	require.NoError(t, err)
+	clp.Store(cl)
 	return &deployment{t: t, pool: pool, client: cl, def: def, order: orderDef, seeded: seeded, env: []string{
 		"DATABASE_URL=" + dbURL, "NATS_URL=" + srv.ClientURL(),
 		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix, "IDEMSAGA_PAYMENTS_URL=" + pay.URL,
@@ -71,8 +91,27 @@ func newDeployment(t *testing.T) *deployment {
 
 type proc struct {
 	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	stderr *lockedBuffer
 	done   chan error
+}
+
+// lockedBuffer is a worker's stderr, read by the test while the worker
+// writes it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // startWorker runs `worker run` with short timeouts so that leases and
@@ -80,7 +119,7 @@ type proc struct {
 func (d *deployment) startWorker(failpoints string) *proc {
 	cmd := exec.Command(workerBin, "run", "--ack-wait", "3s", "--max-conns", "6", "--log-level", "warn")
 	cmd.Env = append(append(os.Environ(), d.env...), failpoint.EnvVar+"="+failpoints)
-	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, stderr: &lockedBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
 	require.NoError(d.t, cmd.Start())
 	go func() { p.done <- cmd.Wait() }()
