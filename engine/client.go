@@ -116,12 +116,14 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	if err := cl.Check(ctx); err != nil {
 		return StartResult{}, nil, err
 	}
-	registered, err := cl.c.resolve(ctx, def.Name())
+	// The saga runs the version given, as this process or the deployment
+	// knows it.
+	registered, err := cl.c.definitionAt(ctx, def.Name(), def.Version())
 	if err != nil {
 		return StartResult{}, nil, err
 	}
 	if def != registered && def.Describe().Fingerprint() != registered.Describe().Fingerprint() {
-		return StartResult{}, nil, fmt.Errorf("%w: definition %q given to Start differs from the one this client uses (%s)", ErrDeploymentMismatch, def.Name(),
+		return StartResult{}, nil, fmt.Errorf("%w: definition %s given to Start differs from the one this client uses (%s)", ErrDeploymentMismatch, def.Ref(),
 			describeDifference(registered.Describe(), def.Describe()))
 	}
 	if err := saga.CheckKey(key); err != nil {
@@ -146,7 +148,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	if err != nil {
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
-	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
+	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
 	subject, msgID, payload, err := cl.c.commandMessage(sg, registered, 0, saga.PhaseForward, 1)
 	if err != nil {
@@ -162,7 +164,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	)
 	err = q.QueryRow(ctx, startSaga, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		subject, msgID, payload, handOff, registered.Version()).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -261,7 +263,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	defer rows.Close()
-	def, _ := cl.c.resolve(ctx, sg.Definition)
+	def, _ := cl.c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	sg.Steps = sg.Steps[:0]
 	for rows.Next() {
 		var s saga.StepExecution
@@ -295,7 +297,11 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		a.Key = saga.StepKey(sg.ID, a.Step, a.Phase)
 		sg.Attempts = append(sg.Attempts, a)
 	}
-	return arows.Err()
+	if err := arows.Err(); err != nil {
+		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
+	}
+	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.pool, listDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	return err
 }
 
 // ListOptions filters List. Zero fields do not filter.
@@ -316,6 +322,9 @@ type ListOptions struct {
 	// Cursor continues a listing after the last saga of a page: pass
 	// Cursor(last). Empty starts with the newest.
 	Cursor string
+	// DeadLettered keeps sagas with a command parked in the dead-letter
+	// table (DeadLetters).
+	DeadLettered bool
 }
 
 // ErrInvalidFilter is returned by List for a definition or state that no
@@ -432,7 +441,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID)
+	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

@@ -67,7 +67,7 @@ func judge(st stepRow, r wire.Reply) Verdict {
 // saga's move and the next command. It is idempotent: a duplicate or
 // stale reply changes nothing.
 func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
-	def, idx, err := c.stepOf(r.Definition, r.Step)
+	def, idx, err := c.stepAt(ctx, r.Definition, r.DefinitionVersion, r.Step)
 	if err != nil {
 		return "", err
 	}
@@ -120,6 +120,9 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	}
 	if sg == nil || !stepFound {
 		return VerdictMissing, nil
+	}
+	if sg.DefinitionVersion != def.Version() {
+		return "", fmt.Errorf("idemsaga: a reply for saga %s names %s, but the saga runs %s; the reply is not applied", sg.ID, def.Ref(), saga.Ref(sg.Definition, sg.DefinitionVersion))
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 	v := judge(st, r)
@@ -230,13 +233,18 @@ func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (at
 	if cmd.Version <= 0 {
 		return attempt.Move{}, false
 	}
-	def, idx, err := c.stepOf(cmd.Definition, cmd.Step)
-	if err != nil {
+	def, ok := c.local(cmd.Definition, cmd.DefVersion())
+	if !ok {
 		return attempt.Move{}, false
 	}
-	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, State: cmd.State, Version: cmd.Version,
+	idx := def.StepIndex(cmd.Step)
+	if idx < 0 {
+		return attempt.Move{}, false
+	}
+	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, DefinitionVersion: def.Version(), State: cmd.State, Version: cmd.Version,
 		Input: cmd.Input, Results: maps.Clone(cmd.Results)}
 	var m *attempt.Move
+	var err error
 	switch {
 	case o.Status == wire.OutcomeSucceeded:
 		m, err = c.successMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Result)

@@ -8,7 +8,7 @@ import (
 
 const (
 	sagaColumns = `id, definition, idem_key, state::text, version, input, results, coalesce(error, ''),
-created_at, updated_at, finished_at`
+created_at, updated_at, finished_at, definition_version`
 
 	selectSagaByID = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1`
 	// selectSagaByIDLocked takes the lock every writer of a saga or of
@@ -45,10 +45,10 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
 	// insert waited for is not in the snapshot: then the three are NULL
 	// and the caller reads it (selectSagaByKey). The look is gated on the
 	// insert having written nothing, so a new saga's start never reads
-	// the index.
+	// the index. $13 is the version of the definition the saga runs.
 	startSaga = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
-  values ($1, $2, $3, $4, $5, 'init')
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, definition_version)
+  values ($1, $2, $3, $4, $5, 'init', $13)
   on conflict (definition, idem_key) do nothing
   returning id
 ), st as (
@@ -139,16 +139,17 @@ on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', e
 where x.outcome is null or x.outcome = 'retry'`
 
 	// dueRetries and expiredLeases find the work of the reaper, for the
-	// definitions this process runs ($2): another definition's steps are
-	// left to the workers that have its code.
+	// definition versions this process runs ($2, "name@version"): another
+	// definition's or version's steps are left to the workers that have
+	// its code.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2))
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2))
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2))
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes
@@ -213,8 +214,9 @@ const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at,
 ) t
 order by dispatched_at, attempt`
 
-// listSagas filters by definition ($1), state ($2), age ($3 seconds) and
-// stuckness ($4, with margin $5 seconds); empty or zero filters match all.
+// listSagas filters by definition ($1), state ($2), age ($3 seconds),
+// stuckness ($4, with margin $5 seconds) and parked commands ($9); empty
+// or zero filters match all.
 const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
@@ -224,6 +226,7 @@ where ($1 = '' or s.definition = $1)
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')))))
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
+  and (not $9 or exists (select 1 from idemsaga.dead_letters d where d.saga_id = s.id))
 order by s.created_at desc, s.id desc
 limit $6`
 

@@ -30,10 +30,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	// an idle process makes one every ReapInterval.
 	var due []stepID
 	b := &pgx.Batch{}
-	names := make([]string, 0, len(c.defs))
-	for n := range c.defs {
-		names = append(names, n)
-	}
+	names := c.versionRefs()
 	for _, q := range []string{dueRetries, expiredLeases} {
 		b.Queue(q, limit, names).Query(func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
@@ -102,7 +99,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return false, nil // held by another process, gone, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
-	def, err := c.definition(sg.Definition)
+	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return false, err
 	}

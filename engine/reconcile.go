@@ -28,8 +28,18 @@ type Difference struct {
 // noWorker says, in a difference about a saga s, when no live worker
 // runs its definition: the likely reason nothing takes its step over.
 const noWorker = `case when not exists (select 1 from idemsaga.workers w
-  where s.definition = any(w.definitions) and w.seen_at > idemsaga.now() - interval '15 seconds')
-  then '; no live worker runs definition ' || s.definition || ' (start one with its code)' else '' end`
+  where s.definition || '@' || s.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
+  then '; no live worker runs definition ' || s.definition || ' version ' || s.definition_version || ' (start one with its code)' else '' end`
+
+// deadLetterDetail describes a dead letter d: what it is, why it was
+// parked, and whether a live worker runs its version (which sends it
+// again at its next heartbeat).
+const deadLetterDetail = `'dead letter ' || d.id || ' (' || d.step || '/' || d.phase || ' attempt ' || d.attempt || ' of ' || d.definition || '@' || d.definition_version || ', '
+  || d.deliveries || ' deliveries, last ' || round(extract(epoch from idemsaga.now() - d.last_seen)) || 's ago): ' || d.reason ||
+  case when exists (select 1 from idemsaga.workers w
+    where d.definition || '@' || d.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
+  then '; a live worker runs its version and sends it again at its next heartbeat'
+  else '; no live worker runs ' || d.definition || ' version ' || d.definition_version || ': start one with its code, or resend or drop it with ` + "`worker dead-letters`" + `' end`
 
 func (d Difference) String() string {
 	if d.SagaID != nil {
@@ -55,13 +65,16 @@ func (d Difference) String() string {
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
+//   - no command is parked in the dead-letter table: a running saga's
+//     parked command waits for a worker of its definition version (or a
+//     person), one of a finished saga for a person to drop it;
 //   - sagas in StateFailed or StateParked are listed: they need a person.
 //
 // What the schema guards itself (steps, attempts and inbox rows without
 // their saga, values outside a domain) is not checked again.
 //
-// defs gives the final state of each definition; sagas of other
-// definitions are checked for everything else. staleAfter <= 0 means
+// defs gives the final state of each definition version; sagas of other
+// definitions or versions are checked for everything else. staleAfter <= 0 means
 // StaleAfterDefault.
 func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition, staleAfter time.Duration) ([]Difference, error) {
 	if staleAfter <= 0 {
@@ -70,8 +83,8 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	finals := map[string]string{}
 	lengths := map[string]int{}
 	for _, d := range defs {
-		finals[d.Name()] = string(d.FinalState())
-		lengths[d.Name()] = d.Len()
+		finals[d.Ref()] = string(d.FinalState())
+		lengths[d.Ref()] = d.Len()
 	}
 	var diffs []Difference
 	add := func(rows pgx.Rows, format string) error {
@@ -124,6 +137,10 @@ left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.
 where s.state = 'compensated'
   and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
   and c.status is distinct from 'succeeded'`, nil},
+		{"running with a command parked: %s", `select d.saga_id, ` + deadLetterDetail + `
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
+		{"finished, but a command of it is still parked: %s; drop it with `worker dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
@@ -142,10 +159,10 @@ order by id limit 100`, []any{stale}},
 	}
 
 	// Sagas in their final state: every forward step succeeded.
-	rows, err := pool.Query(ctx, `select s.id, s.definition, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
+	rows, err := pool.Query(ctx, `select s.id, s.definition || '@' || s.definition_version, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
 from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked')
-group by s.id, s.definition, s.state`)
+group by s.id, s.definition, s.definition_version, s.state`)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

@@ -14,8 +14,11 @@ import (
 // that a process without the handlers (an admin CLI, an API gateway) can
 // start, show and repair sagas of it.
 type Description struct {
-	Name  string `json:"name"`
-	Input string `json:"input,omitempty"`
+	Name string `json:"name"`
+	// Version is the definition's version (Definition.Version); a
+	// description without one is of version 1.
+	Version int    `json:"version,omitempty"`
+	Input   string `json:"input,omitempty"`
 	// InputFields are the JSON members of a struct input type: a
 	// definition rebuilt from the description refuses any other.
 	InputFields []string          `json:"input_fields,omitempty"`
@@ -64,7 +67,7 @@ func (p PolicyDescription) policy() (RetryPolicy, error) {
 
 // Describe returns the definition's description.
 func (d *Definition) Describe() Description {
-	desc := Description{Name: d.name, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
+	desc := Description{Name: d.name, Version: d.version, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
 	if d.input != nil {
 		desc.InputFields = d.input.fields
 	}
@@ -116,7 +119,10 @@ func FromDescription(desc Description) (*Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.inputName, d.inputFields = desc.Input, desc.InputFields
+	if desc.Version < 0 {
+		return nil, fmt.Errorf("%w: description of %q: version %d; versions start at 1", ErrInvalidDefinition, desc.Name, desc.Version)
+	}
+	d.inputName, d.inputFields, d.version = desc.Input, desc.InputFields, max(desc.Version, 1)
 	return d, nil
 }
 

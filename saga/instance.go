@@ -10,22 +10,54 @@ import (
 // Instance is a saga as stored: what Start returns and what inspection
 // reads.
 type Instance struct {
-	ID         uuid.UUID                  `json:"id"`
-	Definition string                     `json:"definition"`
-	Key        string                     `json:"key"`
-	State      State                      `json:"state"`
-	Version    int64                      `json:"version"`
-	Input      json.RawMessage            `json:"input"`
-	Results    map[string]json.RawMessage `json:"results,omitempty"`
-	Error      string                     `json:"error,omitempty"`
-	CreatedAt  time.Time                  `json:"created_at"`
-	UpdatedAt  time.Time                  `json:"updated_at"`
-	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
+	ID         uuid.UUID `json:"id"`
+	Definition string    `json:"definition"`
+	// DefinitionVersion is the version of the definition the saga runs,
+	// the one it started with.
+	DefinitionVersion int                        `json:"definition_version"`
+	Key               string                     `json:"key"`
+	State             State                      `json:"state"`
+	Version           int64                      `json:"version"`
+	Input             json.RawMessage            `json:"input"`
+	Results           map[string]json.RawMessage `json:"results,omitempty"`
+	Error             string                     `json:"error,omitempty"`
+	CreatedAt         time.Time                  `json:"created_at"`
+	UpdatedAt         time.Time                  `json:"updated_at"`
+	FinishedAt        *time.Time                 `json:"finished_at,omitempty"`
 	// Steps lists the step executions, filled by inspection calls only.
 	Steps []StepExecution `json:"steps,omitempty"`
 	// Attempts is the timeline: every attempt of every step execution in
 	// dispatch order, filled by inspection calls only.
 	Attempts []StepAttempt `json:"attempts,omitempty"`
+	// DeadLetters are the saga's commands parked because no worker that
+	// received them knew their definition, version or step, filled by
+	// inspection calls only.
+	DeadLetters []DeadLetter `json:"dead_letters,omitempty"`
+}
+
+// DeadLetter is a command parked in the dead-letter table: it was
+// delivered a bounded number of times to workers that do not know its
+// definition, version or step (a rolling deploy, a worker missing a
+// definition). A worker that knows it sends it again when it runs; a
+// person can send it again or drop it.
+type DeadLetter struct {
+	ID                int64     `json:"id"`
+	SagaID            uuid.UUID `json:"saga_id"`
+	Definition        string    `json:"definition"`
+	DefinitionVersion int       `json:"definition_version"`
+	Step              string    `json:"step"`
+	Phase             Phase     `json:"phase"`
+	Attempt           int       `json:"attempt"`
+	Subject           string    `json:"subject"`
+	MsgID             string    `json:"msg_id"`
+	// Reason says what the last worker that received it did not know.
+	Reason string `json:"reason"`
+	// Deliveries is how many times the broker delivered it before it
+	// was parked.
+	Deliveries int       `json:"deliveries"`
+	ParkedBy   string    `json:"parked_by"`
+	FirstSeen  time.Time `json:"first_seen"`
+	LastSeen   time.Time `json:"last_seen"`
 }
 
 // StepAttempt is one attempt of one step execution.

@@ -128,15 +128,16 @@ func name(cfg Config) string {
 type cli struct {
 	Flags
 
-	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator, reaper, cleaner and the HTTP API with /metrics, /healthz and /readyz, until SIGINT or SIGTERM, which drain it."`
-	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's tables and the service's, and record this build's settings and definitions as the deployment's."`
-	Start     startCmd     `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
-	List      listCmd      `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
-	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
-	Retry     retryCmd     `cmd:"" help:"Resume a failed saga's compensation, or run a parked saga's step again (same step keys: nothing runs twice)."`
-	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed."`
-	Reconcile reconcileCmd `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
-	Workers   workersCmd   `cmd:"" help:"List the live workers and the definitions each runs."`
+	Run         runCmd         `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator, reaper, cleaner and the HTTP API with /metrics, /healthz and /readyz, until SIGINT or SIGTERM, which drain it."`
+	Migrate     migrateCmd     `cmd:"" help:"Create or update the engine's tables and the service's, and record this build's settings and definitions as the deployment's."`
+	Start       startCmd       `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
+	List        listCmd        `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
+	Show        showCmd        `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
+	Retry       retryCmd       `cmd:"" help:"Resume a failed saga's compensation, or run a parked saga's step again (same step keys: nothing runs twice)."`
+	Cancel      cancelCmd      `cmd:"" help:"Stop a running or parked saga and compensate what it completed."`
+	Reconcile   reconcileCmd   `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
+	Workers     workersCmd     `cmd:"" help:"List the live workers and the definitions each runs."`
+	DeadLetters deadLettersCmd `cmd:"" name:"dead-letters" help:"List, send again or drop commands parked because no worker that received them knew their definition, version or step."`
 }
 
 // Run runs one command line (args without the program name) and returns

@@ -38,6 +38,10 @@ type Metrics struct {
 	RelayBatchSeconds prometheus.Histogram
 	Deliveries        *prometheus.CounterVec
 	UniqueConflicts   *prometheus.CounterVec
+	// DeadLettersParked and DeadLettersResumed count commands parked in
+	// the dead-letter table and sent again from it.
+	DeadLettersParked  *prometheus.CounterVec
+	DeadLettersResumed *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -104,6 +108,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "unique_conflicts_total",
 		Help: "Inserts that met an existing row on a unique key and were adjudicated by the database, by table (sagas, inbox).",
 	}, []string{"table"})
+	m.DeadLettersParked = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "dead_letters_parked_total",
+		Help: "Commands parked in the dead-letter table after a bounded number of deliveries to workers that did not know their definition, version or step.",
+	}, []string{"definition"})
+	m.DeadLettersResumed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "dead_letters_resumed_total",
+		Help: "Parked commands sent again, by how: worker (a worker that runs their version), resend (a person).",
+	}, []string{"definition", "how"})
 	if reg == nil {
 		return m, nil
 	}
@@ -111,7 +123,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts,
+		m.Deliveries, m.UniqueConflicts, m.DeadLettersParked, m.DeadLettersResumed,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

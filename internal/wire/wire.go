@@ -13,14 +13,19 @@ import (
 
 // Command asks a step worker to run one attempt of one phase of a step.
 type Command struct {
-	SagaID     uuid.UUID                  `json:"saga_id"`
-	Definition string                     `json:"definition"`
-	Step       string                     `json:"step"`
-	Phase      saga.Phase                 `json:"phase"`
-	Key        uuid.UUID                  `json:"key"`
-	Attempt    int                        `json:"attempt"`
-	Input      json.RawMessage            `json:"input"`
-	Results    map[string]json.RawMessage `json:"results,omitempty"`
+	SagaID     uuid.UUID `json:"saga_id"`
+	Definition string    `json:"definition"`
+	// DefinitionVersion is the version of the definition the saga runs
+	// (0, for a command that carries none, is version 1): a worker that
+	// does not run it parks the command rather than run another version's
+	// step.
+	DefinitionVersion int                        `json:"definition_version,omitempty"`
+	Step              string                     `json:"step"`
+	Phase             saga.Phase                 `json:"phase"`
+	Key               uuid.UUID                  `json:"key"`
+	Attempt           int                        `json:"attempt"`
+	Input             json.RawMessage            `json:"input"`
+	Results           map[string]json.RawMessage `json:"results,omitempty"`
 	// State and Version are the saga's when the command was written; Input
 	// and Results are the saga's at that version. A success applied in the
 	// step's own transaction moves the saga on from them without reading
@@ -30,6 +35,10 @@ type Command struct {
 	State   saga.State `json:"state,omitempty"`
 	Version int64      `json:"version,omitempty"`
 }
+
+// DefVersion returns the command's definition version, 1 when it carries
+// none.
+func (c Command) DefVersion() int { return max(c.DefinitionVersion, 1) }
 
 // Outcome is what a step worker reports.
 type Outcome string
@@ -51,15 +60,17 @@ const (
 
 // Reply reports the outcome of one attempt back to the orchestrator.
 type Reply struct {
-	SagaID     uuid.UUID       `json:"saga_id"`
-	Definition string          `json:"definition"`
-	Step       string          `json:"step"`
-	Phase      saga.Phase      `json:"phase"`
-	Key        uuid.UUID       `json:"key"`
-	Attempt    int             `json:"attempt"`
-	Outcome    Outcome         `json:"outcome"`
-	Result     json.RawMessage `json:"result,omitempty"`
-	Error      string          `json:"error,omitempty"`
+	SagaID     uuid.UUID `json:"saga_id"`
+	Definition string    `json:"definition"`
+	// DefinitionVersion is the command's (Command.DefinitionVersion).
+	DefinitionVersion int             `json:"definition_version,omitempty"`
+	Step              string          `json:"step"`
+	Phase             saga.Phase      `json:"phase"`
+	Key               uuid.UUID       `json:"key"`
+	Attempt           int             `json:"attempt"`
+	Outcome           Outcome         `json:"outcome"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	Error             string          `json:"error,omitempty"`
 	// RetryAfterMillis is set when the handler asked for a delay.
 	RetryAfterMillis int64 `json:"retry_after_ms,omitempty"`
 	// Duplicate is true when the outcome came from the inbox, not from
@@ -73,7 +84,7 @@ func DecodeCommand(b []byte) (Command, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return c, fmt.Errorf("decode command: %w", err)
 	}
-	if c.SagaID == uuid.Nil || c.Definition == "" || c.Step == "" || !c.Phase.Valid() || c.Key == uuid.Nil || c.Attempt < 1 {
+	if c.SagaID == uuid.Nil || c.Definition == "" || c.Step == "" || !c.Phase.Valid() || c.Key == uuid.Nil || c.Attempt < 1 || c.DefinitionVersion < 0 {
 		return c, fmt.Errorf("decode command: missing or invalid field in %s", truncate(b))
 	}
 	if c.Key != saga.StepKey(c.SagaID, c.Step, c.Phase) {
@@ -88,7 +99,7 @@ func DecodeReply(b []byte) (Reply, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("decode reply: %w", err)
 	}
-	if r.SagaID == uuid.Nil || r.Definition == "" || r.Step == "" || !r.Phase.Valid() || r.Key == uuid.Nil || r.Attempt < 1 {
+	if r.SagaID == uuid.Nil || r.Definition == "" || r.Step == "" || !r.Phase.Valid() || r.Key == uuid.Nil || r.Attempt < 1 || r.DefinitionVersion < 0 {
 		return r, fmt.Errorf("decode reply: missing or invalid field in %s", truncate(b))
 	}
 	switch r.Outcome {
