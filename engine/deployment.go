@@ -246,7 +246,7 @@ type Worker struct {
 	// "name@version".
 	Versions  []string
 	StartedAt time.Time
-	SeenAt      time.Time
+	SeenAt    time.Time
 }
 
 // Workers returns the engines that reported themselves within the last
