@@ -46,7 +46,7 @@ func TestMigrateConcurrentlyIsIdempotent(t *testing.T) {
 	require.Equal(t, latest, got)
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_tables where schemaname = 'idemsaga'`).Scan(&tables))
-	require.Equal(t, 10, tables, "sagas, steps, step_attempts, outbox, inbox, settings, definitions, workers, repairs, schema_version")
+	require.Equal(t, 11, tables, "sagas, steps, step_attempts, outbox, inbox, settings, definitions, workers, repairs, dead_letters, schema_version")
 }
 
 func TestCurrentOnEmptyDatabaseIsZero(t *testing.T) {

@@ -250,8 +250,9 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, do func(*eng
 			return err
 		}
 		workers, werr := cl.Workers(ctx)
-		ref := saga.Ref(sg.Definition, sg.DefinitionVersion)
-		runs := slices.ContainsFunc(workers, func(w engine.Worker) bool { return slices.Contains(w.Versions, ref) })
+		runs := slices.ContainsFunc(workers, func(w engine.Worker) bool {
+			return slices.Contains(w.Versions, saga.Ref(sg.Definition, sg.DefinitionVersion))
+		})
 		if r.JSON {
 			return printJSON(f.out, map[string]any{"id": res.ID, "operation": res.Operation, "state": res.State, "key": res.Key,
 				"at": res.At, "replayed": res.Replayed, "worker_running": runs})
@@ -264,7 +265,7 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, do func(*eng
 		}
 		def, derr := cl.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if derr == nil && !def.IsTerminal(res.State) && werr == nil && !runs {
-			fmt.Fprintf(f.errOut, "no live worker runs definition %s: its steps wait in the outbox until one starts (`%s run` with that definition version)\n", ref, name(*f.cfg))
+			fmt.Fprintf(f.errOut, "no live worker runs definition %q version %d: its steps wait in the outbox until one starts (`%s run` with that definition version)\n", sg.Definition, sg.DefinitionVersion, name(*f.cfg))
 		}
 		return nil
 	})
