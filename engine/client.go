@@ -332,35 +332,35 @@ type ListOptions struct {
 var ErrInvalidFilter = errors.New("idemsaga: list sagas: invalid filter")
 
 // checkFilter refuses a definition nobody recorded, and a state no
-// definition (that one, or any) has.
+// definition (that one, at any version, or any) has.
 func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
-	var defs []*saga.Definition
 	if opts.Definition != "" {
-		def, err := cl.c.resolve(ctx, opts.Definition)
-		if errors.Is(err, saga.ErrUnknownDefinition) {
+		if _, err := cl.c.resolve(ctx, opts.Definition); errors.Is(err, saga.ErrUnknownDefinition) {
 			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
-		}
-		if err != nil {
+		} else if err != nil {
 			return err
 		}
-		defs = []*saga.Definition{def}
 	}
 	if opts.State == "" {
 		return nil
 	}
-	if defs == nil {
-		descs, err := cl.Definitions(ctx)
-		if err != nil {
-			return err
-		}
-		for _, d := range descs {
-			def, err := cl.c.resolve(ctx, d.Name)
+	// Every version: sagas of an older one may still be in its states.
+	var defs []*saga.Definition
+	descs, err := cl.Definitions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if opts.Definition == "" || d.Name == opts.Definition {
+			def, err := cl.c.definitionAt(ctx, d.Name, d.Version)
 			if err != nil {
 				return err
 			}
 			defs = append(defs, def)
 		}
-		for _, d := range cl.c.defs {
+	}
+	for _, d := range cl.c.versions {
+		if opts.Definition == "" || d.Name() == opts.Definition {
 			defs = append(defs, d)
 		}
 	}

@@ -122,7 +122,11 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		return VerdictMissing, nil
 	}
 	if sg.DefinitionVersion != def.Version() {
-		return "", fmt.Errorf("idemsaga: a reply for saga %s names %s, but the saga runs %s; the reply is not applied", sg.ID, def.Ref(), saga.Ref(sg.Definition, sg.DefinitionVersion))
+		// No command of the saga names another version: the reply is
+		// not one of its attempts'.
+		c.log.Warn("orchestrator: a reply names another definition version than its saga runs; ignored as stale",
+			"saga_id", sg.ID, "reply_version", def.Ref(), "saga_version", saga.Ref(sg.Definition, sg.DefinitionVersion))
+		return VerdictStale, nil
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 	v := judge(st, r)
