@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -299,7 +300,7 @@ func parkByHand(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id uuid.U
 	var dl int64
 	require.NoError(t, pool.QueryRow(ctx, `insert into idemsaga.dead_letters (msg_id, subject, payload, saga_id, definition, definition_version,
   step, phase, attempt, reason, deliveries, parked_by, first_seen)
-select $2, o.subject, o.payload, o.saga_id, s.definition, s.definition_version, 'debit', 'forward', 1, 'by hand', 5, 'test', idemsaga.now()
+select $2, o.subject, o.payload, o.saga_id, s.definition, s.definition_version, convert_from(o.payload, 'UTF8')::jsonb->>'step', 'forward', 1, 'by hand', 5, 'test', idemsaga.now()
 from idemsaga.outbox o join idemsaga.sagas s on s.id = o.saga_id where o.saga_id = $1 order by o.id limit 1
 returning id`, id, msgID).Scan(&dl))
 	return dl
@@ -369,4 +370,57 @@ func TestDeadLettersResendAndDrop(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, sg.DeadLetters)
 	require.Equal(t, saga.StateInit, sg.State, "a drop leaves the saga as it is")
+}
+
+// TestResentDeadLettersRunNothingTwice: twenty transfers whose first
+// command is both delivered and parked three times over are resumed by a
+// worker of their version (its heartbeat and eight concurrent passes at
+// once): every parked copy is sent exactly once, and each transfer's
+// money moves once.
+func TestResentDeadLettersRunNothingTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("RESUME")
+	def := transferDef(t)
+	seeded, err := transfer.Seed(ctx, pool, 10, 1000)
+	require.NoError(t, err)
+	cl := brokerClient(t, pool, stream, def)
+	const sagas, copies = 20, 3
+	ids := make([]uuid.UUID, sagas)
+	for i := range ids {
+		res, err := cl.Start(ctx, def, fmt.Sprintf("resume-%d", i), transferInput(1, 2, 1))
+		require.NoError(t, err)
+		ids[i] = res.ID
+		for c := range copies {
+			parkByHand(t, ctx, pool, res.ID, fmt.Sprintf("parked-%d-%d", i, c))
+		}
+	}
+	reg := prometheus.NewRegistry()
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.Registerer = reg })
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			_, err := e.ResumeDeadLetters(ctx)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		sg, err := cl.Wait(wctx, id)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, transfer.StateCredited, sg.State)
+	}
+	require.Zero(t, countRows(t, ctx, pool, `select count(*) from idemsaga.dead_letters`))
+	require.Equal(t, float64(sagas*copies), metricSum(t, reg, "idemsaga_dead_letters_resumed_total", map[string]string{"how": "worker"}))
+	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.NoError(t, err)
+	require.Empty(t, rep.Differences)
+	var b1, b2 int64
+	require.NoError(t, pool.QueryRow(ctx, `select (select balance from transfer.accounts where id = 1), (select balance from transfer.accounts where id = 2)`).Scan(&b1, &b2))
+	require.Equal(t, []int64{1000 - sagas, 1000 + sagas}, []int64{b1, b2}, "each transfer moved its money once")
+	t.Logf("%d sagas, %d parked copies each, resumed by 9 concurrent passes: %d sent once each, balances moved %d times", sagas, copies, sagas*copies, sagas)
 }
