@@ -325,6 +325,9 @@ type ListOptions struct {
 	// DeadLettered keeps sagas with a command parked in the dead-letter
 	// table (DeadLetters).
 	DeadLettered bool
+	// Version keeps sagas running this version of Definition (which it
+	// needs).
+	Version int
 }
 
 // ErrInvalidFilter is returned by List for a definition or state that no
@@ -334,6 +337,9 @@ var ErrInvalidFilter = errors.New("idemsaga: list sagas: invalid filter")
 // checkFilter refuses a definition nobody recorded, and a state no
 // definition (that one, at any version, or any) has.
 func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
+	if opts.Version < 0 || opts.Version > 0 && opts.Definition == "" {
+		return fmt.Errorf("%w: version %d needs a definition, and versions start at 1", ErrInvalidFilter, opts.Version)
+	}
 	if opts.Definition != "" {
 		if _, err := cl.c.resolve(ctx, opts.Definition); errors.Is(err, saga.ErrUnknownDefinition) {
 			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
@@ -441,7 +447,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered)
+	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

@@ -215,8 +215,8 @@ const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at,
 order by dispatched_at, attempt`
 
 // listSagas filters by definition ($1), state ($2), age ($3 seconds),
-// stuckness ($4, with margin $5 seconds) and parked commands ($9); empty
-// or zero filters match all.
+// stuckness ($4, with margin $5 seconds), parked commands ($9) and
+// definition version ($10); empty or zero filters match all.
 const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
@@ -227,6 +227,7 @@ where ($1 = '' or s.definition = $1)
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')))))
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
   and (not $9 or exists (select 1 from idemsaga.dead_letters d where d.saga_id = s.id))
+  and ($10 = 0 or s.definition_version = $10)
 order by s.created_at desc, s.id desc
 limit $6`
 

@@ -82,17 +82,14 @@ func indexDefinitions(defs []*saga.Definition) (map[string]*saga.Definition, map
 }
 
 // definition returns the newest version of the named definition this
-// process knows, without a round trip: its own, or one resolve read. For
-// an existing saga use definitionAt with the saga's version.
+// process knows, without a round trip: its own, or one resolve read
+// lately. For an existing saga use definitionAt with the saga's version.
 func (c *core) definition(name string) (*saga.Definition, error) {
 	if d, ok := c.defs[name]; ok {
 		return d, nil
 	}
-	c.remote.mu.RLock()
-	e, ok := c.remote.newest[name]
-	c.remote.mu.RUnlock()
-	if ok {
-		return e.def, nil
+	if d, ok := c.remote.getNewest(name); ok {
+		return d, nil
 	}
 	return nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, name)
 }
@@ -159,10 +156,7 @@ limit 1`
 // recorded version a live worker runs (else the newest recorded), rebuilt
 // from its description (without handlers).
 func (c *core) resolve(ctx context.Context, name string) (*saga.Definition, error) {
-	if d, ok := c.defs[name]; ok {
-		return d, nil
-	}
-	if d, ok := c.remote.getNewest(name); ok {
+	if d, err := c.definition(name); err == nil {
 		return d, nil
 	}
 	var desc saga.Description

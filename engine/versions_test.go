@@ -183,6 +183,13 @@ func TestVersionsSideBySide(t *testing.T) {
 		require.Equal(t, []string{"v1:one", "v1:two"}, l.of(id), "a saga runs the version it started with")
 		require.Equal(t, 2, sg.Steps[0].Attempt, "step one retried once, on version 1")
 	}
+	for version, want := range map[int]int{1: nOld, 2: n} {
+		listed, err := admin.List(ctx, engine.ListOptions{Definition: "ver", Version: version})
+		require.NoError(t, err)
+		require.Len(t, listed, want, "sagas of version %d", version)
+	}
+	_, err = admin.List(ctx, engine.ListOptions{Version: 1})
+	require.ErrorIs(t, err, engine.ErrInvalidFilter)
 	dls, err := admin.DeadLetters(ctx, engine.DeadLetterFilter{})
 	require.NoError(t, err)
 	require.Empty(t, dls)

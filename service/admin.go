@@ -143,13 +143,14 @@ type listCmd struct {
 	Limit        int           `default:"50" help:"At most this many, newest first."`
 	Cursor       string        `help:"Continue after the last saga of a previous listing (printed as next_cursor)."`
 	DeadLettered bool          `name:"dead-lettered" help:"Only sagas with a command parked as a dead letter (see dead-letters)."`
+	Version      int           `help:"Only sagas running this version of --definition."`
 	JSON         bool          `name:"json" help:"Print JSON."`
 }
 
 func (l *listCmd) Run(ctx context.Context, f *Flags) error {
 	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
 		sagas, err := cl.List(ctx, engine.ListOptions{Definition: l.Definition, State: saga.State(l.State), OlderThan: l.OlderThan,
-			Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit, Cursor: l.Cursor, DeadLettered: l.DeadLettered})
+			Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit, Cursor: l.Cursor, DeadLettered: l.DeadLettered, Version: l.Version})
 		if err != nil {
 			return err
 		}
