@@ -242,11 +242,12 @@ type Worker struct {
 	Host        string
 	PID         int
 	Definitions []string
+	StartedAt   time.Time
+	SeenAt      time.Time
+
 	// Versions names each definition version the worker runs, as
 	// "name@version".
-	Versions  []string
-	StartedAt time.Time
-	SeenAt    time.Time
+	Versions []string
 }
 
 // Workers returns the engines that reported themselves within the last

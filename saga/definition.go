@@ -86,11 +86,9 @@ type Step struct {
 // Definition is a named, ordered list of steps. Build one with New; it is
 // immutable afterwards and safe for concurrent use.
 type Definition struct {
-	name string
-	// version is the definition's version (WithVersion), 1 unless set.
-	version int
-	steps   []Step
-	index   map[string]int
+	name  string
+	steps []Step
+	index map[string]int
 	// input is the declared input type (WithInput), nil for any JSON.
 	input *inputType
 	// described is set on a definition rebuilt from a Description: it has
@@ -100,6 +98,9 @@ type Definition struct {
 	// members.
 	inputName   string
 	inputFields []string
+
+	// version is the definition's version (WithVersion), 1 unless set.
+	version int
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -14,15 +14,16 @@ import (
 // that a process without the handlers (an admin CLI, an API gateway) can
 // start, show and repair sagas of it.
 type Description struct {
-	Name string `json:"name"`
-	// Version is the definition's version (Definition.Version); a
-	// description without one is of version 1.
-	Version int    `json:"version,omitempty"`
-	Input   string `json:"input,omitempty"`
+	Name  string `json:"name"`
+	Input string `json:"input,omitempty"`
 	// InputFields are the JSON members of a struct input type: a
 	// definition rebuilt from the description refuses any other.
 	InputFields []string          `json:"input_fields,omitempty"`
 	Steps       []StepDescription `json:"steps"`
+
+	// Version is the definition's version (Definition.Version); a
+	// description without one is of version 1.
+	Version int `json:"version,omitempty"`
 }
 
 // StepDescription describes one step of a Description.

@@ -10,25 +10,26 @@ import (
 // Instance is a saga as stored: what Start returns and what inspection
 // reads.
 type Instance struct {
-	ID         uuid.UUID `json:"id"`
-	Definition string    `json:"definition"`
-	// DefinitionVersion is the version of the definition the saga runs,
-	// the one it started with.
-	DefinitionVersion int                        `json:"definition_version"`
-	Key               string                     `json:"key"`
-	State             State                      `json:"state"`
-	Version           int64                      `json:"version"`
-	Input             json.RawMessage            `json:"input"`
-	Results           map[string]json.RawMessage `json:"results,omitempty"`
-	Error             string                     `json:"error,omitempty"`
-	CreatedAt         time.Time                  `json:"created_at"`
-	UpdatedAt         time.Time                  `json:"updated_at"`
-	FinishedAt        *time.Time                 `json:"finished_at,omitempty"`
+	ID         uuid.UUID                  `json:"id"`
+	Definition string                     `json:"definition"`
+	Key        string                     `json:"key"`
+	State      State                      `json:"state"`
+	Version    int64                      `json:"version"`
+	Input      json.RawMessage            `json:"input"`
+	Results    map[string]json.RawMessage `json:"results,omitempty"`
+	Error      string                     `json:"error,omitempty"`
+	CreatedAt  time.Time                  `json:"created_at"`
+	UpdatedAt  time.Time                  `json:"updated_at"`
+	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
 	// Steps lists the step executions, filled by inspection calls only.
 	Steps []StepExecution `json:"steps,omitempty"`
 	// Attempts is the timeline: every attempt of every step execution in
 	// dispatch order, filled by inspection calls only.
 	Attempts []StepAttempt `json:"attempts,omitempty"`
+
+	// DefinitionVersion is the version of the definition the saga runs,
+	// the one it started with.
+	DefinitionVersion int `json:"definition_version"`
 	// DeadLetters are the saga's commands parked because no worker that
 	// received them knew their definition, version or step, filled by
 	// inspection calls only.

@@ -13,19 +13,14 @@ import (
 
 // Command asks a step worker to run one attempt of one phase of a step.
 type Command struct {
-	SagaID     uuid.UUID `json:"saga_id"`
-	Definition string    `json:"definition"`
-	// DefinitionVersion is the version of the definition the saga runs
-	// (0, for a command that carries none, is version 1): a worker that
-	// does not run it parks the command rather than run another version's
-	// step.
-	DefinitionVersion int                        `json:"definition_version,omitempty"`
-	Step              string                     `json:"step"`
-	Phase             saga.Phase                 `json:"phase"`
-	Key               uuid.UUID                  `json:"key"`
-	Attempt           int                        `json:"attempt"`
-	Input             json.RawMessage            `json:"input"`
-	Results           map[string]json.RawMessage `json:"results,omitempty"`
+	SagaID     uuid.UUID                  `json:"saga_id"`
+	Definition string                     `json:"definition"`
+	Step       string                     `json:"step"`
+	Phase      saga.Phase                 `json:"phase"`
+	Key        uuid.UUID                  `json:"key"`
+	Attempt    int                        `json:"attempt"`
+	Input      json.RawMessage            `json:"input"`
+	Results    map[string]json.RawMessage `json:"results,omitempty"`
 	// State and Version are the saga's when the command was written; Input
 	// and Results are the saga's at that version. A success applied in the
 	// step's own transaction moves the saga on from them without reading
@@ -34,6 +29,12 @@ type Command struct {
 	// neither, and are judged after a read.
 	State   saga.State `json:"state,omitempty"`
 	Version int64      `json:"version,omitempty"`
+
+	// DefinitionVersion is the version of the definition the saga runs
+	// (0, for a command that carries none, is version 1): a worker that
+	// does not run it parks the command rather than run another version's
+	// step.
+	DefinitionVersion int `json:"definition_version,omitempty"`
 }
 
 // DefVersion returns the command's definition version, 1 when it carries
@@ -60,22 +61,23 @@ const (
 
 // Reply reports the outcome of one attempt back to the orchestrator.
 type Reply struct {
-	SagaID     uuid.UUID `json:"saga_id"`
-	Definition string    `json:"definition"`
-	// DefinitionVersion is the command's (Command.DefinitionVersion).
-	DefinitionVersion int             `json:"definition_version,omitempty"`
-	Step              string          `json:"step"`
-	Phase             saga.Phase      `json:"phase"`
-	Key               uuid.UUID       `json:"key"`
-	Attempt           int             `json:"attempt"`
-	Outcome           Outcome         `json:"outcome"`
-	Result            json.RawMessage `json:"result,omitempty"`
-	Error             string          `json:"error,omitempty"`
+	SagaID     uuid.UUID       `json:"saga_id"`
+	Definition string          `json:"definition"`
+	Step       string          `json:"step"`
+	Phase      saga.Phase      `json:"phase"`
+	Key        uuid.UUID       `json:"key"`
+	Attempt    int             `json:"attempt"`
+	Outcome    Outcome         `json:"outcome"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Error      string          `json:"error,omitempty"`
 	// RetryAfterMillis is set when the handler asked for a delay.
 	RetryAfterMillis int64 `json:"retry_after_ms,omitempty"`
 	// Duplicate is true when the outcome came from the inbox, not from
 	// running the handler.
 	Duplicate bool `json:"duplicate,omitempty"`
+
+	// DefinitionVersion is the command's (Command.DefinitionVersion).
+	DefinitionVersion int `json:"definition_version,omitempty"`
 }
 
 // DecodeCommand parses and checks a command.
