@@ -270,38 +270,39 @@ where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_
 	return out, rows.Err()
 }
 
-// heartbeat records this engine in idemsaga.workers every interval until
-// ctx ends, then deletes its row; each beat also sends again the dead
-// letters of the definition versions this engine runs.
-func (e *Engine) heartbeat(ctx context.Context) {
+// beat records this engine in idemsaga.workers, with the definition
+// versions it runs, and sends again the dead letters of those versions.
+// Start beats once before it returns, so that a process resolving a
+// definition by name sees this engine's versions at once.
+func (e *Engine) beat(ctx context.Context) {
 	names := make([]string, 0, len(e.c.defs))
 	for n := range e.c.defs {
 		names = append(names, n)
 	}
-	refs := e.c.versionRefs()
 	host, _ := os.Hostname()
-	beat := func() {
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions, versions) values ($1, $2, $3, $4, $5)
-on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names, refs); err != nil && ctx.Err() == nil {
-			e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions, versions) values ($1, $2, $3, $4, $5)
+on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names, e.c.versionRefs()); err != nil && ctx.Err() == nil {
+		e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
+	}
+	// Rows of processes that died without deleting theirs.
+	_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
+	// Commands parked while no worker ran their version: this one does.
+	for {
+		n, err := e.c.resumeDeadLetters(bctx, resumeBatch)
+		if err != nil && ctx.Err() == nil {
+			e.cfg.Logger.Warn("heartbeat: could not send parked commands again; the next heartbeat tries again", "error", err)
 		}
-		// Rows of processes that died without deleting theirs.
-		_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
-		// Commands parked while no worker ran their version: this one
-		// does.
-		for {
-			n, err := e.c.resumeDeadLetters(bctx, resumeBatch)
-			if err != nil && ctx.Err() == nil {
-				e.cfg.Logger.Warn("heartbeat: could not send parked commands again; the next heartbeat tries again", "error", err)
-			}
-			if n < resumeBatch || err != nil {
-				break
-			}
+		if n < resumeBatch || err != nil {
+			break
 		}
 	}
-	beat()
+}
+
+// heartbeat beats every interval until ctx ends, then deletes this
+// engine's row.
+func (e *Engine) heartbeat(ctx context.Context) {
 	t := time.NewTicker(HeartbeatIntervalDefault)
 	defer t.Stop()
 	for {
@@ -312,7 +313,7 @@ on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host,
 			cancel()
 			return
 		case <-t.C:
-			beat()
+			e.beat(ctx)
 		}
 	}
 }

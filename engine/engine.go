@@ -451,6 +451,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Lock()
 		return fmt.Errorf("idemsaga: start: %w", ctx.Err())
 	}
+	// Recorded as a worker of its versions before Start returns; parked
+	// commands of those versions go out again now.
+	e.beat(ctx)
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
 			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)

@@ -65,6 +65,8 @@ func (d Difference) String() string {
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
+//   - every running saga's definition version is recorded by the
+//     deployment, so that any process can plan its moves;
 //   - no command is parked in the dead-letter table: a running saga's
 //     parked command waits for a worker of its definition version (or a
 //     person), one of a finished saga for a person to drop it;
@@ -137,6 +139,9 @@ left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.
 where s.state = 'compensated'
   and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
   and c.status is distinct from 'succeeded'`, nil},
+		{"running on a definition version the deployment has not recorded: %s (no process can plan its moves; start a worker with that version's code)", `select s.id, s.definition || '@' || s.definition_version
+from idemsaga.sagas s where s.finished_at is null and not exists (
+  select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, nil},
 		{"running with a command parked: %s", `select d.saga_id, ` + deadLetterDetail + `
 from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
 		{"finished, but a command of it is still parked: %s; drop it with `worker dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `

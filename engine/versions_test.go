@@ -134,9 +134,8 @@ func TestVersionsSideBySide(t *testing.T) {
 	next := startEngine(t, pool, nc, stream, []*saga.Definition{v2}, dl)
 	admin, err := engine.NewClient(engine.Config{Pool: pool, SubjectPrefix: "t." + stream, LeaseGrace: 10 * time.Second, Logger: quietLogger()})
 	require.NoError(t, err)
-	waitUntil(t, 30*time.Second, "the new worker reports itself", func() bool {
-		return countRows(t, ctx, pool, `select count(*) from idemsaga.workers where 'ver@2' = any(versions)`) == 1
-	})
+	require.Equal(t, 1, countRows(t, ctx, pool, `select count(*) from idemsaga.workers where 'ver@2' = any(versions)`),
+		"an engine is recorded with its versions when Start returns")
 	byName, err := admin.Definition(ctx, "ver")
 	require.NoError(t, err)
 	require.Equal(t, 2, byName.Version(), "a process without the code starts new sagas on the newest version a worker runs")
@@ -298,6 +297,20 @@ func TestPoisonCommandParkedAndResumed(t *testing.T) {
 	diffs, err = engine.Reconcile(ctx, pool, []*saga.Definition{other, lateV1, lateV2}, 0)
 	require.NoError(t, err)
 	require.Empty(t, diffs)
+
+	// A running saga whose version nobody recorded is reported.
+	ghost := saga.WithVersion(saga.MustNew("ghost", dbStep("boo", "booed", l.step(9, "boo", nil, false), fastPolicy)), 9)
+	_, err = brokerClient(t, pool, stream, ghost).Start(ctx, ghost, "ghost-1", map[string]int{"n": 3})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `delete from idemsaga.definitions where name = 'ghost'`)
+	require.NoError(t, err)
+	diffs, err = engine.Reconcile(ctx, pool, []*saga.Definition{other, lateV1, lateV2}, 0)
+	require.NoError(t, err)
+	found := false
+	for _, d := range diffs {
+		found = found || strings.Contains(d.What, "running on a definition version the deployment has not recorded: ghost@9")
+	}
+	require.True(t, found, "%v", diffs)
 }
 
 // parkByHand parks the saga's first command, as a worker that cannot run
