@@ -28,9 +28,11 @@ type core struct {
 	pool *pgxpool.Pool
 	// defs are this process's definitions, the newest version of each
 	// name; versions all of them, by name and version; remote those known
-	// only by the deployment's record (Client.Definition).
+	// only by the deployment's record (Client.Definition); refs names
+	// versions as "name@version".
 	defs       map[string]*saga.Definition
 	versions   map[defKey]*saga.Definition
+	refs       []string
 	remote     described
 	subjects   wire.Subjects
 	leaseGrace time.Duration

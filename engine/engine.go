@@ -52,8 +52,8 @@ type Config struct {
 	// database must run the same description of a definition's version
 	// (steps, kinds, policies): each checks its own against the
 	// deployment's record at start. Several versions of one name
-	// (saga.WithVersion) may be given: new sagas start on the newest, and
-	// a saga runs the version it started with to its end. Required by New; a client without them starts and
+	// (saga.WithVersion) may be given; a saga runs the version it started
+	// with to its end. Required by New; a client without them starts and
 	// repairs sagas from the recorded descriptions (Client.Definition).
 	Definitions []*saga.Definition
 	// Stream is the JetStream stream name. Defaults to StreamDefault.
@@ -210,7 +210,7 @@ func newCore(cfg *Config) (*core, error) {
 	}
 	defs, versions := indexDefinitions(cfg.Definitions)
 	return &core{
-		pool: cfg.Pool, defs: defs, versions: versions, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
+		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
 		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
 		onFinished: cfg.OnFinishedFunc,
 	}, nil

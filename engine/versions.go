@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -177,11 +178,14 @@ func (c *core) resolve(ctx context.Context, name string) (*saga.Definition, erro
 
 // versionRefs returns "name@version" of every definition this process
 // runs.
-func (c *core) versionRefs() []string {
-	refs := make([]string, 0, len(c.versions))
-	for _, d := range c.versions {
+func (c *core) versionRefs() []string { return c.refs }
+
+func refsOf(versions map[defKey]*saga.Definition) []string {
+	refs := make([]string, 0, len(versions))
+	for _, d := range versions {
 		refs = append(refs, d.Ref())
 	}
+	slices.Sort(refs)
 	return refs
 }
 
