@@ -128,7 +128,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 		fx = &effects{}
 		res = CallbackResult{SagaID: id, Step: step, EventID: cb.EventID}
 		var err error
-		if def, err = c.definition(sg.Definition); err != nil {
+		if def, err = c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion); err != nil {
 			return err
 		}
 		idx := def.StepIndex(step)

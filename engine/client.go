@@ -121,12 +121,14 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	if err := cl.Check(ctx); err != nil {
 		return StartResult{}, nil, err
 	}
-	registered, err := cl.c.resolve(ctx, def.Name())
+	// The saga runs the version given, as this process or the deployment
+	// knows it.
+	registered, err := cl.c.definitionAt(ctx, def.Name(), def.Version())
 	if err != nil {
 		return StartResult{}, nil, err
 	}
 	if def != registered && def.Describe().Fingerprint() != registered.Describe().Fingerprint() {
-		return StartResult{}, nil, fmt.Errorf("%w: definition %q given to Start differs from the one this client uses (%s)", ErrDeploymentMismatch, def.Name(),
+		return StartResult{}, nil, fmt.Errorf("%w: definition %s given to Start differs from the one this client uses (%s)", ErrDeploymentMismatch, def.Ref(),
 			describeDifference(registered.Describe(), def.Describe()))
 	}
 	if err := saga.CheckKey(key); err != nil {
@@ -151,7 +153,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	if err != nil {
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
-	sg := &saga.Instance{ID: id, Definition: def.Name(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
+	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
 	subject, msgID, payload, err := cl.c.commandMessage(sg, registered, 0, saga.PhaseForward, 1)
 	if err != nil {
@@ -171,7 +173,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload, handOff, deadlineArg(def)).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		subject, msgID, payload, handOff, deadlineArg(def), registered.Version()).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -279,7 +281,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	defer rows.Close()
-	def, _ := cl.c.resolve(ctx, sg.Definition)
+	def, _ := cl.c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	sg.Steps = sg.Steps[:0]
 	for rows.Next() {
 		var s saga.StepExecution
@@ -343,7 +345,11 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		r.Phase, r.StateAfter = saga.Phase(phase), saga.State(state)
 		sg.Repairs = append(sg.Repairs, r)
 	}
-	return rrows.Err()
+	if err := rrows.Err(); err != nil {
+		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
+	}
+	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.pool, listDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	return err
 }
 
 // ListOptions filters List. Zero fields do not filter.
@@ -364,6 +370,12 @@ type ListOptions struct {
 	// Cursor continues a listing after the last saga of a page: pass
 	// Cursor(last). Empty starts with the newest.
 	Cursor string
+	// DeadLettered keeps sagas with a command parked in the dead-letter
+	// table (DeadLetters).
+	DeadLettered bool
+	// Version keeps sagas running this version of Definition (which it
+	// needs).
+	Version int
 }
 
 // ErrInvalidFilter is returned by List for a definition or state that no
@@ -371,35 +383,38 @@ type ListOptions struct {
 var ErrInvalidFilter = errors.New("idemsaga: list sagas: invalid filter")
 
 // checkFilter refuses a definition nobody recorded, and a state no
-// definition (that one, or any) has.
+// definition (that one, at any version, or any) has.
 func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
-	var defs []*saga.Definition
+	if opts.Version < 0 || opts.Version > 0 && opts.Definition == "" {
+		return fmt.Errorf("%w: version %d needs a definition, and versions start at 1", ErrInvalidFilter, opts.Version)
+	}
 	if opts.Definition != "" {
-		def, err := cl.c.resolve(ctx, opts.Definition)
-		if errors.Is(err, saga.ErrUnknownDefinition) {
+		if _, err := cl.c.resolve(ctx, opts.Definition); errors.Is(err, saga.ErrUnknownDefinition) {
 			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
-		}
-		if err != nil {
+		} else if err != nil {
 			return err
 		}
-		defs = []*saga.Definition{def}
 	}
 	if opts.State == "" {
 		return nil
 	}
-	if defs == nil {
-		descs, err := cl.Definitions(ctx)
-		if err != nil {
-			return err
-		}
-		for _, d := range descs {
-			def, err := cl.c.resolve(ctx, d.Name)
+	// Every version: sagas of an older one may still be in its states.
+	var defs []*saga.Definition
+	descs, err := cl.Definitions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if opts.Definition == "" || d.Name == opts.Definition {
+			def, err := cl.c.definitionAt(ctx, d.Name, d.Version)
 			if err != nil {
 				return err
 			}
 			defs = append(defs, def)
 		}
-		for _, d := range cl.c.defs {
+	}
+	for _, d := range cl.c.versions {
+		if opts.Definition == "" || d.Name() == opts.Definition {
 			defs = append(defs, d)
 		}
 	}
@@ -480,7 +495,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID)
+	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

@@ -31,7 +31,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: "a.b"}, "Config.Stream"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, SubjectPrefix: "a.>"}, "Config.SubjectPrefix"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, AckWait: time.Second}, "Config.AckWait"},
-		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, transfer.Definition)}, "names \"transfer\" twice"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, transfer.Definition)}, "names transfer@1 twice"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, LeaseGrace: -time.Second}, "must not be negative"},
 	}
 	for _, tc := range cases {

@@ -26,9 +26,13 @@ import (
 // own step workers share.
 type core struct {
 	pool *pgxpool.Pool
-	// defs are this process's definitions; remote those known only by
-	// the deployment's record (Client.Definition).
+	// defs are this process's definitions, the newest version of each
+	// name; versions all of them, by name and version; remote those known
+	// only by the deployment's record (Client.Definition); refs names
+	// versions as "name@version".
 	defs       map[string]*saga.Definition
+	versions   map[defKey]*saga.Definition
+	refs       []string
 	remote     described
 	subjects   wire.Subjects
 	leaseGrace time.Duration
@@ -52,29 +56,6 @@ type core struct {
 	offer func(outbox.Committed) bool
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
-}
-
-func (c *core) definition(name string) (*saga.Definition, error) {
-	if d, ok := c.defs[name]; ok {
-		return d, nil
-	}
-	if d, ok := c.remote.get(name); ok {
-		return d, nil
-	}
-	return nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, name)
-}
-
-// stepOf returns a saga's definition and the index of its named step.
-func (c *core) stepOf(definition, step string) (*saga.Definition, int, error) {
-	def, err := c.definition(definition)
-	if err != nil {
-		return nil, 0, err
-	}
-	idx := def.StepIndex(step)
-	if idx < 0 {
-		return nil, 0, fmt.Errorf("definition %q has no step %q; deploy the same definition everywhere", definition, step)
-	}
-	return def, idx, nil
 }
 
 func (c *core) woke() {
@@ -171,7 +152,7 @@ func scanSaga(row pgx.Row) (*saga.Instance, error) {
 	var state string
 	var results map[string]json.RawMessage
 	err := row.Scan(&s.ID, &s.Definition, &s.Key, &state, &s.Version, &s.Input, &results, &s.Error,
-		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt)
+		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, saga.ErrNotFound
 	}
@@ -209,7 +190,7 @@ func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, 
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	cmd := wire.Command{
-		SagaID: sg.ID, Definition: sg.Definition, Step: step.Name, Phase: phase,
+		SagaID: sg.ID, Definition: sg.Definition, DefinitionVersion: def.Version(), Step: step.Name, Phase: phase,
 		Key: key, Attempt: attempt, Input: sg.Input, Results: sg.Results,
 		State: sg.State, Version: sg.Version,
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -74,10 +73,10 @@ where settings.value is distinct from excluded.value`, s.name, s.value, by); err
 			continue
 		}
 		desc := d.Describe()
-		if _, err := tx.Exec(ctx, `insert into idemsaga.definitions (name, description, fingerprint, set_by) values ($1, $2, $3, $4)
-on conflict (name) do update set description = excluded.description, fingerprint = excluded.fingerprint, set_by = excluded.set_by, set_at = idemsaga.now()
-where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), desc, desc.Fingerprint(), by); err != nil {
-			return fmt.Errorf("idemsaga: record definition %q: %w", d.Name(), err)
+		if _, err := tx.Exec(ctx, `insert into idemsaga.definitions (name, version, description, fingerprint, set_by) values ($1, $5, $2, $3, $4)
+on conflict (name, version) do update set description = excluded.description, fingerprint = excluded.fingerprint, set_by = excluded.set_by, set_at = idemsaga.now()
+where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
+			return fmt.Errorf("idemsaga: record definition %s: %w", d.Ref(), err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -116,7 +115,7 @@ union all select value, set_by, set_at from idemsaga.settings where name = $1 an
 				ErrDeploymentMismatch, s.name, s.value, value, setBy, setAt.Format(time.RFC3339), s.flag))
 		}
 	}
-	for _, d := range c.defs {
+	for _, d := range c.versions {
 		if !d.Runnable() {
 			continue
 		}
@@ -126,18 +125,18 @@ union all select value, set_by, set_at from idemsaga.settings where name = $1 an
 		var recorded saga.Description
 		err := recordOrRead(func() pgx.Row {
 			return tx.QueryRow(ctx, `with i as (
-  insert into idemsaga.definitions (name, description, fingerprint, set_by) values ($1, $2, $3, $4)
-  on conflict (name) do nothing returning fingerprint, description, set_by, set_at)
+  insert into idemsaga.definitions (name, version, description, fingerprint, set_by) values ($1, $5, $2, $3, $4)
+  on conflict (name, version) do nothing returning fingerprint, description, set_by, set_at)
 select fingerprint, description, set_by, set_at from i
-union all select fingerprint, description, set_by, set_at from idemsaga.definitions where name = $1 and not exists (select from i)`,
-				d.Name(), desc, desc.Fingerprint(), by)
+union all select fingerprint, description, set_by, set_at from idemsaga.definitions where name = $1 and version = $5 and not exists (select from i)`,
+				d.Name(), desc, desc.Fingerprint(), by, d.Version())
 		}, &fp, &recorded, &setBy, &setAt)
 		if err != nil {
-			return fmt.Errorf("idemsaga: check definition %q against the deployment's: %w", d.Name(), err)
+			return fmt.Errorf("idemsaga: check definition %s against the deployment's: %w", d.Ref(), err)
 		}
 		if fp != desc.Fingerprint() {
-			errs = append(errs, fmt.Errorf("%w: definition %q differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, or record this one for all with `migrate` and restart the others",
-				ErrDeploymentMismatch, d.Name(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
+			errs = append(errs, fmt.Errorf("%w: definition %s differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, give the changed definition a new version (saga.WithVersion), or record this one for all with `migrate` and restart the others",
+				ErrDeploymentMismatch, d.Ref(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
 		}
 	}
 	if len(errs) > 0 {
@@ -217,62 +216,20 @@ func policyDiffs(here, there saga.PolicyDescription) []string {
 	return out
 }
 
-// described caches the definitions a process knows only by their
-// recorded descriptions.
-type described struct {
-	mu   sync.RWMutex
-	defs map[string]*saga.Definition
-}
-
-func (d *described) get(name string) (*saga.Definition, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	def, ok := d.defs[name]
-	return def, ok
-}
-
-// resolve returns the named definition: this process's own, or one
-// rebuilt from the deployment's record (without handlers).
-func (c *core) resolve(ctx context.Context, name string) (*saga.Definition, error) {
-	if d, ok := c.defs[name]; ok {
-		return d, nil
-	}
-	if d, ok := c.remote.get(name); ok {
-		return d, nil
-	}
-	var desc saga.Description
-	err := c.pool.QueryRow(ctx, `select description from idemsaga.definitions where name = $1`, name).Scan(&desc)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %q is neither in this process nor recorded by the deployment (a worker running it records it at start)", saga.ErrUnknownDefinition, name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("idemsaga: read definition %q: %w", name, err)
-	}
-	def, err := saga.FromDescription(desc)
-	if err != nil {
-		return nil, err
-	}
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	if c.remote.defs == nil {
-		c.remote.defs = map[string]*saga.Definition{}
-	}
-	c.remote.defs[name] = def
-	return def, nil
-}
-
-// Definition returns the named definition: this client's own, or, for a
-// definition whose code is not in this process, one rebuilt from the
-// description the deployment recorded (saga.FromDescription), which can
+// Definition returns the newest version of the named definition: this
+// client's own, or, for a definition whose code is not in this process,
+// the newest version a live worker runs (else the newest recorded),
+// rebuilt from the description the deployment recorded (saga.FromDescription), which can
 // start, read and repair sagas while workers that have the code run the
 // steps. An unknown name is saga.ErrUnknownDefinition.
 func (cl *Client) Definition(ctx context.Context, name string) (*saga.Definition, error) {
 	return cl.c.resolve(ctx, name)
 }
 
-// Definitions returns the descriptions the deployment recorded, by name.
+// Definitions returns the descriptions the deployment recorded, by name
+// and version (every version recorded, oldest first).
 func (cl *Client) Definitions(ctx context.Context) ([]saga.Description, error) {
-	rows, err := cl.c.pool.Query(ctx, `select description from idemsaga.definitions order by name`)
+	rows, err := cl.c.pool.Query(ctx, `select description from idemsaga.definitions order by name, version`)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list definitions: %w", err)
 	}
@@ -287,12 +244,16 @@ type Worker struct {
 	Definitions []string
 	StartedAt   time.Time
 	SeenAt      time.Time
+
+	// Versions names each definition version the worker runs, as
+	// "name@version".
+	Versions []string
 }
 
 // Workers returns the engines that reported themselves within the last
 // three heartbeat intervals, with the definitions each runs.
 func (cl *Client) Workers(ctx context.Context) ([]Worker, error) {
-	rows, err := cl.c.pool.Query(ctx, `select id, host, pid, definitions, started_at, seen_at from idemsaga.workers
+	rows, err := cl.c.pool.Query(ctx, `select id, host, pid, definitions, versions, started_at, seen_at from idemsaga.workers
 where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_at`, (3 * HeartbeatIntervalDefault).Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list workers: %w", err)
@@ -301,7 +262,7 @@ where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_
 	var out []Worker
 	for rows.Next() {
 		var w Worker
-		if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Definitions, &w.StartedAt, &w.SeenAt); err != nil {
+		if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Definitions, &w.Versions, &w.StartedAt, &w.SeenAt); err != nil {
 			return nil, fmt.Errorf("idemsaga: list workers: %w", err)
 		}
 		out = append(out, w)
@@ -309,25 +270,39 @@ where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_
 	return out, rows.Err()
 }
 
-// heartbeat records this engine in idemsaga.workers every interval until
-// ctx ends, then deletes its row.
-func (e *Engine) heartbeat(ctx context.Context) {
+// beat records this engine in idemsaga.workers, with the definition
+// versions it runs, and sends again the dead letters of those versions.
+// Start beats once before it returns, so that a process resolving a
+// definition by name sees this engine's versions at once.
+func (e *Engine) beat(ctx context.Context) {
 	names := make([]string, 0, len(e.c.defs))
 	for n := range e.c.defs {
 		names = append(names, n)
 	}
 	host, _ := os.Hostname()
-	beat := func() {
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions) values ($1, $2, $3, $4)
-on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names); err != nil && ctx.Err() == nil {
-			e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
-		}
-		// Rows of processes that died without deleting theirs.
-		_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions, versions) values ($1, $2, $3, $4, $5)
+on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names, e.c.versionRefs()); err != nil && ctx.Err() == nil {
+		e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
 	}
-	beat()
+	// Rows of processes that died without deleting theirs.
+	_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
+	// Commands parked while no worker ran their version: this one does.
+	for {
+		n, err := e.c.resumeDeadLetters(bctx, resumeBatch)
+		if err != nil && ctx.Err() == nil {
+			e.cfg.Logger.Warn("heartbeat: could not send parked commands again; the next heartbeat tries again", "error", err)
+		}
+		if n < resumeBatch || err != nil {
+			break
+		}
+	}
+}
+
+// heartbeat beats every interval until ctx ends, then deletes this
+// engine's row.
+func (e *Engine) heartbeat(ctx context.Context) {
 	t := time.NewTicker(HeartbeatIntervalDefault)
 	defer t.Stop()
 	for {
@@ -338,7 +313,7 @@ on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host,
 			cancel()
 			return
 		case <-t.C:
-			beat()
+			e.beat(ctx)
 		}
 	}
 }

@@ -56,6 +56,13 @@
 //     at start: a difference is ErrDeploymentMismatch, naming the setting.
 //     A client without a definition's code starts and repairs its sagas
 //     from the description (Client.Definition).
+//   - A saga runs the definition version it started with to its end
+//     (saga.WithVersion); a new version is recorded beside the old ones.
+//     A command a worker cannot run (its definition, version or step is
+//     not there) is handed back a bounded number of times, then parked in
+//     the dead-letter table and acknowledged; an engine that runs its
+//     version sends it again at start and with every heartbeat, and
+//     Client.ResendDeadLetters and DropDeadLetters are there for people.
 //   - Retry and Cancel are recorded with their request key in the repair's
 //     own transaction: a request sent again changes nothing and answers
 //     with the first result (RepairResult.Replayed).

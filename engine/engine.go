@@ -49,9 +49,11 @@ type Config struct {
 	// New; NewClient does not need it.
 	NATS *nats.Conn
 	// Definitions are the sagas this engine runs. Every process sharing a
-	// database must run the same description of a definition (steps,
-	// kinds, policies): each checks its own against the deployment's
-	// record at start. Required by New; a client without them starts and
+	// database must run the same description of a definition's version
+	// (steps, kinds, policies): each checks its own against the
+	// deployment's record at start. Several versions of one name
+	// (saga.WithVersion) may be given; a saga runs the version it started
+	// with to its end. Required by New; a client without them starts and
 	// repairs sagas from the recorded descriptions (Client.Definition).
 	Definitions []*saga.Definition
 	// Stream is the JetStream stream name. Defaults to StreamDefault.
@@ -111,6 +113,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
 	Registerer prometheus.Registerer
+
+	// deadLetters bounds the deliveries of a command this engine's step
+	// workers cannot run before they park it; the tests shorten it.
+	deadLetters attempt.DeadLetterPolicy
 }
 
 var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -165,7 +171,7 @@ func (c *Config) validate(needNATS bool) error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	seen := map[string]bool{}
+	seen := map[defKey]bool{}
 	var longest time.Duration
 	for _, d := range c.Definitions {
 		if d == nil {
@@ -174,10 +180,10 @@ func (c *Config) validate(needNATS bool) error {
 		if needNATS && !d.Runnable() {
 			return fmt.Errorf("idemsaga: Config.Definitions: %q has no handlers (it was rebuilt from a description); an engine runs steps, so give it the definition built with saga.New", d.Name())
 		}
-		if seen[d.Name()] {
-			return fmt.Errorf("idemsaga: Config.Definitions names %q twice", d.Name())
+		if seen[keyOf(d)] {
+			return fmt.Errorf("idemsaga: Config.Definitions names %s twice; give each version of a definition once (saga.WithVersion)", d.Ref())
 		}
-		seen[d.Name()] = true
+		seen[keyOf(d)] = true
 		for _, st := range d.Steps() {
 			longest = max(longest, st.Retry.Timeout)
 			if st.Compensate != nil {
@@ -202,12 +208,9 @@ func newCore(cfg *Config) (*core, error) {
 	if err != nil {
 		return nil, err
 	}
-	defs := make(map[string]*saga.Definition, len(cfg.Definitions))
-	for _, d := range cfg.Definitions {
-		defs[d.Name()] = d
-	}
+	defs, versions := indexDefinitions(cfg.Definitions)
 	return &core{
-		pool: cfg.Pool, defs: defs, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
+		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
 		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
 		onFinished: cfg.OnFinishedFunc,
 	}, nil
@@ -276,6 +279,9 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 		if err := cfg.Registerer.Register(newPausedCollector(cfg.Pool)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the paused sagas metric: %w", err)
 		}
+		if err := cfg.Registerer.Register(newDeadLetterCollector(cfg.Pool)); err != nil {
+			return nil, fmt.Errorf("idemsaga: register the dead-letter metric: %w", err)
+		}
 	}
 	e := &Engine{id: uuid.New(), cfg: cfg, c: c, client: &Client{c: c, cfg: cfg}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
 	e.js, err = jetstream.New(cfg.NATS,
@@ -313,7 +319,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
-		Slots: cfg.StepConcurrency, Faults: faults,
+		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters,
 	}
 	e.steps, err = attempt.New(acfg)
 	if err != nil {
@@ -448,6 +454,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Lock()
 		return fmt.Errorf("idemsaga: start: %w", ctx.Err())
 	}
+	// Recorded as a worker of its versions before Start returns; parked
+	// commands of those versions go out again now.
+	e.beat(ctx)
 	return e.runner.Start(ctx,
 		func(ctx context.Context) {
 			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"time"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/wire"
 )
 
@@ -15,4 +17,17 @@ func (e *Engine) HandleCommand(ctx context.Context, cmd wire.Command) (wire.Repl
 
 func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
 	return e.applyReply(ctx, r)
+}
+
+// WithDeadLetters shortens the engine's dead-letter bound for tests: a
+// command its step workers cannot run is parked after deliveries, with
+// waits of backoff between them.
+func WithDeadLetters(cfg *Config, deliveries int, backoff time.Duration) {
+	cfg.deadLetters = attempt.DeadLetterPolicy{Deliveries: deliveries, Backoff: backoff, MaxBackoff: backoff}
+}
+
+// ResumeDeadLetters runs one pass of the engine's dead-letter resumer,
+// as its heartbeat does.
+func (e *Engine) ResumeDeadLetters(ctx context.Context) (int, error) {
+	return e.c.resumeDeadLetters(ctx, resumeBatch)
 }

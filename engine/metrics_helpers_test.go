@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// metricSum adds up every sample of a counter family whose labels include
+// metricSum adds up every sample of a counter or gauge family whose labels include
 // the given ones.
 func metricSum(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
@@ -31,6 +31,9 @@ func metricSum(t testing.TB, reg *prometheus.Registry, name string, labels map[s
 			}
 			if c := m.GetCounter(); c != nil {
 				total += c.GetValue()
+			}
+			if g := m.GetGauge(); g != nil {
+				total += g.GetValue()
 			}
 		}
 	}

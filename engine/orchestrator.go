@@ -71,7 +71,7 @@ func judge(st stepRow, r wire.Reply) Verdict {
 // saga's move and the next command. It is idempotent: a duplicate or
 // stale reply changes nothing.
 func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
-	def, idx, err := c.stepOf(r.Definition, r.Step)
+	def, idx, err := c.stepAt(ctx, r.Definition, r.DefinitionVersion, r.Step)
 	if err != nil {
 		return "", err
 	}
@@ -124,6 +124,13 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	}
 	if sg == nil || !stepFound {
 		return VerdictMissing, nil
+	}
+	if sg.DefinitionVersion != def.Version() {
+		// No command of the saga names another version: the reply is
+		// not one of its attempts'.
+		c.log.Warn("orchestrator: a reply names another definition version than its saga runs; ignored as stale",
+			"saga_id", sg.ID, "reply_version", def.Ref(), "saga_version", saga.Ref(sg.Definition, sg.DefinitionVersion))
+		return VerdictStale, nil
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
 	v := judge(st, r)
@@ -237,13 +244,18 @@ func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (at
 	if cmd.Version <= 0 {
 		return attempt.Move{}, false
 	}
-	def, idx, err := c.stepOf(cmd.Definition, cmd.Step)
-	if err != nil {
+	def, ok := c.local(cmd.Definition, cmd.DefVersion())
+	if !ok {
 		return attempt.Move{}, false
 	}
-	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, State: cmd.State, Version: cmd.Version,
+	idx := def.StepIndex(cmd.Step)
+	if idx < 0 {
+		return attempt.Move{}, false
+	}
+	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, DefinitionVersion: def.Version(), State: cmd.State, Version: cmd.Version,
 		Input: cmd.Input, Results: maps.Clone(cmd.Results)}
 	var m *attempt.Move
+	var err error
 	switch {
 	case o.Status == wire.OutcomeSucceeded:
 		m, err = c.successMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Result)

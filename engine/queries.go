@@ -8,7 +8,7 @@ import (
 
 const (
 	sagaColumns = `id, definition, idem_key, state::text, version, input, results, coalesce(error, ''),
-created_at, updated_at, finished_at`
+created_at, updated_at, finished_at, definition_version`
 
 	selectSagaByID = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1`
 	// selectSagaByIDLocked takes the lock every writer of a saga or of
@@ -46,10 +46,10 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
 	// and the caller reads it (selectSagaByKey). The look is gated on the
 	// insert having written nothing, so a new saga's start never reads
 	// the index. $13 is the definition's deadline in milliseconds, NULL
-	// for none.
+	// for none; $14 the version of the definition the saga runs.
 	startSaga = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at)
-  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond')
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version)
+  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14)
   on conflict (definition, idem_key) do nothing
   returning id
 ), st as (
@@ -140,24 +140,25 @@ on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', e
 where x.outcome is null or x.outcome = 'retry'`
 
 	// dueRetries and expiredLeases find the work of the reaper, for the
-	// definitions this process runs ($2): another definition's steps are
-	// left to the workers that have its code.
-	// A paused saga's steps are neither (attempt.NotPaused), and a step
-	// to send again after a resume (resendDue) is not an expired lease.
+	// definition versions this process runs ($2, "name@version"): another
+	// definition's or version's steps are left to the workers that have
+	// its code. A paused saga's steps are neither (attempt.NotPaused), and
+	// a step to send again after a resume (resendDue) is not an expired
+	// lease.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now() and st.next_attempt_at is null
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// expiredWaits finds callback steps whose wait ran out.
 	expiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'waiting' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes
@@ -226,8 +227,9 @@ const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at,
 ) t
 order by dispatched_at, attempt`
 
-// listSagas filters by definition ($1), state ($2), age ($3 seconds) and
-// stuckness ($4, with margin $5 seconds); empty or zero filters match all.
+// listSagas filters by definition ($1), state ($2), age ($3 seconds),
+// stuckness ($4, with margin $5 seconds), parked commands ($9) and
+// definition version ($10); empty or zero filters match all.
 const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
@@ -238,6 +240,8 @@ where ($1 = '' or s.definition = $1)
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'waiting' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')))))
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
+  and (not $9 or exists (select 1 from idemsaga.dead_letters d where d.saga_id = s.id))
+  and ($10 = 0 or s.definition_version = $10)
 order by s.created_at desc, s.id desc
 limit $6`
 

@@ -32,10 +32,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	var due []stepID
 	var late []uuid.UUID
 	b := &pgx.Batch{}
-	names := make([]string, 0, len(c.defs))
-	for n := range c.defs {
-		names = append(names, n)
-	}
+	names := c.versionRefs()
 	b.Queue(deadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
 		var err error
 		late, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
@@ -118,7 +115,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return false, nil // held by another process, gone, paused, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
-	def, err := c.definition(sg.Definition)
+	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return false, err
 	}
@@ -142,7 +139,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	case resend:
 		// A step in flight when its saga was paused: the same attempt
 		// goes out again, with a fresh lease.
-		if err := c.resend(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
+		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
 			return false, err
 		}
 	case due || st.attempt < policy.MaxAttempts:
@@ -207,11 +204,11 @@ func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 	return nil
 }
 
-// resend queues a step of a resumed saga sent again at its attempt, with
+// resendStep queues a step of a resumed saga sent again at its attempt, with
 // a fresh lease, and its command written as the saga will be after tx
 // (its version bumped). The message id carries that version: the broker
 // must not drop the command as a copy of the attempt's first one.
-func (c *core) resend(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
+func (c *core) resendStep(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
 	after := *sg
 	after.Version++
 	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, attemptNo)
@@ -247,10 +244,11 @@ const deadlineRepairKey = "deadline"
 // pass. It reports whether it cancelled.
 func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	var def string
-	if err := c.pool.QueryRow(ctx, `select definition from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def); err != nil {
+	var version int
+	if err := c.pool.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version); err != nil {
 		return false, nil // gone since the look
 	}
-	d, err := c.definition(def)
+	d, err := c.definitionAt(ctx, def, version)
 	if err != nil {
 		return false, err
 	}

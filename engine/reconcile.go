@@ -29,8 +29,18 @@ type Difference struct {
 // noWorker says, in a difference about a saga s, when no live worker
 // runs its definition: the likely reason nothing takes its step over.
 const noWorker = `case when not exists (select 1 from idemsaga.workers w
-  where s.definition = any(w.definitions) and w.seen_at > idemsaga.now() - interval '15 seconds')
-  then '; no live worker runs definition ' || s.definition || ' (start one with its code)' else '' end`
+  where s.definition || '@' || s.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
+  then '; no live worker runs definition ' || s.definition || ' version ' || s.definition_version || ' (start one with its code)' else '' end`
+
+// deadLetterDetail describes a dead letter d: what it is, why it was
+// parked, and whether a live worker runs its version (which sends it
+// again at its next heartbeat).
+const deadLetterDetail = `'dead letter ' || d.id || ' (' || d.step || '/' || d.phase || ' attempt ' || d.attempt || ' of ' || d.definition || '@' || d.definition_version || ', '
+  || d.deliveries || ' deliveries, last ' || round(extract(epoch from idemsaga.now() - d.last_seen)) || 's ago): ' || d.reason ||
+  case when exists (select 1 from idemsaga.workers w
+    where d.definition || '@' || d.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
+  then '; a live worker runs its version and sends it again at its next heartbeat'
+  else '; no live worker runs ' || d.definition || ' version ' || d.definition_version || ': start one with its code, or resend or drop it with ` + "`worker dead-letters`" + `' end`
 
 func (d Difference) String() string {
 	if d.SagaID != nil {
@@ -66,13 +76,18 @@ func (d Difference) String() string {
 //     succeeded and its key fenced in the inbox (a final record, so no
 //     late delivery can take effect), and a closed saga (Client.Close)
 //     has its close recorded;
+//   - every running saga's definition version is recorded by the
+//     deployment, so that any process can plan its moves;
+//   - no command is parked in the dead-letter table: a running saga's
+//     parked command waits for a worker of its definition version (or a
+//     person), one of a finished saga for a person to drop it;
 //   - sagas in StateFailed or StateParked are listed: they need a person.
 //
 // What the schema guards itself (steps, attempts and inbox rows without
 // their saga, values outside a domain) is not checked again.
 //
-// defs gives the final state of each definition; sagas of other
-// definitions are checked for everything else. staleAfter <= 0 means
+// defs gives the final state of each definition version; sagas of other
+// definitions or versions are checked for everything else. staleAfter <= 0 means
 // StaleAfterDefault.
 func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition, staleAfter time.Duration) ([]Difference, error) {
 	if staleAfter <= 0 {
@@ -81,8 +96,8 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	finals := map[string]string{}
 	lengths := map[string]int{}
 	for _, d := range defs {
-		finals[d.Name()] = string(d.FinalState())
-		lengths[d.Name()] = d.Len()
+		finals[d.Ref()] = string(d.FinalState())
+		lengths[d.Ref()] = d.Len()
 	}
 	var diffs []Difference
 	add := func(rows pgx.Rows, format string) error {
@@ -161,6 +176,13 @@ from idemsaga.callbacks cb left join idemsaga.steps st on st.saga_id = cb.saga_i
 where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed then 'failed' else 'succeeded' end)`, nil},
 		{"several callbacks completed one step: %s", `select saga_id, step || ': ' || string_agg(event_id, ', ' order by event_id)
 from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, nil},
+		{"running on a definition version the deployment has not recorded: %s (no process can plan its moves; start a worker with that version's code)", `select s.id, s.definition || '@' || s.definition_version
+from idemsaga.sagas s where s.finished_at is null and not exists (
+  select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, nil},
+		{"running with a command parked: %s", `select d.saga_id, ` + deadLetterDetail + `
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
+		{"finished, but a command of it is still parked: %s; drop it with `worker dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
 		{"started with submit token %s", `select s.id, t.token || ', which is recorded as ' ||
@@ -183,10 +205,10 @@ order by id limit 100`, []any{stale}},
 	}
 
 	// Sagas in their final state: every forward step succeeded.
-	rows, err := pool.Query(ctx, `select s.id, s.definition, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
+	rows, err := pool.Query(ctx, `select s.id, s.definition || '@' || s.definition_version, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
 from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked', 'closed')
-group by s.id, s.definition, s.state`)
+group by s.id, s.definition, s.definition_version, s.state`)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

@@ -99,7 +99,7 @@ func (cl *Client) retryFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Ins
 	c := cl.c
 	return func(tx *attempt.Tx, sg *saga.Instance) error {
 		id := sg.ID
-		def, err := c.definition(sg.Definition)
+		def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if err != nil {
 			return err
 		}
@@ -252,7 +252,7 @@ func (c *core) cancelFn(ctx context.Context, msg string, fx **effects) func(tx *
 		if sg.Finished() || sg.State == saga.StateCompensating {
 			return fmt.Errorf("%w: saga %s is %q; only a running saga that is not compensating, or a parked one, can be cancelled", ErrStateForbids, id, sg.State)
 		}
-		def, err := c.definition(sg.Definition)
+		def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if err != nil {
 			return err
 		}
@@ -337,7 +337,7 @@ func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptN
 
 // cancelParked compensates the steps before a parked saga's step.
 func (c *core) cancelParked(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, msg string, fx *effects) error {
-	def, err := c.definition(sg.Definition)
+	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return err
 	}
@@ -469,14 +469,15 @@ func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
 		return err
 	}
 	var def string
-	err := cl.c.pool.QueryRow(ctx, `select definition from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def)
+	var version int
+	err := cl.c.pool.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
 	}
 	if err != nil {
 		return fmt.Errorf("idemsaga: read saga %s: %w", id, err)
 	}
-	_, err = cl.c.resolve(ctx, def)
+	_, err = cl.c.definitionAt(ctx, def, version)
 	return err
 }
 

@@ -103,7 +103,7 @@ func (cl *Client) skipFn(ctx context.Context, s SkipStep, r Repair, skipped *sag
 	return func(tx *attempt.Tx, sg *saga.Instance) error {
 		*fx = &effects{}
 		id := sg.ID
-		def, err := c.definition(sg.Definition)
+		def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if err != nil {
 			return err
 		}

@@ -347,3 +347,52 @@ create table idemsaga.definition_repairs (
     created_at   timestamptz not null default idemsaga.now(),
     primary key (definition, request_key)
 );
+-- ---------------------------------------------------------------------
+-- Definition versions and dead letters (rolling deploys).
+--
+-- A definition carries a version: a saga runs the steps of the version it
+-- started with to its end, while new sagas start on the newest. The saga
+-- records its version (definition_version; version above is the row's
+-- optimistic-concurrency counter), the deployment records one description
+-- per (name, version), and each worker says which versions it runs
+-- ("name@version"), so a process can tell whether anyone can run a saga.
+alter table idemsaga.sagas add column definition_version int not null default 1
+    constraint sagas_definition_version_check check (definition_version >= 1);
+alter table idemsaga.definitions add column version int not null default 1
+    constraint definitions_version_check check (version >= 1);
+alter table idemsaga.definitions drop constraint definitions_pkey;
+alter table idemsaga.definitions add constraint definitions_pkey primary key (name, version);
+alter table idemsaga.workers add column versions text[] not null default '{}';
+
+-- Commands no worker that received them could run: their definition,
+-- version or step unknown to it. After a bounded number of deliveries the
+-- worker parks the message here and acknowledges it, instead of handing it
+-- back to the broker forever; a worker that runs its version sends it
+-- again through the outbox (deleting the row in the same transaction), and
+-- a person can send it again or drop it. msg_id is the broker message id
+-- (Nats-Msg-Id): a delivery seen again after it was parked changes
+-- nothing. A parked command is one attempt of a step, fenced as any other
+-- by the step's attempt and the inbox, so sending it again, or the reaper
+-- driving the step meanwhile, runs nothing twice. first_seen is when the
+-- message entered the stream.
+create table idemsaga.dead_letters (
+    id                 bigint generated always as identity primary key,
+    msg_id             text not null constraint dead_letters_msg_id_unique unique,
+    subject            text not null,
+    payload            bytea not null,
+    headers            jsonb,
+    saga_id            uuid not null references idemsaga.sagas (id) on delete cascade,
+    definition         text not null,
+    definition_version int not null check (definition_version >= 1),
+    step               text not null,
+    phase              idemsaga.phase not null,
+    attempt            int not null check (attempt >= 1),
+    reason             text not null,
+    deliveries         int not null check (deliveries >= 1),
+    parked_by          text not null,
+    first_seen         timestamptz not null,
+    last_seen          timestamptz not null default idemsaga.now()
+);
+
+create index dead_letters_saga_idx on idemsaga.dead_letters (saga_id);
+create index dead_letters_definition_idx on idemsaga.dead_letters (definition, definition_version);

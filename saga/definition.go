@@ -129,6 +129,9 @@ type Definition struct {
 	// deadline is the time a saga has to finish (WithDeadline), 0 for
 	// none.
 	deadline time.Duration
+
+	// version is the definition's version (WithVersion), 1 unless set.
+	version int
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -149,7 +152,7 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 	if len(steps) == 0 {
 		return nil, bad("steps", "a saga needs at least one step")
 	}
-	d := &Definition{name: name, index: make(map[string]int, len(steps)), described: described}
+	d := &Definition{name: name, version: 1, index: make(map[string]int, len(steps)), described: described}
 	reached := map[State]string{}
 	for i, s := range steps {
 		field := fmt.Sprintf("steps[%d]", i)
@@ -212,6 +215,36 @@ func MustNew(name string, steps ...Step) *Definition {
 
 // Name returns the definition's name.
 func (d *Definition) Name() string { return d.name }
+
+// Version returns the definition's version: 1 unless set with WithVersion.
+func (d *Definition) Version() int { return d.version }
+
+// WithVersion returns a copy of d at the given version, a positive
+// number. A saga runs the steps of the version it started with, to its
+// end; a new version of a definition is a new definition under the same
+// name, which new sagas take while sagas of older versions finish on
+// theirs. Keep an older version in the build (under the same name, at its
+// own version) while sagas of it run, or run a worker with the older build
+// beside the new one. It panics on a version below 1, as MustNew does on an
+// invalid definition: versions are constants of the code.
+//
+//	var transferV2 = saga.WithVersion(saga.MustNew("transfer", steps...), 2)
+func WithVersion(d *Definition, version int) *Definition {
+	if version < 1 {
+		panic(&DefinitionError{Definition: d.name, Field: "version", Problem: fmt.Sprintf("is %d; versions start at 1", version)})
+	}
+	c := *d
+	c.version = version
+	return &c
+}
+
+// Ref returns the definition's name and version as "name@version", as
+// logs, metrics of dead letters and the workers table name them.
+func (d *Definition) Ref() string { return Ref(d.name, d.version) }
+
+// Ref names version of a definition as "name@version"; a version below 1
+// is version 1, the version of a definition built without WithVersion.
+func Ref(name string, version int) string { return fmt.Sprintf("%s@%d", name, max(version, 1)) }
 
 // Len returns the number of steps.
 func (d *Definition) Len() int { return len(d.steps) }

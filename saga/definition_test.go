@@ -183,3 +183,41 @@ func TestStepKindString(t *testing.T) {
 	require.Equal(t, "external", saga.ExternalStep.String())
 	require.Equal(t, "StepKind(0)", saga.StepKind(0).String())
 }
+
+// TestWithVersion: a definition is version 1 unless set; a versioned copy
+// keeps its steps, describes its version (so two versions fingerprint
+// differently), survives a description round trip, and composes with
+// WithInput. A version below 1 panics, as MustNew does.
+func TestWithVersion(t *testing.T) {
+	t.Parallel()
+	base := saga.MustNew("order", step("pay", "paid"))
+	require.Equal(t, 1, base.Version())
+	require.Equal(t, "order@1", base.Ref())
+	v3 := saga.WithVersion(base, 3)
+	require.Equal(t, 3, v3.Version())
+	require.Equal(t, 1, base.Version(), "the original is unchanged")
+	require.Equal(t, "order@3", v3.Ref())
+	require.Equal(t, base.Steps()[0].Name, v3.Steps()[0].Name)
+	require.NotEqual(t, base.Describe().Fingerprint(), v3.Describe().Fingerprint())
+	require.Equal(t, 3, v3.Describe().Version)
+
+	rebuilt, err := saga.FromDescription(v3.Describe())
+	require.NoError(t, err)
+	require.Equal(t, 3, rebuilt.Version())
+	old := v3.Describe()
+	old.Version = 0 // recorded before versions existed
+	rebuilt, err = saga.FromDescription(old)
+	require.NoError(t, err)
+	require.Equal(t, 1, rebuilt.Version())
+	old.Version = -1
+	_, err = saga.FromDescription(old)
+	require.ErrorIs(t, err, saga.ErrInvalidDefinition)
+
+	type in struct{ N int }
+	typed := saga.WithInput(v3, func(in) error { return nil })
+	require.Equal(t, 3, typed.Version())
+	require.Equal(t, 3, saga.WithVersion(saga.WithInput(base, func(in) error { return nil }), 3).Version())
+
+	require.Equal(t, "order@1", saga.Ref("order", 0))
+	require.PanicsWithError(t, `idemsaga: invalid saga definition "order": version: is 0; versions start at 1`, func() { saga.WithVersion(base, 0) })
+}

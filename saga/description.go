@@ -23,6 +23,10 @@ type Description struct {
 	// Deadline is the definition's saga deadline (WithDeadline), empty
 	// for none.
 	Deadline string `json:"deadline,omitempty"`
+
+	// Version is the definition's version (Definition.Version); a
+	// description without one is of version 1.
+	Version int `json:"version,omitempty"`
 }
 
 // StepDescription describes one step of a Description.
@@ -69,7 +73,7 @@ func (p PolicyDescription) policy() (RetryPolicy, error) {
 
 // Describe returns the definition's description.
 func (d *Definition) Describe() Description {
-	desc := Description{Name: d.name, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
+	desc := Description{Name: d.name, Version: d.version, Input: d.InputType(), InputFields: d.inputFields, Steps: make([]StepDescription, len(d.steps))}
 	if d.input != nil {
 		desc.InputFields = d.input.fields
 	}
@@ -134,7 +138,10 @@ func FromDescription(desc Description) (*Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.inputName, d.inputFields = desc.Input, desc.InputFields
+	if desc.Version < 0 {
+		return nil, fmt.Errorf("%w: description of %q: version %d; versions start at 1", ErrInvalidDefinition, desc.Name, desc.Version)
+	}
+	d.inputName, d.inputFields, d.version = desc.Input, desc.InputFields, max(desc.Version, 1)
 	if desc.Deadline != "" {
 		if d.deadline, err = time.ParseDuration(desc.Deadline); err != nil || d.deadline <= 0 {
 			return nil, fmt.Errorf("%w: description of %q: deadline %q is not a positive duration", ErrInvalidDefinition, desc.Name, desc.Deadline)

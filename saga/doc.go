@@ -53,6 +53,9 @@
 //   - StepKey is a UUIDv5 over (saga ID, step, phase): the same on every
 //     attempt, worker and restart, and different for every other step or
 //     phase of the saga. Pass it downstream as an idempotency key.
+//   - A definition has a version (WithVersion, 1 by default): a saga runs
+//     the steps of the version it started with to its end, so a changed
+//     definition is deployed as a new version beside the old one.
 //   - CanonicalInput encodes inputs that differ only in key order or
 //     whitespace to the same bytes, keeping numbers as written, so a
 //     resent Start is recognised as the same intent.

@@ -142,3 +142,20 @@ func ExampleCanonicalInput() {
 	// {"a":12345678901234567890,"b":2}
 	// true
 }
+
+// ExampleWithVersion deploys a changed definition as version 2 beside
+// version 1: sagas started on version 1 finish on its two steps, new ones
+// run the three of version 2. Give the engine both.
+func ExampleWithVersion() {
+	step := func(name string, reaches saga.State) saga.Step {
+		return saga.Step{Name: name, Reaches: reaches, Kind: saga.DatabaseStep,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }}
+	}
+	v1 := saga.MustNew("transfer", step("debit", "debited"), step("credit", "credited"))
+	v2 := saga.WithVersion(saga.MustNew("transfer", step("debit", "debited"), step("hold", "held"), step("credit", "credited")), 2)
+	fmt.Println(v1.Ref(), v1.Len(), "steps")
+	fmt.Println(v2.Ref(), v2.Len(), "steps")
+	// Output:
+	// transfer@1 2 steps
+	// transfer@2 3 steps
+}

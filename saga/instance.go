@@ -38,6 +38,13 @@ type Instance struct {
 	// Repairs lists the operators' repairs of the saga, oldest first,
 	// filled by inspection calls only.
 	Repairs []RepairRecord `json:"repairs,omitempty"`
+	// DefinitionVersion is the version of the definition the saga runs,
+	// the one it started with.
+	DefinitionVersion int `json:"definition_version"`
+	// DeadLetters are the saga's commands parked because no worker that
+	// received them knew their definition, version or step, filled by
+	// inspection calls only.
+	DeadLetters []DeadLetter `json:"dead_letters,omitempty"`
 }
 
 // CallbackRecord is one callback received for a CallbackStep, as stored
@@ -89,6 +96,31 @@ type Pause struct {
 	// Definition is set when the saga is held by its definition's pause
 	// rather than its own.
 	Definition string `json:"definition,omitempty"`
+}
+
+// DeadLetter is a command parked in the dead-letter table: it was
+// delivered a bounded number of times to workers that do not know its
+// definition, version or step (a rolling deploy, a worker missing a
+// definition). A worker that knows it sends it again when it runs; a
+// person can send it again or drop it.
+type DeadLetter struct {
+	ID                int64     `json:"id"`
+	SagaID            uuid.UUID `json:"saga_id"`
+	Definition        string    `json:"definition"`
+	DefinitionVersion int       `json:"definition_version"`
+	Step              string    `json:"step"`
+	Phase             Phase     `json:"phase"`
+	Attempt           int       `json:"attempt"`
+	Subject           string    `json:"subject"`
+	MsgID             string    `json:"msg_id"`
+	// Reason says what the last worker that received it did not know.
+	Reason string `json:"reason"`
+	// Deliveries is how many times the broker delivered it before it
+	// was parked.
+	Deliveries int       `json:"deliveries"`
+	ParkedBy   string    `json:"parked_by"`
+	FirstSeen  time.Time `json:"first_seen"`
+	LastSeen   time.Time `json:"last_seen"`
 }
 
 // StepAttempt is one attempt of one step execution.

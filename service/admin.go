@@ -133,20 +133,22 @@ func readInput(arg string) ([]byte, error) {
 }
 
 type listCmd struct {
-	Definition string        `help:"Only sagas of this definition."`
-	State      string        `help:"Only sagas in this state: init, compensating, compensated, failed, parked, or one a step reaches."`
-	OlderThan  time.Duration `name:"older-than" help:"Only sagas created longer ago than this."`
-	Stuck      bool          `help:"Only running sagas with no step in flight or an overdue lease or retry."`
-	StuckAfter time.Duration `name:"stuck-after" default:"30s" help:"How overdue a lease or retry must be to count as stuck."`
-	Limit      int           `default:"50" help:"At most this many, newest first."`
-	Cursor     string        `help:"Continue after the last saga of a previous listing (printed as next_cursor)."`
-	JSON       bool          `name:"json" help:"Print JSON."`
+	Definition   string        `help:"Only sagas of this definition."`
+	State        string        `help:"Only sagas in this state: init, compensating, compensated, failed, parked, or one a step reaches."`
+	OlderThan    time.Duration `name:"older-than" help:"Only sagas created longer ago than this."`
+	Stuck        bool          `help:"Only running sagas with no step in flight or an overdue lease or retry."`
+	StuckAfter   time.Duration `name:"stuck-after" default:"30s" help:"How overdue a lease or retry must be to count as stuck."`
+	Limit        int           `default:"50" help:"At most this many, newest first."`
+	Cursor       string        `help:"Continue after the last saga of a previous listing (printed as next_cursor)."`
+	DeadLettered bool          `name:"dead-lettered" help:"Only sagas with a command parked as a dead letter (see dead-letters)."`
+	Version      int           `help:"Only sagas running this version of --definition."`
+	JSON         bool          `name:"json" help:"Print JSON."`
 }
 
 func (l *listCmd) Run(ctx context.Context, f *Flags) error {
 	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
 		sagas, err := cl.List(ctx, engine.ListOptions{Definition: l.Definition, State: saga.State(l.State), OlderThan: l.OlderThan,
-			Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit, Cursor: l.Cursor})
+			Stuck: l.Stuck, StuckAfter: l.StuckAfter, Limit: l.Limit, Cursor: l.Cursor, DeadLettered: l.DeadLettered, Version: l.Version})
 		if err != nil {
 			return err
 		}
@@ -163,7 +165,7 @@ func (l *listCmd) Run(ctx context.Context, f *Flags) error {
 		w := tabwriter.NewWriter(f.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tDEFINITION\tKEY\tSTATE\tAGE\tERROR")
 		for _, sg := range sagas {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", sg.ID, sg.Definition, sg.Key, sg.State, time.Since(sg.CreatedAt).Round(time.Second), truncate(sg.Error, 60))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", sg.ID, saga.Ref(sg.Definition, sg.DefinitionVersion), sg.Key, sg.State, time.Since(sg.CreatedAt).Round(time.Second), truncate(sg.Error, 60))
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -171,6 +173,9 @@ func (l *listCmd) Run(ctx context.Context, f *Flags) error {
 		fmt.Fprintf(f.out, "%d sagas\n", len(sagas))
 		if next != "" {
 			fmt.Fprintf(f.out, "next_cursor %s\n", next)
+		}
+		if dls, err := cl.DeadLetters(ctx, engine.DeadLetterFilter{Definition: l.Definition, Limit: 1000}); err == nil && len(dls) > 0 {
+			fmt.Fprintf(f.errOut, "%d commands are parked as dead letters (no worker that received them ran their version): `%s dead-letters list`\n", len(dls), name(*f.cfg))
 		}
 		return nil
 	})
@@ -214,7 +219,7 @@ func (c *workersCmd) Run(ctx context.Context, f *Flags) error {
 		w := tabwriter.NewWriter(f.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "HOST\tPID\tSTARTED\tDEFINITIONS")
 		for _, wk := range ws {
-			fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", wk.Host, wk.PID, wk.StartedAt.Format(time.RFC3339), strings.Join(wk.Definitions, ","))
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", wk.Host, wk.PID, wk.StartedAt.Format(time.RFC3339), strings.Join(wk.Versions, ","))
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -241,7 +246,7 @@ func truncate(s string, n int) string {
 func printSaga(out io.Writer, sg *saga.Instance) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\n", sg.ID)
-	fmt.Fprintf(w, "definition\t%s\n", sg.Definition)
+	fmt.Fprintf(w, "definition\t%s version %d\n", sg.Definition, sg.DefinitionVersion)
 	fmt.Fprintf(w, "key\t%s\n", sg.Key)
 	fmt.Fprintf(w, "state\t%s\n", sg.State)
 	fmt.Fprintf(w, "version\t%d\n", sg.Version)
@@ -312,5 +317,9 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.At.Format(time.RFC3339), r.Operation, step, r.By, r.StateAfter, r.Key, truncate(r.Reason, 80))
 		}
 		_ = w.Flush()
+	}
+	if len(sg.DeadLetters) > 0 {
+		fmt.Fprintln(out, "\nparked commands (dead letters; see `dead-letters`):")
+		printDeadLetters(out, sg.DeadLetters)
 	}
 }

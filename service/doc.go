@@ -23,7 +23,10 @@
 //	           recorded repairs that keep every step key (pause and
 //	           resume also for a whole definition: --definition)
 //	reconcile  the engine's invariants and the service's Checks
-//	workers    the live workers and the definitions each runs
+//	workers    the live workers and the definition versions each runs
+//	dead-letters
+//	           list, resend or drop commands parked because no worker that
+//	           received them knew their definition, version or step
 //
 // Every flag has an environment variable as fallback (DATABASE_URL,
 // NATS_URL, IDEMSAGA_STREAM, …; `--help` lists them).

@@ -80,8 +80,9 @@ func Reconcile(ctx context.Context, f *Flags, pool *pgxpool.Pool, staleAfter tim
 	}
 	defs := append([]*saga.Definition(nil), f.defs...)
 	for _, d := range descs {
-		if !containsName(defs, d.Name) {
-			def, err := cl.Definition(ctx, d.Name)
+		// Every recorded version: sagas of an older one may still run.
+		if !slices.ContainsFunc(defs, func(x *saga.Definition) bool { return x.Name() == d.Name && x.Version() == max(d.Version, 1) }) {
+			def, err := saga.FromDescription(d)
 			if err != nil {
 				return res, err
 			}
@@ -109,13 +110,4 @@ func Reconcile(ctx context.Context, f *Flags, pool *pgxpool.Pool, staleAfter tim
 		res.Differences = []engine.Difference{}
 	}
 	return res, nil
-}
-
-func containsName(defs []*saga.Definition, name string) bool {
-	for _, d := range defs {
-		if d.Name() == name {
-			return true
-		}
-	}
-	return false
 }

@@ -116,7 +116,7 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, skip engine.
 		if err != nil {
 			return err
 		}
-		runs, known := liveWorker(ctx, cl, sg.Definition)
+		runs, known := liveWorker(ctx, cl, saga.Ref(sg.Definition, sg.DefinitionVersion))
 		if r.JSON {
 			return printJSON(f.out, map[string]any{"id": res.ID, "operation": res.Operation, "state": res.State, "key": res.Key,
 				"at": res.At, "replayed": res.Replayed, "worker_running": runs})
@@ -127,22 +127,22 @@ func (r *repairFlags) run(ctx context.Context, f *Flags, op string, skip engine.
 		} else {
 			fmt.Fprintf(f.out, "saga %s: %s; now %s (request key %s)\n", sg.ID, what, res.State, res.Key)
 		}
-		def, derr := cl.Definition(ctx, sg.Definition)
+		def, derr := cl.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if derr == nil && !def.IsTerminal(res.State) && known && !runs {
-			fmt.Fprintf(f.errOut, "no live worker runs definition %q: its steps wait in the outbox until one starts (`%s run` with that definition)\n", sg.Definition, name(*f.cfg))
+			fmt.Fprintf(f.errOut, "no live worker runs definition %q version %d: its steps wait in the outbox until one starts (`%s run` with that definition version)\n", sg.Definition, sg.DefinitionVersion, name(*f.cfg))
 		}
 		return nil
 	})
 }
 
-// liveWorker reports whether a live worker runs definition, and whether
-// that could be told.
-func liveWorker(ctx context.Context, cl *engine.Client, definition string) (runs, known bool) {
+// liveWorker reports whether a live worker runs the definition version
+// ref ("name@version"), and whether that could be told.
+func liveWorker(ctx context.Context, cl *engine.Client, ref string) (runs, known bool) {
 	workers, err := cl.Workers(ctx)
 	if err != nil {
 		return false, false
 	}
-	return slices.ContainsFunc(workers, func(w engine.Worker) bool { return slices.Contains(w.Definitions, definition) }), true
+	return slices.ContainsFunc(workers, func(w engine.Worker) bool { return slices.Contains(w.Versions, ref) }), true
 }
 
 // bulkItem is one saga of a bulk repair in --json.

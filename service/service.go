@@ -128,19 +128,20 @@ func name(cfg Config) string {
 type cli struct {
 	Flags
 
-	Run       runCmd       `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator, reaper, cleaner and the HTTP API with /metrics, /healthz and /readyz, until SIGINT or SIGTERM, which drain it."`
-	Migrate   migrateCmd   `cmd:"" help:"Create or update the engine's tables and the service's, and record this build's settings and definitions as the deployment's."`
-	Start     startCmd     `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
-	List      listCmd      `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
-	Show      showCmd      `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
-	Retry     retryCmd     `cmd:"" help:"Run a step again under its key at its next attempt: a failed saga's compensation, a parked saga's step, or a running step waiting out its backoff (now). One saga, or every saga a filter matches."`
-	Cancel    cancelCmd    `cmd:"" help:"Stop a running or parked saga and compensate what it completed. One saga, or every saga a filter matches."`
-	Skip      skipCmd      `cmd:"" help:"Mark a step succeeded with the result you give (a person checked it took effect, or undid it by hand) and go on. One saga, or every saga a filter matches."`
-	Close     closeCmd     `cmd:"" help:"Close a failed or parked saga as handled: nothing runs for it any more. One saga, or every saga a filter matches."`
-	Pause     pauseCmd     `cmd:"" help:"Hold a running saga, or every saga of a definition (--definition): no attempt starts and none is spent until resume."`
-	Resume    resumeCmd    `cmd:"" help:"Let a paused saga or definition go on where it stopped, with the attempts it had."`
-	Reconcile reconcileCmd `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
-	Workers   workersCmd   `cmd:"" help:"List the live workers and the definitions each runs."`
+	Run         runCmd         `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator, reaper, cleaner and the HTTP API with /metrics, /healthz and /readyz, until SIGINT or SIGTERM, which drain it."`
+	Migrate     migrateCmd     `cmd:"" help:"Create or update the engine's tables and the service's, and record this build's settings and definitions as the deployment's."`
+	Start       startCmd       `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
+	List        listCmd        `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`
+	Show        showCmd        `cmd:"" aliases:"status" help:"Show a saga by ID or idempotency key, with every step and attempt."`
+	Retry       retryCmd       `cmd:"" help:"Run a step again under its key at its next attempt: a failed saga's compensation, a parked saga's step, or a running step waiting out its backoff (now). One saga, or every saga a filter matches."`
+	Cancel      cancelCmd      `cmd:"" help:"Stop a running or parked saga and compensate what it completed. One saga, or every saga a filter matches."`
+	Skip        skipCmd        `cmd:"" help:"Mark a step succeeded with the result you give (a person checked it took effect, or undid it by hand) and go on. One saga, or every saga a filter matches."`
+	Close       closeCmd       `cmd:"" help:"Close a failed or parked saga as handled: nothing runs for it any more. One saga, or every saga a filter matches."`
+	Pause       pauseCmd       `cmd:"" help:"Hold a running saga, or every saga of a definition (--definition): no attempt starts and none is spent until resume."`
+	Resume      resumeCmd      `cmd:"" help:"Let a paused saga or definition go on where it stopped, with the attempts it had."`
+	Reconcile   reconcileCmd   `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
+	Workers     workersCmd     `cmd:"" help:"List the live workers and the definitions each runs."`
+	DeadLetters deadLettersCmd `cmd:"" name:"dead-letters" help:"List, send again or drop commands parked because no worker that received them knew their definition, version or step."`
 }
 
 // Run runs one command line (args without the program name) and returns

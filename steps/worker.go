@@ -48,8 +48,11 @@ type Config struct {
 	// it must match the engines' (engine.Config.AckWait). Defaults to
 	// 60s, or the longest step Timeout plus 30s when that is longer.
 	AckWait time.Duration
-	// Definitions the worker can run. Every command the stream holds must
-	// be of one of them: give it the deployment's definitions. Required.
+	// Definitions the worker can run, each version it runs. A command of
+	// another definition, version or step is handed back to the broker for
+	// a worker that runs it and, after a bounded number of deliveries,
+	// parked in the dead-letter table, which the engines of its version
+	// send again (a stand-alone worker does not). Required.
 	Definitions []*saga.Definition
 	// Concurrency is the number of commands handled at once. Defaults to
 	// ConcurrencyDefault.

@@ -85,12 +85,20 @@ type Config struct {
 	Eager bool
 	// Faults, if set, injects the test kit's faults.
 	Faults *Faults
+	// DeadLetters bounds the deliveries of a command the runner cannot
+	// run (its definition, version or step unknown here) before it is
+	// parked. Zero fields take the defaults.
+	DeadLetters DeadLetterPolicy
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
 type Runner struct {
-	cfg    Config
+	cfg Config
+	// defs are the runner's definitions by saga.Ref (name@version);
+	// names the versions it runs of each name.
 	defs   map[string]*saga.Definition
+	names  map[string][]int
+	dead   DeadLetterPolicy
 	recent *recent
 	// draining stops eager runs: their commands go to the broker.
 	draining atomic.Bool
@@ -117,12 +125,15 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Slots > 0 {
 		r.slots = make(chan struct{}, cfg.Slots)
 	}
+	r.names = map[string][]int{}
 	for _, d := range cfg.Definitions {
-		if _, dup := r.defs[d.Name()]; dup {
-			return nil, fmt.Errorf("definition %q is given twice", d.Name())
+		if _, dup := r.defs[d.Ref()]; dup {
+			return nil, fmt.Errorf("definition %s is given twice", d.Ref())
 		}
-		r.defs[d.Name()] = d
+		r.defs[d.Ref()] = d
+		r.names[d.Name()] = append(r.names[d.Name()], d.Version())
 	}
+	r.dead = cfg.DeadLetters.withDefaults()
 	if cfg.Recent > 0 {
 		var err error
 		if r.recent, err = newRecent(cfg.Recent); err != nil {
@@ -304,13 +315,9 @@ func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool,
 // dispatches goes to the broker, as its outbox row.
 func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, row int64, given *preclaim, once bool) (wire.Reply, *attempt, error) {
 	defer func() { given.close(ctx) }()
-	def, ok := r.defs[cmd.Definition]
-	if !ok {
-		return wire.Reply{}, nil, fmt.Errorf("%w: %q", saga.ErrUnknownDefinition, cmd.Definition)
-	}
-	idx := def.StepIndex(cmd.Step)
-	if idx < 0 {
-		return wire.Reply{}, nil, fmt.Errorf("definition %q has no step %q; deploy the same definition to every worker", cmd.Definition, cmd.Step)
+	def, idx, err := r.lookup(cmd)
+	if err != nil {
+		return wire.Reply{}, nil, err
 	}
 	step := def.Step(idx)
 	if r.cfg.Faults.take(DeliverTwice, cmd) && r.cfg.Faults.Duplicate != nil {
@@ -394,13 +401,20 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	}
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
+	// A command this worker cannot run takes no slot from those it can.
+	var unknown *UnknownError
+	if _, _, err := r.lookup(cmd); errors.As(err, &unknown) {
+		r.unknownCommand(ctx, msg, cmd, unknown.Reason)
+		return
+	}
 	if r.slots != nil {
 		r.slots <- struct{}{}
 		defer func() { <-r.slots }()
 	}
 	r.Run(ctx, cmd, redelivered, func(err error) {
-		if errors.Is(err, saga.ErrUnknownDefinition) {
-			r.unknownDefinition(ctx, msg, cmd)
+		var unknown *UnknownError
+		if errors.As(err, &unknown) {
+			r.unknownCommand(ctx, msg, cmd, unknown.Reason)
 			return
 		}
 		if err != nil {
@@ -437,28 +451,6 @@ func (r *Runner) Run(ctx context.Context, cmd wire.Command, redelivered bool, do
 		defer r.runEager(ctx, a.next, a.pre)
 	}
 	done(err)
-}
-
-// unknownDefinitionDelay is how long a command of a definition this
-// worker does not run waits before the broker offers it again, to a
-// worker that may run it.
-const unknownDefinitionDelay = 30 * time.Second
-
-// unknownDefinition handles a command of a definition this worker does
-// not run: dropped when its saga finished or is gone (nobody needs it),
-// else handed back to the broker for a worker that runs it.
-func (r *Runner) unknownDefinition(ctx context.Context, msg jetstream.Msg, cmd wire.Command) {
-	var finished bool
-	err := r.cfg.Pool.QueryRow(ctx, `select coalesce((select finished_at is not null from idemsaga.sagas where id = $1), true)`, pguuid.Of(cmd.SagaID)).Scan(&finished)
-	if err == nil && finished {
-		r.cfg.Logger.Info("step worker: dropping a command of a definition this worker does not run, whose saga finished or is gone",
-			"saga_id", cmd.SagaID, "definition", cmd.Definition, "step", cmd.Step)
-		_ = msg.Term()
-		return
-	}
-	r.cfg.Logger.Warn("step worker: a command of a definition this worker does not run; left to a worker that runs it (start one, or check `workers`)",
-		"saga_id", cmd.SagaID, "definition", cmd.Definition, "step", cmd.Step, "retry_in", unknownDefinitionDelay)
-	_ = msg.NakWithDelay(unknownDefinitionDelay)
 }
 
 // deleteCommandRow consumes an eagerly run command's outbox row.
@@ -609,7 +601,7 @@ func (r *Runner) handOffMillis() any {
 
 func (a *attempt) replyBase() wire.Reply {
 	c := a.cmd
-	return wire.Reply{SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt}
+	return wire.Reply{SagaID: c.SagaID, Definition: c.Definition, DefinitionVersion: c.DefinitionVersion, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt}
 }
 
 // replyMessage is the outbox row of a reply.

@@ -48,6 +48,10 @@ type Metrics struct {
 	// pauses'.
 	DeadlinesPassed *prometheus.CounterVec
 	CommandsHeld    *prometheus.CounterVec
+	// DeadLettersParked and DeadLettersResumed count commands parked in
+	// the dead-letter table and sent again from it.
+	DeadLettersParked  *prometheus.CounterVec
+	DeadLettersResumed *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -130,6 +134,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "commands_held_total",
 		Help: "Step commands not run because their saga or its definition is paused; resuming sends them again at the same attempt.",
 	}, []string{"definition", "step", "phase"})
+	m.DeadLettersParked = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "dead_letters_parked_total",
+		Help: "Commands parked in the dead-letter table after a bounded number of deliveries to workers that did not know their definition, version or step.",
+	}, []string{"definition"})
+	m.DeadLettersResumed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "dead_letters_resumed_total",
+		Help: "Parked commands sent again, by how: worker (a worker that runs their version), resend (a person).",
+	}, []string{"definition", "how"})
 	if reg == nil {
 		return m, nil
 	}
@@ -139,6 +151,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
+		m.DeadLettersParked, m.DeadLettersResumed,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

@@ -29,7 +29,17 @@ type Command struct {
 	// neither, and are judged after a read.
 	State   saga.State `json:"state,omitempty"`
 	Version int64      `json:"version,omitempty"`
+
+	// DefinitionVersion is the version of the definition the saga runs
+	// (0, for a command that carries none, is version 1): a worker that
+	// does not run it parks the command rather than run another version's
+	// step.
+	DefinitionVersion int `json:"definition_version,omitempty"`
 }
+
+// DefVersion returns the command's definition version, 1 when it carries
+// none.
+func (c Command) DefVersion() int { return max(c.DefinitionVersion, 1) }
 
 // Outcome is what a step worker reports.
 type Outcome string
@@ -68,6 +78,9 @@ type Reply struct {
 	// Duplicate is true when the outcome came from the inbox, not from
 	// running the handler.
 	Duplicate bool `json:"duplicate,omitempty"`
+
+	// DefinitionVersion is the command's (Command.DefinitionVersion).
+	DefinitionVersion int `json:"definition_version,omitempty"`
 }
 
 // DecodeCommand parses and checks a command.
@@ -76,7 +89,7 @@ func DecodeCommand(b []byte) (Command, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return c, fmt.Errorf("decode command: %w", err)
 	}
-	if c.SagaID == uuid.Nil || c.Definition == "" || c.Step == "" || !c.Phase.Valid() || c.Key == uuid.Nil || c.Attempt < 1 {
+	if c.SagaID == uuid.Nil || c.Definition == "" || c.Step == "" || !c.Phase.Valid() || c.Key == uuid.Nil || c.Attempt < 1 || c.DefinitionVersion < 0 {
 		return c, fmt.Errorf("decode command: missing or invalid field in %s", truncate(b))
 	}
 	if c.Key != saga.StepKey(c.SagaID, c.Step, c.Phase) {
@@ -91,7 +104,7 @@ func DecodeReply(b []byte) (Reply, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("decode reply: %w", err)
 	}
-	if r.SagaID == uuid.Nil || r.Definition == "" || r.Step == "" || !r.Phase.Valid() || r.Key == uuid.Nil || r.Attempt < 1 {
+	if r.SagaID == uuid.Nil || r.Definition == "" || r.Step == "" || !r.Phase.Valid() || r.Key == uuid.Nil || r.Attempt < 1 || r.DefinitionVersion < 0 {
 		return r, fmt.Errorf("decode reply: missing or invalid field in %s", truncate(b))
 	}
 	switch r.Outcome {

@@ -22,8 +22,10 @@ func validCommand() wire.Command {
 		Phase:      saga.PhaseCompensate,
 		Key:        saga.StepKey(sagaID, "credit", saga.PhaseCompensate),
 		Attempt:    3,
-		Input:      json.RawMessage(`{"amount":12345678901234567890,"from":"a"}`),
-		Results:    map[string]json.RawMessage{"debit": json.RawMessage(`{"id":"d-1"}`)},
+		// The version a worker must run to take the command.
+		DefinitionVersion: 2,
+		Input:             json.RawMessage(`{"amount":12345678901234567890,"from":"a"}`),
+		Results:           map[string]json.RawMessage{"debit": json.RawMessage(`{"id":"d-1"}`)},
 	}
 }
 
@@ -150,6 +152,8 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{"phase changed under the key", func(m map[string]any) { m["phase"] = "forward" }, "does not match"},
 		{"step changed under the key", func(m map[string]any) { m["step"] = "debit" }, "does not match"},
 		{"random key", func(m map[string]any) { m["key"] = uuid.NewString() }, "does not match"},
+		{"negative definition version", func(m map[string]any) { m["definition_version"] = -1 }, "missing or invalid field"},
+		{"fractional definition version", func(m map[string]any) { m["definition_version"] = 1.5 }, "decode command"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -255,4 +259,29 @@ func FuzzDecodeCommand(f *testing.F) {
 		require.Equal(t, c.Step, c2.Step)
 		require.Equal(t, c.Attempt, c2.Attempt)
 	})
+}
+
+// TestDefinitionVersion: a command that carries no version is of version
+// 1; a reply carries its command's version.
+func TestDefinitionVersion(t *testing.T) {
+	t.Parallel()
+	c := validCommand()
+	require.Equal(t, 2, c.DefVersion())
+	c.DefinitionVersion = 0
+	b, err := json.Marshal(c)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "definition_version")
+	got, err := wire.DecodeCommand(b)
+	require.NoError(t, err)
+	require.Equal(t, 1, got.DefVersion())
+
+	r := validReply()
+	r.DefinitionVersion = 3
+	b, err = json.Marshal(r)
+	require.NoError(t, err)
+	back, err := wire.DecodeReply(b)
+	require.NoError(t, err)
+	require.Equal(t, 3, back.DefinitionVersion)
+	_, err = wire.DecodeReply(mutate(t, r, func(m map[string]any) { m["definition_version"] = -2 }))
+	require.ErrorContains(t, err, "missing or invalid field")
 }

@@ -1,0 +1,313 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Dead letters are commands a step worker could not run, because it does
+// not know their definition, version or step, after a bounded number of
+// deliveries (internal/attempt parks them). They wait in
+// idemsaga.dead_letters until a worker that runs their version sends them
+// again (resumeDeadLetters, at its start and with every heartbeat), or a
+// person does (Client.ResendDeadLetters) or drops them
+// (Client.DropDeadLetters).
+
+// resumeBatch bounds the dead letters one pass sends again.
+const resumeBatch = 100
+
+// resendDeadLetters deletes dead letters and writes their commands into
+// the outbox, in one statement: by the steps a worker runs ($1,
+// "name@version:step", NULL for any) and by id ($2, NULL for any), at most
+// $3, skipping rows another process holds. The message id gets the dead
+// letter's id as a suffix: the broker's dedup window must not drop the
+// copy as a duplicate of the first. $4 is the rows' hand-off.
+const resendDeadLetters = `with d as (
+  delete from idemsaga.dead_letters where id in (
+    select id from idemsaga.dead_letters
+    where ($1::text[] is null or definition || '@' || definition_version || ':' || step = any($1))
+      and ($2::bigint[] is null or id = any($2))
+    order by id limit $3 for update skip locked)
+  returning id, subject, msg_id, payload, headers, saga_id
+)
+insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id, publish_after)
+select subject, regexp_replace(msg_id, '-dl[0-9]+$', '') || '-dl' || id, payload, headers, saga_id,
+  clock_timestamp() + $4 * interval '1 millisecond'
+from d
+returning id, subject, msg_id, payload, headers`
+
+const dropDeadLetters = `delete from idemsaga.dead_letters where id = any($1) returning id`
+
+const deadLetterColumns = `id, saga_id, definition, definition_version, step, phase::text, attempt, subject, msg_id, reason, deliveries, parked_by, first_seen, last_seen`
+
+// listDeadLetters filters by saga ($1), definition ($2) and version ($3);
+// NULL, empty or zero filters match all.
+const listDeadLetters = `select ` + deadLetterColumns + ` from idemsaga.dead_letters
+where ($1::uuid is null or saga_id = $1) and ($2 = '' or definition = $2) and ($3 = 0 or definition_version = $3)
+order by id limit $4`
+
+// stepRefs returns "name@version:step" of every step this process runs.
+func (c *core) stepRefs() []string {
+	var refs []string
+	for _, d := range c.versions {
+		for _, st := range d.Steps() {
+			refs = append(refs, d.Ref()+":"+st.Name)
+		}
+	}
+	return refs
+}
+
+// resumeDeadLetters sends again the dead letters of the steps this
+// process runs, up to limit, and returns how many.
+func (c *core) resumeDeadLetters(ctx context.Context, limit int) (int, error) {
+	rows, err := c.resend(ctx, c.pool, c.stepRefs(), nil, limit, c.handOffArg())
+	if err != nil {
+		return 0, fmt.Errorf("idemsaga: send dead letters again: %w", err)
+	}
+	c.resent(rows, "worker")
+	return len(rows), nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (c *core) resend(ctx context.Context, q querier, steps []string, ids []int64, limit int, handOff any) ([]outbox.Committed, error) {
+	rows, err := q.Query(ctx, resendDeadLetters, steps, ids, limit, handOff)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (outbox.Committed, error) {
+		var r outbox.Committed
+		err := row.Scan(&r.ID, &r.Subject, &r.MsgID, &r.Payload, &r.Headers)
+		return r, err
+	})
+}
+
+// resent counts and logs committed resends, then publishes them.
+func (c *core) resent(rows []outbox.Committed, how string) {
+	for _, r := range rows {
+		def := "unknown"
+		if cmd, err := wire.DecodeCommand(r.Payload); err == nil {
+			def = cmd.Definition
+			c.log.Info("dead letter sent again", "how", how, "saga_id", cmd.SagaID, "definition", saga.Ref(cmd.Definition, cmd.DefVersion()),
+				"step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "msg_id", r.MsgID)
+		}
+		c.metrics.DeadLettersResumed.WithLabelValues(def, how).Inc()
+	}
+	c.sent(rows)
+}
+
+// DeadLetterFilter filters Client.DeadLetters. Zero fields do not filter.
+type DeadLetterFilter struct {
+	// SagaID keeps the dead letters of one saga.
+	SagaID uuid.UUID
+	// Definition keeps those of one definition, and Version, if set, of
+	// one version of it.
+	Definition string
+	Version    int
+	// Limit bounds the result. Defaults to 100.
+	Limit int
+}
+
+// DeadLetters returns the parked commands matching f, oldest first.
+func (cl *Client) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]saga.DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	if f.Version < 0 {
+		return nil, fmt.Errorf("%w: version %d; versions start at 1", ErrInvalidFilter, f.Version)
+	}
+	var id any
+	if f.SagaID != uuid.Nil {
+		id = pguuid.Of(f.SagaID)
+	}
+	return queryDeadLetters(ctx, cl.c.pool, listDeadLetters, id, f.Definition, f.Version, f.Limit)
+}
+
+func queryDeadLetters(ctx context.Context, q querier, sql string, args ...any) ([]saga.DeadLetter, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (saga.DeadLetter, error) {
+		var d saga.DeadLetter
+		var phase string
+		err := row.Scan(&d.ID, &d.SagaID, &d.Definition, &d.DefinitionVersion, &d.Step, &phase, &d.Attempt, &d.Subject, &d.MsgID,
+			&d.Reason, &d.Deliveries, &d.ParkedBy, &d.FirstSeen, &d.LastSeen)
+		d.Phase = saga.Phase(phase)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// ErrDeadLetterNotFound is returned by ResendDeadLetters and
+// DropDeadLetters for an id the dead-letter table does not hold (sent
+// again or dropped already, or never parked). Nothing is changed.
+var ErrDeadLetterNotFound = errors.New("idemsaga: no such dead letter")
+
+// ResendDeadLetters sends the given dead letters again, whoever runs
+// their version: each one's command goes into the outbox and its row is
+// deleted, in one transaction. A command still unknown to the workers
+// that receive it is parked again after its deliveries. Sending one again
+// is safe at any time: it is one attempt of one step, fenced by the step's
+// attempt and key, so nothing runs twice. An id not in the table is
+// ErrDeadLetterNotFound, and nothing is sent.
+func (cl *Client) ResendDeadLetters(ctx context.Context, ids ...int64) error {
+	var rows []outbox.Committed
+	err := cl.inTx(ctx, func(tx pgx.Tx) (err error) {
+		rows, err = cl.resendTx(ctx, tx, ids, cl.c.handOffArg())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	cl.c.resent(rows, "resend")
+	return nil
+}
+
+// ResendDeadLettersTx is ResendDeadLetters in the caller's transaction;
+// the relay publishes the commands after it commits. On an error the
+// caller must roll back.
+func (cl *Client) ResendDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int64) error {
+	rows, err := cl.resendTx(ctx, tx, ids, nil)
+	if err == nil {
+		for _, r := range rows {
+			if cmd, derr := wire.DecodeCommand(r.Payload); derr == nil {
+				cl.c.metrics.DeadLettersResumed.WithLabelValues(cmd.Definition, "resend").Inc()
+			}
+		}
+	}
+	return err
+}
+
+func (cl *Client) resendTx(ctx context.Context, tx pgx.Tx, ids []int64, handOff any) ([]outbox.Committed, error) {
+	ids = distinct(ids)
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: give the ids of the dead letters to send again (`dead-letters list`)", ErrDeadLetterNotFound)
+	}
+	rows, err := cl.c.resend(ctx, tx, nil, ids, len(ids), handOff)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: send dead letters again: %w", err)
+	}
+	if len(rows) != len(ids) {
+		return nil, fmt.Errorf("%w: %d of dead letters %s are not parked (sent again or dropped already, or held by a worker sending them now); nothing was sent; list them with `dead-letters list`",
+			ErrDeadLetterNotFound, len(ids)-len(rows), joinIDs(ids))
+	}
+	return rows, nil
+}
+
+// DropDeadLetters deletes the given dead letters: their commands are not
+// sent again. The saga's step stays as it is; its lease drives it again
+// once a worker that runs its version runs, or cancel the saga. An id not
+// in the table is ErrDeadLetterNotFound, and nothing is dropped.
+func (cl *Client) DropDeadLetters(ctx context.Context, ids ...int64) error {
+	return cl.inTx(ctx, func(tx pgx.Tx) error { return cl.DropDeadLettersTx(ctx, tx, ids...) })
+}
+
+// DropDeadLettersTx is DropDeadLetters in the caller's transaction. On an
+// error the caller must roll back.
+func (cl *Client) DropDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int64) error {
+	ids = distinct(ids)
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: give the ids of the dead letters to drop (`dead-letters list`)", ErrDeadLetterNotFound)
+	}
+	rows, err := tx.Query(ctx, dropDeadLetters, ids)
+	if err != nil {
+		return fmt.Errorf("idemsaga: drop dead letters: %w", err)
+	}
+	dropped, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("idemsaga: drop dead letters: %w", err)
+	}
+	if len(dropped) != len(ids) {
+		return fmt.Errorf("%w: %d of dead letters %s are not parked (sent again or dropped already); nothing was dropped; list them with `dead-letters list`",
+			ErrDeadLetterNotFound, len(ids)-len(dropped), joinIDs(ids))
+	}
+	return nil
+}
+
+// inTx runs fn in a transaction of its own.
+func (cl *Client) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := cl.c.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemsaga: commit: %w", err)
+	}
+	return nil
+}
+
+func distinct(ids []int64) []int64 {
+	out := slices.Clone(ids)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func joinIDs(ids []int64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
+	}
+	return strings.Join(s, ", ")
+}
+
+// deadLetterCollector reports, when scraped, how many commands are parked
+// in the dead-letter table, by definition.
+type deadLetterCollector struct {
+	pool  *pgxpool.Pool
+	count *prometheus.Desc
+}
+
+func newDeadLetterCollector(pool *pgxpool.Pool) *deadLetterCollector {
+	return &deadLetterCollector{pool: pool, count: prometheus.NewDesc(metrics.Namespace+"_dead_letters",
+		"Commands parked in the dead-letter table, waiting for a worker that runs their definition version or for a person.", []string{"definition"}, nil)}
+}
+
+func (d *deadLetterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- d.count }
+
+func (d *deadLetterCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rows, err := d.pool.Query(ctx, `select definition, count(*) from idemsaga.dead_letters group by definition`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(d.count, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var def string
+		var n int64
+		if err := rows.Scan(&def, &n); err != nil {
+			ch <- prometheus.NewInvalidMetric(d.count, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(d.count, prometheus.GaugeValue, float64(n), def)
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(d.count, err)
+	}
+}
