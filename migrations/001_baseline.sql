@@ -60,7 +60,12 @@ create domain idemsaga.attempt_outcome as text
 -- Every change of a saga or of one of its steps is a conditional update on
 -- (state, version) that bumps the version, under the saga's row lock, so a
 -- command that says at which version it was written can be applied
--- without a read when nothing moved since.
+-- without a read when nothing moved since. definition_version is the
+-- version of its definition the saga runs, the one it started with, to
+-- its end (version is the row's own counter). paused_at is when the saga
+-- was paused (NULL: not; the who and why are its repair's); deadline_at
+-- is when it is cancelled if it has not finished (its definition's
+-- deadline, on the database clock at start; NULL: none).
 create table idemsaga.sagas (
     id          uuid primary key,
     definition  text not null,
@@ -74,6 +79,10 @@ create table idemsaga.sagas (
     created_at  timestamptz not null default idemsaga.now(),
     updated_at  timestamptz not null default idemsaga.now(),
     finished_at timestamptz,
+    paused_at   timestamptz,
+    deadline_at timestamptz,
+    definition_version int not null default 1
+        constraint sagas_definition_version_check check (definition_version >= 1),
     constraint sagas_definition_key_unique unique (definition, idem_key)
 );
 
@@ -203,29 +212,35 @@ create table idemsaga.settings (
     set_at     timestamptz not null default idemsaga.now()
 );
 
--- The definitions a deployment runs, each as its description (steps,
--- kinds, policies; saga.Description): a worker that runs another
--- description of one name refuses to start, and a process without a
--- definition's code (the admin CLI, a gateway) starts and repairs its
--- sagas from it.
+-- The definitions a deployment runs, one row per (name, version), each
+-- as its description (steps, kinds, policies; saga.Description): a
+-- worker that runs another description of one version refuses to start,
+-- a new version is a new row beside the old ones (whose sagas run on to
+-- their end), and a process without a definition's code (the admin CLI,
+-- a gateway) starts and repairs its sagas from it.
 create table idemsaga.definitions (
-    name        text primary key,
+    name        text not null,
     description jsonb not null,
     fingerprint text not null,
     set_by      text not null,
-    set_at      timestamptz not null default idemsaga.now()
+    set_at      timestamptz not null default idemsaga.now(),
+    version     int not null default 1
+        constraint definitions_version_check check (version >= 1),
+    constraint definitions_pkey primary key (name, version)
 );
 
--- The processes running engines, with the definitions each runs, renewed
--- every few seconds: the admin CLI tells whether any live worker runs a
--- definition before it queues work for one.
+-- The processes running engines, with the definitions each runs (and
+-- their versions, as "name@version"), renewed every few seconds: the
+-- admin CLI tells whether any live worker runs a saga's definition
+-- version before it queues work for one.
 create table idemsaga.workers (
     id          uuid primary key,
     host        text not null,
     pid         int not null,
     definitions text[] not null,
     started_at  timestamptz not null default idemsaga.now(),
-    seen_at     timestamptz not null default idemsaga.now()
+    seen_at     timestamptz not null default idemsaga.now(),
+    versions    text[] not null default '{}'
 );
 
 -- Every operator repair (retry, cancel, skip, close), with who asked and
@@ -300,21 +315,15 @@ create table idemsaga.submit_tokens (
 
 create index submit_tokens_expires_idx on idemsaga.submit_tokens (expires_at);
 
--- Pause, resume and saga deadlines. A paused saga, or any saga
--- of a paused definition, starts no attempt: a step's claim checks both in
--- the claim's own statement, and the reaper neither takes over its leases
--- nor dispatches its retries, so a dependency that is down for an hour
--- costs no attempts. paused_at is when the saga was paused (NULL: not);
--- the who and why are its repair's. deadline_at is when the saga is
--- cancelled if it has not finished (its definition's deadline, on the
--- database clock at start; NULL: none).
-alter table idemsaga.sagas
-    add column paused_at   timestamptz,
-    add column deadline_at timestamptz;
 
--- A resumed saga's steps in flight are sent again at their attempt: a
--- dispatched step with a next attempt time is the reaper's to send again
--- (never a lease to take over). Empty but right after a resume.
+-- Pause and resume: a paused saga, or any saga of a paused definition,
+-- starts no attempt: a step's claim checks both in the claim's own
+-- statement, and the reaper neither takes over its leases nor dispatches
+-- its retries, so a dependency that is down for an hour costs no
+-- attempts. A resumed saga's steps in flight are sent again at their
+-- attempt: a dispatched step with a next attempt time is the reaper's to
+-- send again (never a lease to take over). Empty but right after a
+-- resume.
 create index steps_resend_idx on idemsaga.steps (next_attempt_at) where status = 'dispatched' and next_attempt_at is not null;
 
 -- The paused sagas, for the sagas_paused metric.
@@ -347,22 +356,6 @@ create table idemsaga.definition_repairs (
     created_at   timestamptz not null default idemsaga.now(),
     primary key (definition, request_key)
 );
--- ---------------------------------------------------------------------
--- Definition versions and dead letters (rolling deploys).
---
--- A definition carries a version: a saga runs the steps of the version it
--- started with to its end, while new sagas start on the newest. The saga
--- records its version (definition_version; version above is the row's
--- optimistic-concurrency counter), the deployment records one description
--- per (name, version), and each worker says which versions it runs
--- ("name@version"), so a process can tell whether anyone can run a saga.
-alter table idemsaga.sagas add column definition_version int not null default 1
-    constraint sagas_definition_version_check check (definition_version >= 1);
-alter table idemsaga.definitions add column version int not null default 1
-    constraint definitions_version_check check (version >= 1);
-alter table idemsaga.definitions drop constraint definitions_pkey;
-alter table idemsaga.definitions add constraint definitions_pkey primary key (name, version);
-alter table idemsaga.workers add column versions text[] not null default '{}';
 
 -- Commands no worker that received them could run: their definition,
 -- version or step unknown to it. After a bounded number of deliveries the
