@@ -178,6 +178,24 @@ func (c *core) replayCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Inst
 		return false, fmt.Errorf("%w (event %q of step %q of saga %s)", ErrCallbackReused, eventID, step, sg.ID)
 	}
 	res.State, res.Replayed = sg.State, true
+	if res.Outcome == CallbackPending {
+		// Kept for a step that can no longer wait (given up, cancelled,
+		// skipped, or its saga compensating or finished): late now.
+		var status string
+		err := tx.Conn().QueryRow(ctx, `select coalesce((select status::text from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'), '')`,
+			pguuid.Of(sg.ID), step).Scan(&status)
+		if err != nil {
+			return false, fmt.Errorf("idemsaga: read step %q of saga %s: %w", step, sg.ID, err)
+		}
+		if sg.Finished() || sg.State == saga.StateCompensating || status == string(saga.StepSucceeded) || status == string(saga.StepFailed) {
+			res.Outcome = CallbackLate
+			res.Detail = fmt.Sprintf("step %q no longer waits (saga %s is %s); the callback kept for it is recorded and changes nothing", step, sg.ID, sg.State)
+			if _, err := tx.Conn().Exec(ctx, `update idemsaga.callbacks set outcome = 'late', detail = $4 where definition = $1 and step = $2 and event_id = $3 and outcome = 'pending'`,
+				sg.Definition, step, eventID, res.Detail); err != nil {
+				return false, fmt.Errorf("idemsaga: record callback %q of step %q as late: %w", eventID, step, err)
+			}
+		}
+	}
 	return true, nil
 }
 

@@ -395,3 +395,100 @@ func TestKeptCallbackCompletesAStepWhoseAnswersWereAllLost(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, diffs)
 }
+
+// waitingRow reads a forward step's status and how long until its lease.
+func waitingRow(t *testing.T, env *sagatest.Env, id uuid.UUID, step string) (saga.StepStatus, time.Duration) {
+	t.Helper()
+	var status string
+	var left time.Duration
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `select status, coalesce(lease_until - idemsaga.now(), interval '0') from idemsaga.steps
+where saga_id = $1 and step = $2 and phase = 'forward'`, id, step).Scan(&status, &left))
+	return saga.StepStatus(status), left
+}
+
+func TestPauseHoldsACallbackWait(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, time.Hour)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-paused-wait", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	_, err = env.Client.Pause(ctx, res.ID, engine.Repair{Reason: "the channel is down"})
+	require.NoError(t, err)
+
+	// Three hours pass while paused: the wait of one hour is not given
+	// up, and reconcile does not call it a difference.
+	require.NoError(t, env.Clock.Advance(ctx, 3*time.Hour))
+	_, err = env.Engine.ReapOnce(ctx)
+	require.NoError(t, err)
+	status, _ := waitingRow(t, env, res.ID, "charge")
+	require.Equal(t, saga.StepWaiting, status)
+	diffs, err := engine.Reconcile(ctx, env.Pool, []*saga.Definition{def}, time.Second)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+
+	// Resumed, the wait goes on with what was left of it.
+	_, err = env.Client.Resume(ctx, res.ID, engine.Repair{})
+	require.NoError(t, err)
+	_, err = env.Engine.ReapOnce(ctx)
+	require.NoError(t, err)
+	status, left := waitingRow(t, env, res.ID, "charge")
+	require.Equal(t, saga.StepWaiting, status)
+	require.Greater(t, left, 50*time.Minute, "the hour of waiting was held by the pause")
+	_, err = env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-after-pause", Result: json.RawMessage(`{"Txn":"p"}`)})
+	require.NoError(t, err)
+	require.Equal(t, saga.State("shipped"), env.Wait(t, res.ID).State)
+}
+
+func TestRetryNowRefusesAWaitingStep(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, 0)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-retry-waiting", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	_, err = env.Client.Retry(ctx, res.ID, engine.Repair{})
+	require.ErrorIs(t, err, engine.ErrStateForbids)
+	require.ErrorContains(t, err, "waits for the other system's callback")
+	status, _ := waitingRow(t, env, res.ID, "charge")
+	require.Equal(t, saga.StepWaiting, status, "nothing changed")
+	require.Equal(t, 1, ch.requests[saga.StepKey(res.ID, "charge", saga.PhaseForward)])
+}
+
+func TestRetryOfAParkedCallbackStepAppliesItsLateCallback(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	d := ch.definition(t, time.Hour)
+	steps := d.Steps()
+	steps[1].Compensate = nil // the charge cannot be undone: a wait that runs out parks
+	def, err := saga.New("pay", steps...)
+	require.NoError(t, err)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-parked", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	token := ch.token(t)
+	sg := env.Wait(t, res.ID)
+	require.Equal(t, saga.StateParked, sg.State)
+
+	// The channel's answer comes late: recorded, nothing reopened.
+	r, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-late-1", Result: json.RawMessage(`{"Txn":"late-1"}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackLate, r.Outcome)
+	// A person retries the step: its request goes again under its key,
+	// and the callback already on record completes it once it waits.
+	_, err = env.Client.Retry(ctx, res.ID, engine.Repair{Reason: "the channel says it charged"})
+	require.NoError(t, err)
+	sg = env.Wait(t, res.ID)
+	require.Equal(t, saga.State("shipped"), sg.State)
+	require.JSONEq(t, `{"shipped_for":"late-1"}`, string(sg.Results["ship"]))
+	require.Equal(t, 2, ch.requests[saga.StepKey(res.ID, "charge", saga.PhaseForward)])
+	require.Len(t, sg.Callbacks, 1)
+	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
+}

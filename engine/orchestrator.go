@@ -133,6 +133,13 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		return VerdictStale, nil
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
+	if r.Outcome == wire.OutcomeWaiting && r.Attempt < st.attempt && (st.status == saga.StepDispatched || st.status == saga.StepRetrying) {
+		// The request of an older attempt was accepted after the step's
+		// lease had been taken over: its key waits, so no later attempt
+		// can claim it (its claim found the key waiting), and the step
+		// waits for its callback at the attempt it is at.
+		r.Attempt = st.attempt
+	}
 	v := judge(st, r)
 	if v != VerdictApplied {
 		return v, nil

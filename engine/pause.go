@@ -64,14 +64,15 @@ func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 		return RepairResult{}, err
 	}
 	return cl.c.recorded(ctx, id, repairOp{name: "resume", r: r}, func(tx *attempt.Tx, sg *saga.Instance) error {
-		tag, err := tx.Conn().Exec(ctx, resumeSaga, pguuid.Of(id))
+		var since time.Time
+		err := tx.Conn().QueryRow(ctx, resumeSaga, pguuid.Of(id)).Scan(&since)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: saga %s is not paused", ErrStateForbids, id)
+		}
 		if err != nil {
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("%w: saga %s is not paused", ErrStateForbids, id)
-		}
-		if _, err := tx.Conn().Exec(ctx, resendSteps, pguuid.Of(id)); err != nil {
+		if _, err := tx.Conn().Exec(ctx, resendSteps, pguuid.Of(id), since); err != nil {
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
 		return nil
@@ -205,14 +206,15 @@ on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
 			return res, fmt.Errorf("idemsaga: pause definition %q: %w", definition, err)
 		}
 	case "resume":
-		tag, err := tx.Exec(ctx, `delete from idemsaga.paused_definitions where definition = $1`, definition)
+		var since time.Time
+		err := tx.QueryRow(ctx, `delete from idemsaga.paused_definitions where definition = $1 returning paused_at`, definition).Scan(&since)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return res, fmt.Errorf("%w: definition %q is not paused", ErrStateForbids, definition)
+		}
 		if err != nil {
 			return res, fmt.Errorf("idemsaga: resume definition %q: %w", definition, err)
 		}
-		if tag.RowsAffected() == 0 {
-			return res, fmt.Errorf("%w: definition %q is not paused", ErrStateForbids, definition)
-		}
-		if err := tx.QueryRow(ctx, resendDefinition, definition).Scan(&res.Sagas); err != nil {
+		if err := tx.QueryRow(ctx, resendDefinition, definition, since).Scan(&res.Sagas); err != nil {
 			return res, fmt.Errorf("idemsaga: resume definition %q: %w", definition, err)
 		}
 	}

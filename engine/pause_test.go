@@ -395,7 +395,7 @@ func TestDeadlineCancelsLikeCancel(t *testing.T) {
 	var by, key string
 	require.NoError(t, env.Pool.QueryRow(ctx, `select count(*), max(requested_by), max(request_key) from idemsaga.repairs where saga_id = $1 and operation = 'cancel'`,
 		res.ID).Scan(&n, &by, &key))
-	require.Equal(t, []any{1, "deadline", "deadline"}, []any{n, by, key})
+	require.Equal(t, []any{1, "deadline", "idemsaga:deadline"}, []any{n, by, key})
 	t.Logf("deadline passed while paused: held; resumed: cancelled once by 9 racing reapers, reservation undone 1x")
 }
 

@@ -281,11 +281,12 @@ on conflict (definition, step, event_id) do nothing
 returning received_at`
 
 	// completeWaiting records a callback's outcome under a waiting step's
-	// key ($2), fenced on the attempt ($3) still waiting. The saga's lock
-	// rules out a miss.
+	// key ($2), fenced on the key still waiting (at attempt $3, or at an
+	// earlier one whose request was accepted after its lease was taken
+	// over). The saga's lock rules out a miss.
 	completeWaiting = `with c as (
   update idemsaga.inbox set outcome = $4::text, result = $5::jsonb, error = $6::text
-  where saga_id = $1 and step_key = $2 and attempt = $3 and outcome = 'waiting'
+  where saga_id = $1 and step_key = $2 and attempt <= $3 and outcome = 'waiting'
   returning 1
 )
 select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`
@@ -366,3 +367,10 @@ select attempt from r`
 // selectRepairs is a saga's repairs, oldest first.
 const selectRepairs = `select operation, request_key, reason, requested_by, coalesce(step, ''), coalesce(phase::text, ''), state_after::text, created_at
 from idemsaga.repairs where saga_id = $1 order by created_at, request_key`
+
+// reopenLateCallbacks makes the late callbacks of a callback step ($2)
+// that an operator retries pending again, so that the first one applies
+// when the step waits.
+const reopenLateCallbacks = `update idemsaga.callbacks set outcome = 'pending',
+  detail = 'kept for the step retried by an operator; applied when it waits'
+where saga_id = $1 and step = $2 and outcome = 'late'`

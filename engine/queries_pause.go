@@ -5,25 +5,35 @@ import "github.com/idemsaga/idemsaga/internal/attempt"
 // The statements of pause, resume and saga deadlines.
 const (
 	pauseSaga  = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
-	resumeSaga = `update idemsaga.sagas set paused_at = null, updated_at = idemsaga.now() where id = $1 and paused_at is not null`
+	// resumeSaga returns when the saga was paused.
+	resumeSaga = `update idemsaga.sagas s set paused_at = null, updated_at = idemsaga.now()
+from (select paused_at from idemsaga.sagas where id = $1) old
+where s.id = $1 and s.paused_at is not null returning old.paused_at`
 
 	// resendSteps marks the steps in flight of a resumed saga ($1) to be
 	// sent again at their attempt: a dispatched step with a next attempt
 	// time is one the reaper sends again (resendDue), never one whose
-	// lease it takes over.
-	resendSteps = `update idemsaga.steps set next_attempt_at = idemsaga.now(), updated_at = idemsaga.now()
-where saga_id = $1 and status = 'dispatched'`
+	// lease it takes over. A callback step that waits gets the time the
+	// saga was paused (since $2) added to its wait: its wait was held too.
+	resendSteps = `update idemsaga.steps set
+  next_attempt_at = case when status = 'dispatched' then idemsaga.now() else next_attempt_at end,
+  lease_until = case when status = 'waiting' then lease_until + (idemsaga.now() - $2::timestamptz) else lease_until end,
+  updated_at = idemsaga.now()
+where saga_id = $1 and status in ('dispatched', 'waiting')`
 
 	// resendDefinition is resendSteps for every running saga of a resumed
-	// definition ($1) that is not paused on its own, each under its
+	// definition ($1, paused since $2) that is not paused on its own, each under its
 	// saga's lock (taken first, as every writer of a step does). It
 	// returns how many sagas it resumed.
 	resendDefinition = `with s as (
   select id from idemsaga.sagas where definition = $1 and finished_at is null and paused_at is null
   order by id for no key update
 ), st as (
-  update idemsaga.steps set next_attempt_at = idemsaga.now(), updated_at = idemsaga.now()
-  where saga_id in (select id from s) and status = 'dispatched'
+  update idemsaga.steps set
+    next_attempt_at = case when status = 'dispatched' then idemsaga.now() else next_attempt_at end,
+    lease_until = case when status = 'waiting' then lease_until + (idemsaga.now() - $2::timestamptz) else lease_until end,
+    updated_at = idemsaga.now()
+  where saga_id in (select id from s) and status in ('dispatched', 'waiting')
 )
 select count(*) from s`
 

@@ -56,7 +56,13 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	}
 	moved := 0
 	var firstErr error
+	// Deadlines first, within a budget: a saga whose step is calling out
+	// is left to a later pass, and leases must not wait for them.
+	budget := time.Now().Add(deadlineBudget)
 	for _, id := range late {
+		if time.Now().After(budget) {
+			break
+		}
 		ok, err := c.cancelLate(ctx, id)
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -236,7 +242,10 @@ func (c *core) resendStep(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 // deadlineRepairKey is the request key of the cancel a saga's deadline
 // makes: one per saga, so that reapers of several processes cancel it
 // once (the others find the record).
-const deadlineRepairKey = "deadline"
+const deadlineRepairKey = "idemsaga:deadline"
+
+// deadlineBudget bounds the time one reaper pass spends on deadlines.
+const deadlineBudget = time.Second
 
 // cancelLate cancels saga id, past its deadline, as Client.Cancel does,
 // recorded as a repair by "deadline". A step in flight (an external call,
@@ -262,8 +271,18 @@ func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 		return false, nil // a later pass
 	case errors.Is(err, ErrStateForbids):
 		return false, nil // it finished or compensates on its own meanwhile
+	case errors.Is(err, ErrRepairKeyReused):
+		c.log.Warn("saga past its deadline: its deadline's repair key was used by another request; not cancelled", "saga_id", id, "key", deadlineRepairKey)
 	case err != nil:
 		return false, fmt.Errorf("cancel saga %s past its deadline: %w", id, err)
+	}
+	// Its deadline acted: a saga an operator sets going again afterwards
+	// (a retry of what the cancel parked) is not cancelled again.
+	if _, err := c.pool.Exec(ctx, `update idemsaga.sagas set deadline_at = null where id = $1 and deadline_at is not null`, pguuid.Of(id)); err != nil {
+		return false, fmt.Errorf("saga %s past its deadline: clear the deadline: %w", id, err)
+	}
+	if errors.Is(err, ErrRepairKeyReused) {
+		return false, nil
 	}
 	if !res.Replayed {
 		c.metrics.DeadlinesPassed.WithLabelValues(def).Inc()

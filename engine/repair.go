@@ -142,6 +142,14 @@ update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2
 			pguuid.Of(id), pguuid.Of(key)); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
 		}
+		if phase == saga.PhaseForward && def.Step(idx).Kind == saga.CallbackStep {
+			// A callback that came after the step was given up is the
+			// other system's word on the request sent again: it applies
+			// once the step waits.
+			if _, err := tx.Conn().Exec(ctx, reopenLateCallbacks, pguuid.Of(id), step); err != nil {
+				return fmt.Errorf("idemsaga: retry saga %s: reopen its late callbacks: %w", id, err)
+			}
+		}
 		var next int
 		if err := tx.Conn().QueryRow(ctx, retryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
 			c.leaseMillis(policyOf(def, idx, phase))).Scan(&next); err != nil {
@@ -190,6 +198,15 @@ func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, 
 	}
 	if idx >= def.Len() || def.Step(idx).Name != step {
 		return fmt.Errorf("idemsaga: retry saga %s: definition %q has no step %q at %d; deploy the same definition everywhere", sg.ID, sg.Definition, step, idx)
+	}
+	if saga.StepStatus(status) == saga.StepWaiting {
+		until := "its deadline"
+		if lease != nil {
+			until = lease.UTC().Format(time.RFC3339)
+		}
+		return fmt.Errorf("%w: saga %s: step %q sent its request and waits for the other system's callback until %s; a retry would send the request again. "+
+			"Complete it with the callback, skip it with the result the other system gave (`worker skip %s --step %s`), or cancel the saga",
+			ErrStateForbids, sg.ID, step, until, sg.ID, step)
 	}
 	if saga.StepStatus(status) == saga.StepDispatched {
 		until := "its lease"

@@ -230,7 +230,7 @@ func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg 
 			return fmt.Errorf("%w: saga %s is %q, finished without needing a person; only a failed or parked saga can be closed", ErrStateForbids, sg.ID, sg.State)
 		}
 		var inFlight bool
-		if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'retrying'))`,
+		if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting'))`,
 			pguuid.Of(sg.ID)).Scan(&inFlight); err != nil {
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
 		}

@@ -36,6 +36,10 @@ create domain idemsaga.phase as text
 create domain idemsaga.state_name as text
     constraint state_name_valid check (length(value) between 1 and 64);
 
+-- A definition's version (saga.WithVersion), from 1.
+create domain idemsaga.definition_version as int
+    constraint definition_version_valid check (value >= 1);
+
 -- waiting: a callback step's request was accepted; it waits for the
 -- other system's callback until lease_until, the wait's deadline.
 create domain idemsaga.step_status as text
@@ -81,8 +85,7 @@ create table idemsaga.sagas (
     finished_at timestamptz,
     paused_at   timestamptz,
     deadline_at timestamptz,
-    definition_version int not null default 1
-        constraint sagas_definition_version_check check (definition_version >= 1),
+    definition_version idemsaga.definition_version not null default 1,
     constraint sagas_definition_key_unique unique (definition, idem_key)
 );
 
@@ -224,8 +227,7 @@ create table idemsaga.definitions (
     fingerprint text not null,
     set_by      text not null,
     set_at      timestamptz not null default idemsaga.now(),
-    version     int not null default 1
-        constraint definitions_version_check check (version >= 1),
+    version     idemsaga.definition_version not null default 1,
     constraint definitions_pkey primary key (name, version)
 );
 
@@ -243,7 +245,7 @@ create table idemsaga.workers (
     versions    text[] not null default '{}'
 );
 
--- Every operator repair (retry, cancel, skip, close), with who asked and
+-- Every operator repair (retry, cancel, skip, close, pause, resume), with who asked and
 -- why, keyed by the request's key: a repair sent again after a lost answer
 -- finds its record, written in the repair's own transaction, and changes
 -- nothing. A bulk repair records one row per saga, under a key derived
@@ -376,7 +378,7 @@ create table idemsaga.dead_letters (
     headers            jsonb,
     saga_id            uuid not null references idemsaga.sagas (id) on delete cascade,
     definition         text not null,
-    definition_version int not null check (definition_version >= 1),
+    definition_version idemsaga.definition_version not null,
     step               text not null,
     phase              idemsaga.phase not null,
     attempt            int not null check (attempt >= 1),
