@@ -4,7 +4,7 @@ import "github.com/idemsaga/idemsaga/internal/attempt"
 
 // The statements of pause, resume and saga deadlines.
 const (
-	pauseSaga  = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
+	pauseSaga = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
 	// resumeSaga returns when the saga was paused.
 	resumeSaga = `update idemsaga.sagas s set paused_at = null, updated_at = idemsaga.now()
 from (select paused_at from idemsaga.sagas where id = $1) old
