@@ -227,7 +227,8 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 			wg.Go(func() {
 				for i := range jobs {
 					from := 1 + int64(i*7919%accounts)
-					to := 1 + (from+int64(1+i%(accounts-1)))%accounts
+					// Another account than from: 1 to accounts-1 further on.
+					to := 1 + (from-1+int64(1+i%(accounts-1)))%accounts
 					if spread(i, b.FailRate) {
 						to = accounts + 1
 					}
