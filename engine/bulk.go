@@ -23,7 +23,7 @@ const (
 // BulkRepair is one repair applied to every saga a filter matches.
 type BulkRepair struct {
 	// Operation is the repair: one of Repairs (retry, cancel, skip,
-	// close).
+	// close, pause, resume).
 	Operation string
 	// Filter selects the sagas, as List does, newest first. Definition or
 	// State must be set. Limit bounds one call (default

@@ -394,6 +394,7 @@ func (c *core) giveUpOrComplete(ctx context.Context, tx *attempt.Tx, sg *saga.In
 	tx.Exec(completeSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
 	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
+	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	c.log.Info("callback step given up after its attempts, completed by the callback kept for it", "saga_id", sg.ID, "step", step.Name, "event_id", eventID)
 	return nil
 }

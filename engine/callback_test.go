@@ -492,3 +492,46 @@ func TestRetryOfAParkedCallbackStepAppliesItsLateCallback(t *testing.T) {
 	require.Len(t, sg.Callbacks, 1)
 	require.Equal(t, engine.CallbackApplied, sg.Callbacks[0].Outcome)
 }
+
+func TestBulkPauseAndResume(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, time.Hour)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	ids := map[uuid.UUID]string{}
+	for i := range 4 {
+		res, err := env.Client.Start(ctx, def, fmt.Sprintf("bulk-%d", i), map[string]int{"amount": 5})
+		require.NoError(t, err)
+		ids[res.ID] = ch.token(t)
+		waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+	}
+	filter := engine.ListOptions{Definition: "pay", State: "reserved"}
+	dry, err := env.Client.Bulk(ctx, engine.BulkRepair{Operation: "pause", Filter: filter, DryRun: true, Repair: engine.Repair{Key: "outage"}})
+	require.NoError(t, err)
+	require.Len(t, dry.Items, 4)
+	var paused int
+	require.NoError(t, env.Pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where paused_at is not null`).Scan(&paused))
+	require.Zero(t, paused, "a dry run writes nothing")
+
+	for range 2 { // sent again after a lost answer: replayed
+		res, err := env.Client.Bulk(ctx, engine.BulkRepair{Operation: "pause", Filter: filter, Repair: engine.Repair{Key: "outage", Reason: "channel down"}})
+		require.NoError(t, err)
+		require.Len(t, res.Items, 4)
+		for _, it := range res.Items {
+			require.NoError(t, it.Err)
+		}
+	}
+	require.NoError(t, env.Pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where paused_at is not null`).Scan(&paused))
+	require.Equal(t, 4, paused)
+	require.EqualValues(t, 4, countSQL(t, env.Pool, `select count(*) from idemsaga.repairs where operation = 'pause'`))
+
+	res, err := env.Client.Bulk(ctx, engine.BulkRepair{Operation: "resume", Filter: filter, Repair: engine.Repair{Key: "outage-over"}})
+	require.NoError(t, err)
+	require.Len(t, res.Items, 4)
+	for id, token := range ids {
+		_, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "txn-" + id.String(), Result: json.RawMessage(`{"Txn":"b"}`)})
+		require.NoError(t, err)
+		require.Equal(t, saga.State("shipped"), env.Wait(t, id).State)
+	}
+}

@@ -31,10 +31,13 @@ import (
 // already, is ErrStateForbids. The pause is recorded as a repair (who,
 // when, why; Repair.Key makes it safe to send again).
 func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	if err := cl.resolveSaga(ctx, id); err != nil {
-		return RepairResult{}, err
-	}
-	return cl.c.recorded(ctx, id, repairOp{name: "pause", r: r}, func(tx *attempt.Tx, sg *saga.Instance) error {
+	return cl.repair(ctx, id, "pause", SkipStep{}, r, false)
+}
+
+// pauseFn is Pause's work on a saga locked in tx.
+func pauseFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		id := sg.ID
 		if sg.Finished() {
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running saga can be paused", ErrStateForbids, id, sg.State)
 		}
@@ -46,7 +49,7 @@ func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 			return fmt.Errorf("%w: saga %s is paused already; resume it with `worker resume %s`", ErrStateForbids, id, id)
 		}
 		return nil
-	}, nil)
+	}
 }
 
 // Resume lets a paused saga go on where it stopped, with the attempts it
@@ -60,10 +63,13 @@ func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 // A saga that is not paused is ErrStateForbids. The resume is recorded as
 // a repair.
 func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	if err := cl.resolveSaga(ctx, id); err != nil {
-		return RepairResult{}, err
-	}
-	return cl.c.recorded(ctx, id, repairOp{name: "resume", r: r}, func(tx *attempt.Tx, sg *saga.Instance) error {
+	return cl.repair(ctx, id, "resume", SkipStep{}, r, false)
+}
+
+// resumeFn is Resume's work on a saga locked in tx.
+func resumeFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
+	return func(tx *attempt.Tx, sg *saga.Instance) error {
+		id := sg.ID
 		var since time.Time
 		err := tx.Conn().QueryRow(ctx, resumeSaga, pguuid.Of(id)).Scan(&since)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -76,7 +82,7 @@ func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
 		return nil
-	}, nil)
+	}
 }
 
 // DefinitionRepair is what PauseDefinition or ResumeDefinition did.

@@ -234,7 +234,7 @@ const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
   and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
-  and (not $4 or (s.finished_at is null and not exists (
+  and (not $4 or (s.finished_at is null and ` + attempt.NotPaused + ` and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')

@@ -60,7 +60,7 @@ func (cl *Client) Retry(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 var ErrUnknownRepair = errors.New("idemsaga: unknown repair operation")
 
 // Repairs names the repair operations Bulk and the HTTP API accept.
-var Repairs = []string{"retry", "cancel", "skip", "close"}
+var Repairs = []string{"retry", "cancel", "skip", "close", "pause", "resume"}
 
 // repair runs the repair named op on saga id (s is a skip's step), or,
 // with dryRun, says what it would do and writes nothing.
@@ -85,6 +85,10 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 	case "close":
 		closed := &attempt.Move{}
 		fn, after = closeFn(ctx, closed), func() { cl.c.Moved(closed, time.Time{}) }
+	case "pause":
+		fn = pauseFn(ctx)
+	case "resume":
+		fn = resumeFn(ctx)
 	default:
 		return RepairResult{}, fmt.Errorf("%w: %q; the repairs are %s", ErrUnknownRepair, op, strings.Join(Repairs, ", "))
 	}
@@ -501,7 +505,7 @@ func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
 // repairOp is one repair as recorded: its name, the request, and what
 // else the request carries that its key must match.
 type repairOp struct {
-	// name is the operation: retry, cancel, skip or close.
+	// name is the operation: one of Repairs.
 	name string
 	r    Repair
 	// extra is what the request carries beside its reason (a skip's

@@ -67,9 +67,10 @@ type CallbackRecord struct {
 }
 
 // RepairRecord is one operator's repair of a saga (retry, cancel, skip,
-// close), as recorded in the repair's own transaction.
+// close, pause, resume), as recorded in the repair's own transaction.
 type RepairRecord struct {
-	// Operation is the repair's name: retry, cancel, skip or close.
+	// Operation is the repair's name: retry, cancel, skip, close, pause
+	// or resume.
 	Operation string `json:"operation"`
 	// Key is the request's key: the same request sent again under it
 	// changed nothing.

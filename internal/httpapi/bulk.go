@@ -16,7 +16,7 @@ import (
 // BulkRepaired is the body of POST /v1/repairs: one repair applied to
 // every saga a filter matched.
 type BulkRepaired struct {
-	// Operation is the repair: retry, cancel, skip or close.
+	// Operation is the repair: retry, cancel, skip, close, pause or resume.
 	Operation string `json:"operation"`
 	// Key is the request's Idempotency-Key; each saga's repair is
 	// recorded under it and the saga's ID.
@@ -52,7 +52,7 @@ type BulkItem struct {
 	Problem *Problem `json:"problem"`
 }
 
-const bulkHint = `send {"operation":"retry|cancel|skip|close","filter":{"definition":"<name>","state":"<state>"},"limit":100,"cursor":"<next_cursor>","dry_run":true,"reason":"<why>"} (a skip adds "step" and "result")`
+const bulkHint = `send {"operation":"retry|cancel|skip|close|pause|resume","filter":{"definition":"<name>","state":"<state>"},"limit":100,"cursor":"<next_cursor>","dry_run":true,"reason":"<why>"} (a skip adds "step" and "result")`
 
 // bulk handles POST /v1/repairs: a repair applied to every saga a filter
 // matches, each in its own transaction, under the Idempotency-Key and

@@ -71,7 +71,7 @@ type Saga struct {
 
 // RepairRecord is one operator's repair of a Saga, as recorded.
 type RepairRecord struct {
-	// Operation is retry, cancel, skip or close.
+	// Operation is retry, cancel, skip, close, pause or resume.
 	Operation string `json:"operation"`
 	// Key is the repair request's key.
 	Key    string  `json:"key"`
