@@ -16,10 +16,12 @@ values ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond') r
 
 	// claimBatch takes unpublished rows by state, skipping rows another
 	// relay holds and rows their writer is still publishing itself. Never
-	// "id > last seen": ids commit out of order.
+	// "id > last seen": ids commit out of order. The hand-off is wall
+	// time, as it was written (clock_timestamp), not the engine's clock,
+	// which the test kit moves forward.
 	claimBatch = `select id, subject, msg_id, payload, headers
 from idemsaga.outbox
-where published_at is null and (publish_after is null or publish_after <= idemsaga.now())
+where published_at is null and (publish_after is null or publish_after <= statement_timestamp())
 order by id
 limit $1
 for update skip locked`
@@ -28,7 +30,7 @@ for update skip locked`
 	// would find a row, without a transaction or locks. Rows another relay
 	// holds count, so the claim may still find none.
 	anyDue = `select exists (select 1 from idemsaga.outbox
-where published_at is null and (publish_after is null or publish_after <= idemsaga.now()))`
+where published_at is null and (publish_after is null or publish_after <= statement_timestamp()))`
 
 	markPublished = `update idemsaga.outbox set published_at = idemsaga.now() where id = any($1)`
 

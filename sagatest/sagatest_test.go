@@ -39,10 +39,15 @@ func (l *ledger) charge(key string) {
 // The saga spends about two minutes of engine time and finishes at once.
 func TestBackoffsTakeNoWallTime(t *testing.T) {
 	t.Parallel()
+	var mu sync.Mutex
+	runs := map[int]int{}
 	def := saga.MustNew("flaky", saga.Step{
 		Name: "call", Reaches: "called", Kind: saga.DatabaseStep,
 		Retry: saga.RetryPolicy{MaxAttempts: 5, InitialBackoff: 8 * time.Second, MaxBackoff: time.Minute, Jitter: -1},
 		Forward: func(_ context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			mu.Lock()
+			runs[sc.Attempt]++
+			mu.Unlock()
 			if sc.Attempt <= 4 {
 				return nil, errors.New("not yet")
 			}
@@ -64,6 +69,11 @@ func TestBackoffsTakeNoWallTime(t *testing.T) {
 	// 8s + 16s + 32s + 60s of backoff, all skipped.
 	require.GreaterOrEqual(t, skipped+wall, 116*time.Second)
 	require.Less(t, skipped, 117*time.Second, "the clock moves to each due time, not past it")
+	mu.Lock()
+	defer mu.Unlock()
+	// Moving the clock hands no command to the relay early: each attempt
+	// was delivered, and ran, once.
+	require.Equal(t, map[int]int{1: 1, 2: 1, 3: 1, 4: 1, 5: 1}, runs)
 	t.Logf("5 attempts, %s of backoff skipped in %s of wall time", skipped, wall)
 }
 
