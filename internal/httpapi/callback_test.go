@@ -126,7 +126,18 @@ func TestCallbackOverHTTP(t *testing.T) {
 	}
 	require.Equal(t, before, e.count(t, `select count(*) from idemsaga.callbacks`))
 
-	// Another event for the finished saga: recorded as late, 200.
+	// The saga shows its callback.
+	r = e.do(t, http.MethodGet, "/v1/sagas/"+id.String(), nil, "")
+	require.Equal(t, http.StatusOK, r.status)
+	var shown httpapi.Saga
+	require.NoError(t, json.Unmarshal(r.body, &shown))
+	require.Len(t, shown.Callbacks, 1)
+	require.Equal(t, "evt-1", shown.Callbacks[0].EventID)
+	require.Equal(t, engine.CallbackApplied, shown.Callbacks[0].Outcome)
+	require.JSONEq(t, `{"amount":10}`, string(shown.Callbacks[0].Result))
+	require.Equal(t, 1, shown.DefinitionVersion)
+
+		// Another event for the finished saga: recorded as late, 200.
 	r = e.do(t, http.MethodPost, path, []hdr{jsonType()}, `{"event_id":"evt-9","result":{"amount":10}}`)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.Equal(t, engine.CallbackLate, completed(t, r).Outcome)

@@ -67,6 +67,14 @@ type Saga struct {
 	Attempts []Attempt `json:"attempts"`
 	// Repairs lists the operators' repairs of the saga, oldest first.
 	Repairs []RepairRecord `json:"repairs"`
+	// Callbacks lists the callbacks received for its callback steps, in
+	// the order received.
+	Callbacks []saga.CallbackRecord `json:"callbacks"`
+	// DefinitionVersion is the version of the definition the saga runs.
+	DefinitionVersion int `json:"definition_version"`
+	// DeadLetters lists its commands parked because no worker that
+	// received them could run them.
+	DeadLetters []saga.DeadLetter `json:"dead_letters"`
 }
 
 // RepairRecord is one operator's repair of a Saga, as recorded.
@@ -94,7 +102,7 @@ type Step struct {
 	Phase saga.Phase `json:"phase"`
 	// Index is the step's position in the definition, from 0.
 	Index int `json:"index"`
-	// Kind is database or external.
+	// Kind is database, external or callback.
 	Kind string `json:"kind"`
 	// Key is the step key, the same on every attempt.
 	Key     uuid.UUID       `json:"key"`
@@ -153,7 +161,9 @@ func sagaOf(sg *saga.Instance) Saga {
 	out := Saga{ID: sg.ID, Definition: sg.Definition, Key: sg.Key, State: sg.State, Version: sg.Version,
 		Input: sg.Input, Results: sg.Results, Error: optional(sg.Error),
 		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt, Paused: sg.Paused, DeadlineAt: sg.DeadlineAt,
-		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs))}
+		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs)),
+		Callbacks: append([]saga.CallbackRecord{}, sg.Callbacks...), DefinitionVersion: max(sg.DefinitionVersion, 1),
+		DeadLetters: append([]saga.DeadLetter{}, sg.DeadLetters...)}
 	if out.Results == nil {
 		out.Results = map[string]json.RawMessage{}
 	}
