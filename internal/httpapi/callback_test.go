@@ -137,7 +137,7 @@ func TestCallbackOverHTTP(t *testing.T) {
 	require.JSONEq(t, `{"amount":10}`, string(shown.Callbacks[0].Result))
 	require.Equal(t, 1, shown.DefinitionVersion)
 
-		// Another event for the finished saga: recorded as late, 200.
+	// Another event for the finished saga: recorded as late, 200.
 	r = e.do(t, http.MethodPost, path, []hdr{jsonType()}, `{"event_id":"evt-9","result":{"amount":10}}`)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.Equal(t, engine.CallbackLate, completed(t, r).Outcome)
