@@ -418,6 +418,8 @@ func TestPauseHoldsACallbackWait(t *testing.T) {
 	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
 	_, err = env.Client.Pause(ctx, res.ID, engine.Repair{Reason: "the channel is down"})
 	require.NoError(t, err)
+	require.Eventually(t, func() bool { return countSQL(t, env.Pool, `select count(*) from idemsaga.outbox`) == 0 },
+		30*time.Second, 5*time.Millisecond, "the broker took every message")
 
 	// Three hours pass while paused: the wait of one hour is not given
 	// up, and reconcile does not call it a difference.

@@ -191,7 +191,9 @@ from idemsaga.submit_tokens t join idemsaga.sagas s on s.definition = t.definiti
 where t.saga_id is distinct from s.id`, nil},
 		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
-from idemsaga.outbox where published_at is null and (coalesce(publish_after, created_at) < idemsaga.now() - $1 * interval '1 second' or attempts > 0)
+from idemsaga.outbox where published_at is null and (attempts > 0
+  or publish_after < statement_timestamp() - $1 * interval '1 second'
+  or publish_after is null and created_at < idemsaga.now() - $1 * interval '1 second')
 order by id limit 100`, []any{stale}},
 	}
 	for _, c := range checks {
