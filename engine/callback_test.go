@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -536,4 +537,40 @@ func TestBulkPauseAndResume(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, saga.State("shipped"), env.Wait(t, id).State)
 	}
+}
+
+func TestKeptCallbackOfAStepThatNeverWaitsIsLate(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	d := ch.definition(t, 0)
+	steps := d.Steps()
+	// The first step waits out an hour's backoff: the saga never reaches
+	// the charge before it is cancelled.
+	steps[0].Retry = saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: -1}
+	steps[0].Forward = func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, errors.New("not yet") }
+	def, err := saga.New("pay", steps...)
+	require.NoError(t, err)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-never", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	waitStatus(t, env, res.ID, "reserve", saga.StepRetrying)
+	cb := engine.Callback{Token: saga.CallbackToken(res.ID, "charge"), EventID: "txn-early", Result: json.RawMessage(`{"Txn":"e"}`)}
+	r, err := env.Client.Complete(ctx, cb)
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackPending, r.Outcome)
+
+	_, err = env.Client.Cancel(ctx, res.ID, engine.Repair{Reason: "customer left"})
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, env.Wait(t, res.ID).State)
+	// Delivered again, the kept callback is late now: its step will never
+	// wait.
+	r, err = env.Client.Complete(ctx, cb)
+	require.NoError(t, err)
+	require.True(t, r.Replayed)
+	require.Equal(t, engine.CallbackLate, r.Outcome)
+	sg, err := env.Client.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackLate, sg.Callbacks[0].Outcome)
+	require.Zero(t, ch.requests[saga.StepKey(res.ID, "charge", saga.PhaseForward)], "the charge was never asked for")
 }
