@@ -100,8 +100,11 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 	if err != nil {
 		return CallbackResult{}, err
 	}
+	if cb.EventID == "" {
+		return CallbackResult{}, fmt.Errorf("%w: it has no event id; give the other system's own id for this event (its transaction or event number), the same in every delivery", ErrInvalidCallback)
+	}
 	if err := saga.CheckKey(cb.EventID); err != nil {
-		return CallbackResult{}, fmt.Errorf("%w: event id: %w", ErrInvalidCallback, err)
+		return CallbackResult{}, fmt.Errorf("%w: event id %q: 1 to %d printable ASCII characters without surrounding spaces", ErrInvalidCallback, cb.EventID, saga.MaxKeyLength)
 	}
 	var result json.RawMessage
 	switch {
@@ -133,7 +136,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 		}
 		idx := def.StepIndex(step)
 		if idx < 0 {
-			return fmt.Errorf("%w: definition %q of saga %s has no step %q", saga.ErrNotFound, sg.Definition, id, step)
+			return fmt.Errorf("%w: definition %s of saga %s has no step %q; use the token the step gave with its request", ErrNotCallbackStep, saga.Ref(sg.Definition, sg.DefinitionVersion), id, step)
 		}
 		if k := def.Step(idx).Kind; k != saga.CallbackStep {
 			return fmt.Errorf("%w: step %q of %q is a %s step; only a saga.CallbackStep takes callbacks", ErrNotCallbackStep, step, sg.Definition, k)
@@ -154,7 +157,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 	c.metrics.Deliveries.WithLabelValues(metrics.LayerCallback).Inc()
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step, outcome).Inc()
 	if res.Outcome == CallbackLate && !res.Replayed {
-		c.log.Warn("callback for a step that no longer waits; recorded, nothing changed (look at the saga: the other system acted after the step was given up)",
+		c.log.Warn("callback for a step that no longer waits; recorded, nothing changed (if the step was given up or cancelled, look at the saga: the other system acted after the engine stopped waiting)",
 			"saga_id", id, "step", step, "event_id", cb.EventID, "state", res.State)
 	}
 	return res, nil

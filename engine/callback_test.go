@@ -281,7 +281,7 @@ func TestCompleteRefusals(t *testing.T) {
 	}{
 		"bad token":      {engine.Callback{Token: "nope", EventID: "e"}, saga.ErrInvalidCallbackToken},
 		"unknown saga":   {engine.Callback{Token: saga.CallbackToken(uuid.Must(uuid.NewV7()), "charge"), EventID: "e"}, saga.ErrNotFound},
-		"unknown step":   {engine.Callback{Token: saga.CallbackToken(res.ID, "nope"), EventID: "e"}, saga.ErrNotFound},
+		"unknown step":   {engine.Callback{Token: saga.CallbackToken(res.ID, "nope"), EventID: "e"}, engine.ErrNotCallbackStep},
 		"not a callback": {engine.Callback{Token: saga.CallbackToken(res.ID, "reserve"), EventID: "e"}, engine.ErrNotCallbackStep},
 		"no event id":    {engine.Callback{Token: token}, engine.ErrInvalidCallback},
 		"bad event id":   {engine.Callback{Token: token, EventID: " e"}, engine.ErrInvalidCallback},
@@ -573,4 +573,30 @@ func TestKeptCallbackOfAStepThatNeverWaitsIsLate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.CallbackLate, sg.Callbacks[0].Outcome)
 	require.Zero(t, ch.requests[saga.StepKey(res.ID, "charge", saga.PhaseForward)], "the charge was never asked for")
+}
+
+func TestDeployRefusesAVersionChangedUnderItsSagas(t *testing.T) {
+	t.Parallel()
+	ch := newChannel()
+	def := ch.definition(t, time.Hour)
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "order-deploy", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	ch.token(t)
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+
+	changed := ch.definition(t, 2*time.Hour)
+	err = engine.Deploy(ctx, engine.Config{Pool: env.Pool, Definitions: []*saga.Definition{changed}, Stream: "SAGATEST", SubjectPrefix: "sagatest"})
+	require.ErrorIs(t, err, engine.ErrDeploymentMismatch)
+	require.ErrorContains(t, err, `step "charge" wait`)
+	require.ErrorContains(t, err, "saga.WithVersion(def, 2)")
+	var fp string
+	require.NoError(t, env.Pool.QueryRow(ctx, `select fingerprint from idemsaga.definitions where name = 'pay' and version = 1`).Scan(&fp))
+	require.Equal(t, def.Describe().Fingerprint(), fp, "nothing was recorded")
+
+	// As a version of its own, it is recorded beside the first.
+	require.NoError(t, engine.Deploy(ctx, engine.Config{Pool: env.Pool, Definitions: []*saga.Definition{saga.WithVersion(changed, 2)},
+		Stream: "SAGATEST", SubjectPrefix: "sagatest"}))
+	require.EqualValues(t, 2, countSQL(t, env.Pool, `select count(*) from idemsaga.definitions where name = 'pay'`))
 }

@@ -293,6 +293,9 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		s.Phase, s.Status = saga.Phase(phase), saga.StepStatus(status)
 		if def != nil && s.Index < def.Len() {
 			s.Kind = def.Step(s.Index).Kind.String()
+			if def.Step(s.Index).Kind == saga.CallbackStep && s.Phase == saga.PhaseForward {
+				s.CallbackToken = saga.CallbackToken(sg.ID, s.Step)
+			}
 		}
 		sg.Steps = append(sg.Steps, s)
 	}

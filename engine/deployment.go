@@ -47,7 +47,9 @@ func sharedSettings(cfg *Config, worker bool) []setting {
 
 // Deploy records cfg's shared settings (Stream, SubjectPrefix, LeaseGrace)
 // and the descriptions of its Definitions as the deployment's, replacing
-// what was recorded. Engines and clients compare their own with these at
+// what was recorded; a definition version whose description changed while
+// sagas run on it is refused (ErrDeploymentMismatch), and nothing is
+// recorded. Engines and clients compare their own with these at
 // start and refuse to run on a difference. Run it once per deploy, from
 // the new build, before its workers start (the runtime's `migrate` does);
 // processes already running are not stopped.
@@ -73,6 +75,21 @@ where settings.value is distinct from excluded.value`, s.name, s.value, by); err
 			continue
 		}
 		desc := d.Describe()
+		// A version's steps are what its running sagas were planned
+		// with: one changed under them needs a version of its own.
+		var recorded saga.Description
+		var running int
+		err := tx.QueryRow(ctx, `select d.description, (select count(*) from idemsaga.sagas s
+  where s.definition = d.name and s.definition_version = d.version and s.finished_at is null)
+from idemsaga.definitions d where d.name = $1 and d.version = $2 and d.fingerprint is distinct from $3`,
+			d.Name(), d.Version(), desc.Fingerprint()).Scan(&recorded, &running)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("idemsaga: read definition %s: %w", d.Ref(), err)
+		}
+		if err == nil && running > 0 {
+			return fmt.Errorf("%w: definition %s changed (%s) while %d sagas run on it; nothing was recorded. Give the changed definition a new version (saga.WithVersion(def, %d)) so they finish on theirs, or let them finish first",
+				ErrDeploymentMismatch, d.Ref(), describeDifference(recorded, desc), running, d.Version()+1)
+		}
 		if _, err := tx.Exec(ctx, `insert into idemsaga.definitions (name, version, description, fingerprint, set_by) values ($1, $5, $2, $3, $4)
 on conflict (name, version) do update set description = excluded.description, fingerprint = excluded.fingerprint, set_by = excluded.set_by, set_at = idemsaga.now()
 where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
@@ -169,6 +186,9 @@ func describeDifference(recorded, here saga.Description) string {
 	if recorded.Input != here.Input {
 		return fmt.Sprintf("its input type is %q here, %q in the deployment", here.Input, recorded.Input)
 	}
+	if recorded.Deadline != here.Deadline {
+		return fmt.Sprintf("its saga deadline is %q here, %q in the deployment", here.Deadline, recorded.Deadline)
+	}
 	if len(recorded.Steps) != len(here.Steps) {
 		return fmt.Sprintf("it has %d steps here, %d in the deployment", len(here.Steps), len(recorded.Steps))
 	}
@@ -180,7 +200,7 @@ func describeDifference(recorded, here saga.Description) string {
 			here, there any
 		}{
 			{"name", a.Name, b.Name}, {"reaches", a.Reaches, b.Reaches}, {"kind", a.Kind, b.Kind}, {"compensates", a.Compensates, b.Compensates},
-			{"retry", a.Retry, b.Retry}, {"compensate_retry", a.CompensateRetry, b.CompensateRetry},
+			{"retry", a.Retry, b.Retry}, {"compensate_retry", a.CompensateRetry, b.CompensateRetry}, {"wait", a.Wait, b.Wait},
 		} {
 			if f.here == f.there {
 				continue
@@ -191,7 +211,7 @@ func describeDifference(recorded, here saga.Description) string {
 				}
 				continue
 			}
-			diffs = append(diffs, fmt.Sprintf("step %d %s %v here, %v in the deployment", i, f.name, f.here, f.there))
+			diffs = append(diffs, fmt.Sprintf("step %q %s %v here, %v in the deployment", a.Name, f.name, f.here, f.there))
 		}
 	}
 	if len(diffs) == 0 {

@@ -190,6 +190,14 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 // retryNow dispatches now the next attempt of a running saga's step that
 // waits out a retry's backoff; a step running its attempt is refused.
 func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition) error {
+	var paused bool
+	if err := tx.Conn().QueryRow(ctx, `select not (`+attempt.NotPaused+`) from idemsaga.sagas s where s.id = $1`, pguuid.Of(sg.ID)).Scan(&paused); err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: %w", sg.ID, err)
+	}
+	if paused {
+		return fmt.Errorf("%w: saga %s is paused (itself or with its definition; `worker show %s` says which); resume it, and its step in flight is sent again at the attempt it had",
+			ErrStateForbids, sg.ID, sg.ID)
+	}
 	var step, phase, status string
 	var idx, attemptNo int
 	var lease *time.Time

@@ -153,7 +153,10 @@ type StepExecution struct {
 	Attempt int        `json:"attempt"`
 	// PossiblyDone is set when some attempt's outcome at another system is
 	// unknown: the step may have taken effect whatever its status says.
-	PossiblyDone  bool            `json:"possibly_done,omitempty"`
+	PossiblyDone bool `json:"possibly_done,omitempty"`
+	// CallbackToken is a callback step's token (CallbackToken), for the
+	// other system's callback; empty for other steps.
+	CallbackToken string          `json:"callback_token,omitempty"`
 	LeaseUntil    *time.Time      `json:"lease_until,omitempty"`
 	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
 	LastError     string          `json:"last_error,omitempty"`

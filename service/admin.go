@@ -75,6 +75,9 @@ func (s *startCmd) Run(ctx context.Context, f *Flags) error {
 		if err != nil {
 			return err
 		}
+		if runs, known := liveWorker(ctx, cl, def.Ref()); known && !runs && !res.Duplicate {
+			fmt.Fprintf(f.errOut, "no live worker runs %s: the saga waits until one starts (`%s run` built with that version; `workers` lists what runs)\n", def.Ref(), name(*f.cfg))
+		}
 		if !s.Wait {
 			if s.JSON {
 				return printJSON(f.out, map[string]any{"id": res.ID, "definition": def.Name(), "key": s.Key, "state": res.State, "duplicate": res.Duplicate})
@@ -269,10 +272,12 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 			if st.PossiblyDone {
 				note = "possibly done: an attempt's outcome is unknown"
 			}
+			note = truncate(note, 80)
 			if st.Status == saga.StepWaiting && st.LeaseUntil != nil {
-				note = "waits for its callback until " + st.LeaseUntil.Format(time.RFC3339) + " (token " + saga.CallbackToken(sg.ID, st.Step) + ")"
+				// The token in full: an operator may send the callback by hand.
+				note = "waits for its callback until " + st.LeaseUntil.Format(time.RFC3339) + "; token " + st.CallbackToken
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, truncate(note, 80))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, note)
 		}
 		_ = w.Flush()
 	}

@@ -132,7 +132,10 @@ func (f *Flags) ConnectNATS(clientName string) (*nats.Conn, error) {
 	log := f.Logger()
 	opts := []nats.Option{nats.Name(clientName), nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err == nil && nc.IsClosed() {
+				return // this process closed it
+			}
 			msg := ""
 			if err != nil {
 				msg = redactSecrets(err.Error())

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -69,8 +70,21 @@ func (a *api) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	var req CallbackRequest
 	if err := jsonv2.Unmarshal(body, &req, jsonv2.RejectUnknownMembers(true)); err != nil {
+		why := "it is not a JSON object with those members"
+		var serr *jsonv2.SemanticError
+		var synerr *jsontext.SyntacticError
+		switch {
+		case errors.As(err, &synerr) && strings.Contains(synerr.Error(), "duplicate"):
+			why = fmt.Sprintf("member %q appears twice", strings.TrimPrefix(string(synerr.JSONPointer), "/"))
+		case errors.As(err, &synerr):
+			why = "it is not valid JSON"
+		case errors.As(err, &serr) && errors.Is(err, jsonv2.ErrUnknownName):
+			why = fmt.Sprintf("member %q is unknown (names are matched exactly)", strings.TrimPrefix(string(serr.JSONPointer), "/"))
+		case errors.As(err, &serr) && serr.JSONPointer != "":
+			why = fmt.Sprintf("member %q has the wrong type", strings.TrimPrefix(string(serr.JSONPointer), "/"))
+		}
 		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid callback body",
-			fmt.Sprintf(`the body is not a callback (%v); send {"event_id":"<the event's id>","result":<JSON>} or {"event_id":"…","error":"<why it was refused>"}`, err)))
+			why+`; send {"event_id":"<the event's id>","result":<JSON>} or {"event_id":"…","error":"<why it was refused>"}`))
 		return
 	}
 	ctx, cancel := a.writeContext(r)

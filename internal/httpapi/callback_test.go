@@ -109,20 +109,23 @@ func TestCallbackOverHTTP(t *testing.T) {
 		headers    []hdr
 		status     int
 		typ        string
+		detail     string
 	}{
-		{path, `{"event_id":"evt-1","result":{"amount":11}}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemCallbackReused},
-		{path, `{"event_id":"evt-2","Result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
-		{path, `{"event_id":"evt-2","event_id":"evt-3"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
-		{path, `{"result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
-		{path, `{"event_id":"evt-2","result":{},"error":"no"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest},
-		{path, `{"event_id":"evt-2"}`, nil, http.StatusUnsupportedMediaType, httpapi.ProblemUnsupportedMediaType},
-		{"/v1/callbacks/nope", `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusNotFound, httpapi.ProblemNotFound},
-		{"/v1/callbacks/" + saga.CallbackToken(id, "thank"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemNotCallbackStep},
-		{"/v1/callbacks/" + saga.CallbackToken(id, "other"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusNotFound, httpapi.ProblemNotFound},
+		{path, `{"event_id":"evt-1","result":{"amount":11}}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemCallbackReused, ""},
+		{path, `{"event_id":"evt-2","Result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest, `member "Result" is unknown`},
+		{path, `{"event_id":"evt-2","event_id":"evt-3"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest, `member "event_id" appears twice`},
+		{path, `{"result":{}}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest, "no event id"},
+		{path, `{"event_id":"evt-2","result":{},"error":"no"}`, []hdr{jsonType()}, http.StatusBadRequest, httpapi.ProblemMalformedRequest, ""},
+		{path, `{"event_id":"evt-2"}`, nil, http.StatusUnsupportedMediaType, httpapi.ProblemUnsupportedMediaType, ""},
+		{"/v1/callbacks/nope", `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusNotFound, httpapi.ProblemNotFound, ""},
+		{"/v1/callbacks/" + saga.CallbackToken(id, "thank"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemNotCallbackStep, ""},
+		{"/v1/callbacks/" + saga.CallbackToken(id, "other"), `{"event_id":"evt-2"}`, []hdr{jsonType()}, http.StatusUnprocessableEntity, httpapi.ProblemNotCallbackStep, ""},
 	} {
 		r := e.do(t, http.MethodPost, tc.path, tc.headers, tc.body)
 		require.Equal(t, tc.status, r.status, "%s %s: %s", tc.path, tc.body, r.body)
-		require.Equal(t, tc.typ, r.problem(t).Type)
+		p := r.problem(t)
+		require.Equal(t, tc.typ, p.Type)
+		require.Contains(t, p.Detail, tc.detail)
 	}
 	require.Equal(t, before, e.count(t, `select count(*) from idemsaga.callbacks`))
 
@@ -136,6 +139,12 @@ func TestCallbackOverHTTP(t *testing.T) {
 	require.Equal(t, engine.CallbackApplied, shown.Callbacks[0].Outcome)
 	require.JSONEq(t, `{"amount":10}`, string(shown.Callbacks[0].Result))
 	require.Equal(t, 1, shown.DefinitionVersion)
+	for _, st := range shown.Steps {
+		if st.Step == "ask" && st.Phase == saga.PhaseForward {
+			require.NotNil(t, st.CallbackToken)
+			require.Equal(t, token, *st.CallbackToken)
+		}
+	}
 
 	// Another event for the finished saga: recorded as late, 200.
 	r = e.do(t, http.MethodPost, path, []hdr{jsonType()}, `{"event_id":"evt-9","result":{"amount":10}}`)

@@ -110,7 +110,10 @@ type Step struct {
 	Attempt int             `json:"attempt"`
 	// PossiblyDone: an attempt's outcome at another system is unknown, so
 	// the step may have taken effect whatever its status says.
-	PossiblyDone  bool            `json:"possibly_done"`
+	PossiblyDone bool `json:"possibly_done"`
+	// CallbackToken is a callback step's token, for POST
+	// /v1/callbacks/{token}; null for other steps.
+	CallbackToken *string         `json:"callback_token"`
 	LeaseUntil    *time.Time      `json:"lease_until"`
 	NextAttemptAt *time.Time      `json:"next_attempt_at"`
 	LastError     *string         `json:"last_error"`
@@ -170,7 +173,7 @@ func sagaOf(sg *saga.Instance) Saga {
 	for _, s := range sg.Steps {
 		out.Steps = append(out.Steps, Step{Step: s.Step, Phase: s.Phase, Index: s.Index, Kind: s.Kind, Key: s.Key,
 			Status: s.Status, Attempt: s.Attempt, PossiblyDone: s.PossiblyDone, LeaseUntil: s.LeaseUntil,
-			NextAttemptAt: s.NextAttemptAt, LastError: optional(s.LastError), Result: s.Result,
+			NextAttemptAt: s.NextAttemptAt, LastError: optional(s.LastError), Result: s.Result, CallbackToken: optional(s.CallbackToken),
 			CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt})
 	}
 	for _, at := range sg.Attempts {
