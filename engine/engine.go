@@ -61,6 +61,24 @@ type Config struct {
 	// SubjectPrefix prefixes every subject of the stream. Defaults to
 	// SubjectPrefixDefault.
 	SubjectPrefix string
+	// StreamReplicas is the stream's replica count, 1 to 5: with a
+	// JetStream cluster, 3 keeps sagas moving while a node is down. A new
+	// stream gets it (Defaults to 1); an existing stream with another
+	// count is updated to it, and the change logged. Zero leaves an
+	// existing stream's count alone: the engine never lowers it.
+	StreamReplicas int
+	// StreamStorage is "file" or "memory". A new stream gets it (Defaults
+	// to file); an existing stream with other storage is an error, since
+	// JetStream cannot change it.
+	StreamStorage string
+	// StreamMaxAge, if set, is the stream's max age: messages older are
+	// dropped (PostgreSQL drives a lost command again at its lease).
+	// Applied as StreamReplicas is. Defaults to none.
+	StreamMaxAge time.Duration
+	// StreamDuplicateWindow is the stream's Nats-Msg-Id dedup window, a
+	// fast path only. Applied as StreamReplicas is. Defaults to 2 minutes
+	// for a new stream.
+	StreamDuplicateWindow time.Duration
 	// StepConcurrency is the number of step commands a process handles at
 	// once. Defaults to StepConcurrencyDefault.
 	StepConcurrency int
@@ -134,6 +152,16 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.StepConcurrency, ReplyConcurrency and RelayBatch must not be negative")
 	case c.LeaseGrace < 0, c.ReapInterval < 0, c.AckWait < 0, c.RelayPollInterval < 0, c.RelayHandOff < 0:
 		return errors.New("idemsaga: Config.LeaseGrace, ReapInterval, AckWait, RelayPollInterval and RelayHandOff must not be negative")
+	}
+	switch {
+	case c.StreamReplicas < 0 || c.StreamReplicas > 5:
+		return fmt.Errorf("idemsaga: Config.StreamReplicas %d must be 1 to 5 (JetStream's limit), or 0 to leave an existing stream's count", c.StreamReplicas)
+	case c.StreamStorage != "" && c.StreamStorage != "file" && c.StreamStorage != "memory":
+		return fmt.Errorf("idemsaga: Config.StreamStorage %q must be \"file\" or \"memory\"", c.StreamStorage)
+	case c.StreamMaxAge < 0 || c.StreamDuplicateWindow < 0:
+		return errors.New("idemsaga: Config.StreamMaxAge and StreamDuplicateWindow must not be negative")
+	case c.StreamMaxAge > 0 && c.StreamDuplicateWindow > c.StreamMaxAge:
+		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow %s must not exceed StreamMaxAge %s (JetStream refuses it)", c.StreamDuplicateWindow, c.StreamMaxAge)
 	}
 	if c.RelayHandOff == 0 {
 		c.RelayHandOff = outbox.HandOffDefault
@@ -345,14 +373,42 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	return e, nil
 }
 
-// stream creates or updates the engine's stream.
+// stream creates the engine's stream, or brings an existing one to the
+// settings Config gives (broker.EnsureStream). A JetStream that does not
+// answer in time (a cluster still forming, a stream's leader being
+// elected) is tried again, a bounded number of times.
 func (e *Engine) stream(ctx context.Context) (jetstream.Stream, error) {
-	s, err := broker.EnsureStream(ctx, e.js, broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{e.subjects.All()}})
-	if err != nil {
-		return nil, fmt.Errorf("idemsaga: %w (check NATS_URL and that nats-server runs with -js)", err)
+	cfg := broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{e.subjects.All()}, Replicas: e.cfg.StreamReplicas,
+		MaxAge: e.cfg.StreamMaxAge, DuplicateWindow: e.cfg.StreamDuplicateWindow, Logger: e.cfg.Logger}
+	switch e.cfg.StreamStorage {
+	case "file":
+		st := jetstream.FileStorage
+		cfg.Storage = &st
+	case "memory":
+		st := jetstream.MemoryStorage
+		cfg.Storage = &st
 	}
-	return s, nil
+	var err error
+	for i, delay := 0, 250*time.Millisecond; ; i, delay = i+1, min(2*delay, 4*time.Second) {
+		var s jetstream.Stream
+		if s, err = broker.EnsureStream(ctx, e.js, cfg); err == nil {
+			return s, nil
+		}
+		if !broker.Transient(err) || i >= streamTries-1 || ctx.Err() != nil {
+			break
+		}
+		e.cfg.Logger.Warn("JetStream did not answer in time; trying again", "stream", cfg.Name, "try", i+1, "of", streamTries, "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+	return nil, fmt.Errorf("idemsaga: %w", err)
 }
+
+// streamTries bounds how many times the stream is looked up at start
+// while JetStream does not answer: about 30 seconds.
+const streamTries = 10
 
 // consumerFunc returns a function that ensures the stream and one durable
 // consumer exist and returns the consumer.

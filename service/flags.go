@@ -42,11 +42,15 @@ type Flags struct {
 	NATSKey     string `name:"nats-tls-key" env:"NATS_TLS_KEY" type:"path" help:"Private key (PEM) of --nats-tls-cert."`
 	NATSCA      string `name:"nats-tls-ca" env:"NATS_TLS_CA" type:"path" help:"CA certificate(s) (PEM) to verify the NATS server with."`
 
-	Stream        string        `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name (shared)."`
-	SubjectPrefix string        `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject (shared)."`
-	LeaseGrace    time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease (shared)."`
-	LogLevel      string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
-	LogFormat     string        `name:"log-format" env:"LOG_FORMAT" default:"text" enum:"text,json" help:"Log format (text or json)."`
+	Stream                string        `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name (shared)."`
+	SubjectPrefix         string        `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject (shared)."`
+	StreamReplicas        int           `name:"stream-replicas" env:"IDEMSAGA_STREAM_REPLICAS" help:"Replicas of the stream, 1 to 5 (3 with a JetStream cluster). A new stream gets it (default 1); an existing one is updated to it. Unset: an existing stream keeps its own."`
+	StreamStorage         string        `name:"stream-storage" env:"IDEMSAGA_STREAM_STORAGE" enum:",file,memory" default:"" help:"Storage of a new stream: file (default) or memory; an existing stream with other storage is refused."`
+	StreamMaxAge          time.Duration `name:"stream-max-age" env:"IDEMSAGA_STREAM_MAX_AGE" help:"Drop stream messages older than this (PostgreSQL drives a lost command again at its lease). Unset: none for a new stream; an existing one keeps its own."`
+	StreamDuplicateWindow time.Duration `name:"stream-duplicate-window" env:"IDEMSAGA_STREAM_DUPLICATE_WINDOW" help:"Nats-Msg-Id dedup window of the stream (a fast path only; default 2m for a new stream). Unset: an existing stream keeps its own."`
+	LeaseGrace            time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease (shared)."`
+	LogLevel              string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat             string        `name:"log-format" env:"LOG_FORMAT" default:"text" enum:"text,json" help:"Log format (text or json)."`
 
 	cfg         *Config
 	defs        []*saga.Definition
@@ -77,7 +81,8 @@ func (f *Flags) Logger() *slog.Logger {
 // EngineConfig returns the engine settings of the flags: the shared ones
 // and the service's definitions, on pool.
 func (f *Flags) EngineConfig(pool *pgxpool.Pool) engine.Config {
-	return engine.Config{Pool: pool, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger()}
+	return engine.Config{Pool: pool, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger(),
+		StreamReplicas: f.StreamReplicas, StreamStorage: f.StreamStorage, StreamMaxAge: f.StreamMaxAge, StreamDuplicateWindow: f.StreamDuplicateWindow}
 }
 
 // Client returns a saga client configured like the deployment's workers.

@@ -12,9 +12,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -29,23 +31,45 @@ const (
 	PullHeartbeat = time.Second
 )
 
-// StreamConfig describes the engine's stream.
+// StreamConfig describes the engine's stream. The settings are the
+// user's: a zero one takes its default for a new stream and leaves an
+// existing stream's own value alone, so that a stream an operator made
+// (three replicas, a max age) is never rewritten behind their back.
 type StreamConfig struct {
 	// Name of the stream.
 	Name string
 	// Subjects the stream captures, such as "idemsaga.>".
 	Subjects []string
-	// DuplicateWindow for Nats-Msg-Id dedup. Defaults to DuplicateWindowDefault.
+	// Replicas is the stream's replica count, 1 to 5 (a JetStream
+	// cluster's nodes). Defaults to 1 for a new stream.
+	Replicas int
+	// Storage is jetstream.FileStorage or jetstream.MemoryStorage; it
+	// cannot change once the stream exists. Defaults to file for a new
+	// stream.
+	Storage *jetstream.StorageType
+	// MaxAge, if set, drops messages older than it (a command older than
+	// its lease is driven again from PostgreSQL anyway). Defaults to none
+	// for a new stream.
+	MaxAge time.Duration
+	// DuplicateWindow for Nats-Msg-Id dedup. Defaults to
+	// DuplicateWindowDefault for a new stream.
 	DuplicateWindow time.Duration
+	// Logger receives what EnsureStream changed on an existing stream.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
-// EnsureStream returns the stream, creating it when missing and updating it
-// only when its configuration differs: it is called at every consumer
-// (re)start, and needless updates race with consumer creation on the server.
-// Messages are removed once acknowledged (work-queue retention).
+// EnsureStream returns the stream, creating it when missing. An existing
+// stream is updated only for a setting given in cfg that differs from it,
+// and each change is logged (old and new value); settings cfg leaves zero
+// keep the stream's own. A stream that cannot serve the engine (not a
+// work queue, another storage than asked) is an error that says what to
+// do; nothing is changed then. It is called at every consumer (re)start,
+// and needless updates race with consumer creation on the server.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
-	if cfg.DuplicateWindow == 0 {
-		cfg.DuplicateWindow = DuplicateWindowDefault
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
 	}
 	want := jetstream.StreamConfig{
 		Name:        cfg.Name,
@@ -53,16 +77,33 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		Subjects:    cfg.Subjects,
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+		MaxAge:      cfg.MaxAge,
 		Duplicates:  cfg.DuplicateWindow,
+	}
+	if cfg.Storage != nil {
+		want.Storage = *cfg.Storage
+	}
+	if want.Duplicates == 0 {
+		want.Duplicates = DuplicateWindowDefault
 	}
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case err == nil:
 		have := s.CachedInfo().Config
-		if slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention && have.Duplicates == want.Duplicates {
+		update, changes, err := reconcileStream(have, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if len(changes) == 0 {
 			return s, nil
 		}
-		s, err = js.UpdateStream(ctx, want)
+		s, err = js.UpdateStream(ctx, update)
+		if err != nil {
+			return nil, fmt.Errorf("update JetStream stream %q (%s): %w; %s", cfg.Name, strings.Join(changes, ", "), err, Hint(err))
+		}
+		log.Warn("JetStream stream updated to this process's settings", "stream", cfg.Name, "changes", strings.Join(changes, ", "))
+		return s, nil
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		s, err = js.CreateStream(ctx, want)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -70,9 +111,67 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create JetStream stream %q (is JetStream enabled on the server? start nats-server with -js): %w", cfg.Name, err)
+		return nil, fmt.Errorf("create JetStream stream %q: %w; %s", cfg.Name, err, Hint(err))
 	}
 	return s, nil
+}
+
+// reconcileStream returns the update that brings an existing stream to
+// the settings cfg gives, starting from the stream's own configuration,
+// and what it changes; or why the stream cannot serve the engine.
+func reconcileStream(have jetstream.StreamConfig, cfg StreamConfig) (jetstream.StreamConfig, []string, error) {
+	if have.Retention != jetstream.WorkQueuePolicy {
+		return have, nil, fmt.Errorf("JetStream stream %q has %s retention; the engine needs a work queue (messages removed once acknowledged): give another --stream name, or delete that stream", have.Name, have.Retention)
+	}
+	if cfg.Storage != nil && have.Storage != *cfg.Storage {
+		return have, nil, fmt.Errorf("JetStream stream %q has %s storage and %s was asked for; storage cannot change: ask for %s, or move to a new --stream name", have.Name, have.Storage, *cfg.Storage, have.Storage)
+	}
+	update := have
+	var changes []string
+	if !slices.Equal(have.Subjects, cfg.Subjects) {
+		changes = append(changes, fmt.Sprintf("subjects %v -> %v", have.Subjects, cfg.Subjects))
+		update.Subjects = cfg.Subjects
+	}
+	if cfg.Replicas != 0 && have.Replicas != cfg.Replicas {
+		changes = append(changes, fmt.Sprintf("replicas %d -> %d", have.Replicas, cfg.Replicas))
+		update.Replicas = cfg.Replicas
+	}
+	if cfg.MaxAge != 0 && have.MaxAge != cfg.MaxAge {
+		changes = append(changes, fmt.Sprintf("max age %s -> %s", have.MaxAge, cfg.MaxAge))
+		update.MaxAge = cfg.MaxAge
+	}
+	if cfg.DuplicateWindow != 0 && have.Duplicates != cfg.DuplicateWindow {
+		changes = append(changes, fmt.Sprintf("duplicate window %s -> %s", have.Duplicates, cfg.DuplicateWindow))
+		update.Duplicates = cfg.DuplicateWindow
+	}
+	return update, changes, nil
+}
+
+// Transient reports whether err is JetStream not answering in time
+// (a cluster forming, a leader being elected), worth trying again.
+func Transient(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		strings.Contains(msg, "stream offline") || strings.Contains(msg, "no leader") || strings.Contains(msg, "cluster not ready")
+}
+
+// Hint says what to do about an error from JetStream's API: JetStream
+// not enabled, not authorised, or a stream whose replicas cannot be
+// reached or placed.
+func Hint(err error) string {
+	msg := strings.ToLower(err.Error())
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount),
+		errors.Is(err, nats.ErrNoResponders):
+		return "JetStream is not enabled on this server or account: start nats-server with -js (or enable JetStream for the account)"
+	case errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization), strings.Contains(msg, "permission"), strings.Contains(msg, "authorization"):
+		return "this user is not allowed to use JetStream's API: grant it publish and subscribe on $JS.API.> and the stream's subjects"
+	case strings.Contains(msg, "insufficient resources"), strings.Contains(msg, "no suitable peers"), strings.Contains(msg, "replicas > 1 not supported"):
+		return "the cluster cannot place the stream's replicas: give --stream-replicas at most the JetStream nodes that run, or start the missing ones"
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded), strings.Contains(msg, "stream offline"), strings.Contains(msg, "no leader"):
+		return "JetStream did not answer in time: the cluster may be forming or the stream's replicas down; start the nodes that hold it, and this process retries"
+	}
+	return "check NATS_URL and the server's log"
 }
 
 // ConsumerConfig describes one durable pull consumer.

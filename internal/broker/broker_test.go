@@ -2,12 +2,14 @@ package broker_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -99,4 +101,67 @@ func TestPoolResumesAfterTheConsumerIsDeleted(t *testing.T) {
 		return false
 	}, 30*time.Second, 500*time.Millisecond, "consuming resumed after the consumer was recreated")
 	require.GreaterOrEqual(t, ensured.Load(), int32(2))
+}
+
+// TestEnsureKeepsAnOperatorsStream: a stream made by hand with its own
+// duplicate window and max age is left as it is by a process that does
+// not set them (it used to be rewritten to the engine's defaults); a
+// setting the process does give is applied, and only that one.
+func TestEnsureKeepsAnOperatorsStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "MINE", Subjects: []string{"m.>"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Duplicates: 5 * time.Minute, MaxAge: 24 * time.Hour})
+	require.NoError(t, err)
+
+	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "MINE", Subjects: []string{"m.>"}})
+	require.NoError(t, err)
+	have := s.CachedInfo().Config
+	require.Equal(t, 5*time.Minute, have.Duplicates)
+	require.Equal(t, 24*time.Hour, have.MaxAge)
+	require.Equal(t, 1, have.Replicas)
+
+	s, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "MINE", Subjects: []string{"m.>"}, DuplicateWindow: time.Minute})
+	require.NoError(t, err)
+	have = s.CachedInfo().Config
+	require.Equal(t, time.Minute, have.Duplicates, "a setting given is applied")
+	require.Equal(t, 24*time.Hour, have.MaxAge, "the others are kept")
+
+	// What cannot serve the engine is refused with what to do, and
+	// changes nothing.
+	memory := jetstream.MemoryStorage
+	_, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "MINE", Subjects: []string{"m.>"}, Storage: &memory})
+	require.ErrorContains(t, err, "storage cannot change")
+	_, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "MINE", Subjects: []string{"m.>"}, Replicas: 3})
+	require.ErrorContains(t, err, "replicas 1 -> 3")
+	require.ErrorContains(t, err, "--stream-replicas")
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "LIMITS", Subjects: []string{"l.>"}})
+	require.NoError(t, err)
+	_, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "LIMITS", Subjects: []string{"l.>"}})
+	require.ErrorContains(t, err, "needs a work queue")
+	info, err := js.Stream(ctx, "MINE")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.CachedInfo().Config.Replicas)
+	require.Equal(t, jetstream.FileStorage, info.CachedInfo().Config.Storage)
+
+	// A new stream gets the settings given.
+	s, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "NEW", Subjects: []string{"n.>"}, MaxAge: time.Hour, Storage: &memory})
+	require.NoError(t, err)
+	have = s.CachedInfo().Config
+	require.Equal(t, time.Hour, have.MaxAge)
+	require.Equal(t, jetstream.MemoryStorage, have.Storage)
+	require.Equal(t, broker.DuplicateWindowDefault, have.Duplicates)
+}
+
+func TestHintsTellCausesApart(t *testing.T) {
+	t.Parallel()
+	require.Contains(t, broker.Hint(jetstream.ErrJetStreamNotEnabled), "-js")
+	require.Contains(t, broker.Hint(nats.ErrPermissionViolation), "$JS.API")
+	require.Contains(t, broker.Hint(errors.New("nats: insufficient resources")), "--stream-replicas")
+	require.Contains(t, broker.Hint(nats.ErrTimeout), "retries")
+	require.True(t, broker.Transient(nats.ErrTimeout))
+	require.False(t, broker.Transient(jetstream.ErrJetStreamNotEnabled))
 }
