@@ -33,6 +33,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, AckWait: time.Second}, "Config.AckWait"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, transfer.Definition)}, "names transfer@1 twice"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, LeaseGrace: -time.Second}, "must not be negative"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamReplicas: 7}, "Config.StreamReplicas 7 must be 1 to 5"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamStorage: "disk"}, "Config.StreamStorage"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamMaxAge: time.Minute, StreamDuplicateWindow: time.Hour}, "must not exceed StreamMaxAge"},
 	}
 	for _, tc := range cases {
 		_, err := engine.New(tc.cfg)
