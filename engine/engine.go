@@ -318,6 +318,11 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream)); err != nil {
+			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
+		}
+	}
 	m := c.metrics
 	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
 		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,

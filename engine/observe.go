@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
@@ -42,6 +43,45 @@ func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(b.rows, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(b.age, prometheus.GaugeValue, age.Seconds())
+}
+
+// streamCollector reports the stream's backlog when scraped: the messages
+// in it (commands and replies delivered to no one yet, or not yet
+// acknowledged) and the age of the oldest, which the outbox's metrics do
+// not see once a row was published.
+type streamCollector struct {
+	js       jetstream.JetStream
+	name     string
+	msgs, ag *prometheus.Desc
+}
+
+func newStreamCollector(js jetstream.JetStream, name string) *streamCollector {
+	return &streamCollector{js: js, name: name,
+		msgs: prometheus.NewDesc(metrics.Namespace+"_stream_messages", "Messages in the engine's JetStream stream: commands and replies not yet acknowledged (a work queue keeps nothing else).", nil, nil),
+		ag:   prometheus.NewDesc(metrics.Namespace+"_stream_oldest_message_seconds", "Age of the oldest message in the engine's JetStream stream (0 when empty): compare it with the steps' leases.", nil, nil),
+	}
+}
+
+func (s *streamCollector) Describe(ch chan<- *prometheus.Desc) { ch <- s.msgs; ch <- s.ag }
+
+func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.name)
+	var info *jetstream.StreamInfo
+	if err == nil {
+		info, err = st.Info(ctx)
+	}
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(s.msgs, fmt.Errorf("read stream %s: %w", s.name, err))
+		return
+	}
+	age := 0.0
+	if info.State.Msgs > 0 && !info.State.FirstTime.IsZero() {
+		age = max(time.Since(info.State.FirstTime).Seconds(), 0)
+	}
+	ch <- prometheus.MustNewConstMetric(s.msgs, prometheus.GaugeValue, float64(info.State.Msgs))
+	ch <- prometheus.MustNewConstMetric(s.ag, prometheus.GaugeValue, age)
 }
 
 // Ready reports whether this engine can do its work: started, the database
