@@ -73,7 +73,8 @@ func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		info, err = st.Info(ctx)
 	}
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(s.msgs, fmt.Errorf("read stream %s: %w", s.name, err))
+		// No stream yet, or the broker out of reach (which /readyz says):
+		// no sample, rather than a scrape that fails as a whole.
 		return
 	}
 	age := 0.0
