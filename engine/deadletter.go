@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -275,39 +274,10 @@ func joinIDs(ids []int64) string {
 	return strings.Join(s, ", ")
 }
 
-// deadLetterCollector reports, when scraped, how many commands are parked
-// in the dead-letter table, by definition.
-type deadLetterCollector struct {
-	pool  *pgxpool.Pool
-	count *prometheus.Desc
-}
-
-func newDeadLetterCollector(pool *pgxpool.Pool) *deadLetterCollector {
-	return &deadLetterCollector{pool: pool, count: prometheus.NewDesc(metrics.Namespace+"_dead_letters",
-		"Commands parked in the dead-letter table, waiting for a worker that runs their definition version or for a person.", []string{"definition"}, nil)}
-}
-
-func (d *deadLetterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- d.count }
-
-func (d *deadLetterCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	rows, err := d.pool.Query(ctx, `select definition, count(*) from idemsaga.dead_letters group by definition`)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(d.count, err)
-		return
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var def string
-		var n int64
-		if err := rows.Scan(&def, &n); err != nil {
-			ch <- prometheus.NewInvalidMetric(d.count, err)
-			return
-		}
-		ch <- prometheus.MustNewConstMetric(d.count, prometheus.GaugeValue, float64(n), def)
-	}
-	if err := rows.Err(); err != nil {
-		ch <- prometheus.NewInvalidMetric(d.count, err)
-	}
+// newDeadLetterCollector reports, when scraped, how many commands are
+// parked, by definition.
+func newDeadLetterCollector(pool *pgxpool.Pool) *byDefinitionCollector {
+	return &byDefinitionCollector{pool: pool, query: `select definition, count(*) from idemsaga.dead_letters group by definition`,
+		desc: prometheus.NewDesc(metrics.Namespace+"_dead_letters",
+			"Commands parked in the dead-letter table, waiting for a worker that runs their definition version or for a person.", []string{"definition"}, nil)}
 }

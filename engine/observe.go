@@ -45,6 +45,39 @@ func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(b.age, prometheus.GaugeValue, age.Seconds())
 }
 
+// byDefinitionCollector reports one gauge by definition when scraped,
+// from a query that returns (definition, count) rows.
+type byDefinitionCollector struct {
+	pool  *pgxpool.Pool
+	query string
+	desc  *prometheus.Desc
+}
+
+func (b *byDefinitionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
+
+func (b *byDefinitionCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rows, err := b.pool.Query(ctx, b.query)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(b.desc, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var def string
+		var n int64
+		if err := rows.Scan(&def, &n); err != nil {
+			ch <- prometheus.NewInvalidMetric(b.desc, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, float64(n), def)
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(b.desc, err)
+	}
+}
+
 // streamCollector reports the stream's backlog when scraped: the messages
 // in it (commands and replies delivered to no one yet, or not yet
 // acknowledged) and the age of the oldest, which the outbox's metrics do

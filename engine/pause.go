@@ -258,39 +258,9 @@ func deadlineArg(def *saga.Definition) any {
 	return def.Deadline().Milliseconds()
 }
 
-// pausedCollector reports, when scraped, the running sagas held by a
-// pause (their own or their definition's), by definition.
-type pausedCollector struct {
-	pool *pgxpool.Pool
-	held *prometheus.Desc
-}
-
-func newPausedCollector(pool *pgxpool.Pool) *pausedCollector {
-	return &pausedCollector{pool: pool, held: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
+// newPausedCollector reports, when scraped, the running sagas held by a
+// pause, by definition.
+func newPausedCollector(pool *pgxpool.Pool) *byDefinitionCollector {
+	return &byDefinitionCollector{pool: pool, query: countPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
 		"Running sagas held by a pause, their own or their definition's: no attempt of theirs starts until they are resumed.", []string{"definition"}, nil)}
-}
-
-func (p *pausedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.held }
-
-func (p *pausedCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	rows, err := p.pool.Query(ctx, countPaused)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(p.held, err)
-		return
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var def string
-		var n int64
-		if err := rows.Scan(&def, &n); err != nil {
-			ch <- prometheus.NewInvalidMetric(p.held, err)
-			return
-		}
-		ch <- prometheus.MustNewConstMetric(p.held, prometheus.GaugeValue, float64(n), def)
-	}
-	if err := rows.Err(); err != nil {
-		ch <- prometheus.NewInvalidMetric(p.held, err)
-	}
 }
