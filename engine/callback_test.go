@@ -41,8 +41,11 @@ func (ch *channel) definition(t *testing.T, wait time.Duration) *saga.Definition
 	d, err := saga.New("pay", saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop, Retry: fastPolicy},
 		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.CallbackStep, Wait: wait, Retry: fastPolicy, CompensateRetry: fastPolicy,
 			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-				if ch.before != nil {
-					ch.before(sc.CallbackToken())
+				ch.mu.Lock()
+				before := ch.before
+				ch.mu.Unlock()
+				if before != nil {
+					before(sc.CallbackToken())
 				}
 				ch.mu.Lock()
 				ch.requests[sc.Key]++
@@ -66,6 +69,22 @@ func (ch *channel) definition(t *testing.T, wait time.Duration) *saga.Definition
 			}})
 	require.NoError(t, err)
 	return d
+}
+
+// callBackFirst makes the channel call back once, with eventID and
+// result, from inside the first request, before the step could record
+// that the request was accepted (the callback races the answer).
+func (ch *channel) callBackFirst(env *sagatest.Env, eventID, result string) {
+	var first atomic.Bool
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.before = func(token string) {
+		if first.CompareAndSwap(false, true) {
+			if _, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: eventID, Result: json.RawMessage(result)}); err != nil {
+				panic(err)
+			}
+		}
+	}
 }
 
 func (ch *channel) token(t *testing.T) string {
@@ -302,17 +321,9 @@ func TestCompleteRefusals(t *testing.T) {
 func TestCallbackSurvivesALostRequestOutcome(t *testing.T) {
 	t.Parallel()
 	ch := newChannel()
-	var env *sagatest.Env
-	var first atomic.Bool
-	ch.before = func(token string) {
-		if first.CompareAndSwap(false, true) {
-			if _, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: "txn-7", Result: json.RawMessage(`{"Txn":"txn-7"}`)}); err != nil {
-				panic(err)
-			}
-		}
-	}
 	def := ch.definition(t, 0)
-	env = sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ch.callBackFirst(env, "txn-7", `{"Txn":"txn-7"}`)
 	// The request reaches the channel, which calls back, and then the
 	// worker loses the request's answer: the lease runs out and the
 	// request is sent again under the same key; the kept callback
@@ -371,17 +382,9 @@ func TestReconcileChecksCallbacks(t *testing.T) {
 func TestKeptCallbackCompletesAStepWhoseAnswersWereAllLost(t *testing.T) {
 	t.Parallel()
 	ch := newChannel()
-	var env *sagatest.Env
-	var first atomic.Bool
-	ch.before = func(token string) {
-		if first.CompareAndSwap(false, true) {
-			if _, err := env.Client.Complete(context.Background(), engine.Callback{Token: token, EventID: "txn-kept", Result: json.RawMessage(`{"Txn":"txn-kept"}`)}); err != nil {
-				panic(err)
-			}
-		}
-	}
 	def := ch.definition(t, 0)
-	env = sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ch.callBackFirst(env, "txn-kept", `{"Txn":"txn-kept"}`)
 	// Every answer to the request is lost: the attempts run out, and the
 	// step would be given up as possibly done and refunded; the callback
 	// the channel sent says it took effect, and completes it.
