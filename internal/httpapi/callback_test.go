@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/internal/httpapi"
-	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -30,21 +29,7 @@ func pledgeEnv(t *testing.T) (*env, chan string) {
 				return nil, nil
 			}},
 		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy})
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	stream := testenv.Name("HTTPCB")
-	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
-		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger()}
-	e, err := engine.New(cfg)
-	require.NoError(t, err)
-	require.NoError(t, engine.Deploy(context.Background(), cfg))
-	require.NoError(t, e.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(ctx))
-	})
-	return serve(t, pool, e.Client()), tokens
+	return engineEnvWith(t, def), tokens
 }
 
 func completed(t testing.TB, r response) httpapi.Completed {

@@ -112,10 +112,16 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 // newEngineEnv serves the API of a running engine: sagas run to their end.
 func newEngineEnv(t *testing.T) *env {
 	t.Helper()
+	return engineEnvWith(t, payout)
+}
+
+// engineEnvWith serves the API of a running engine of defs.
+func engineEnvWith(t *testing.T, defs ...*saga.Definition) *env {
+	t.Helper()
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	stream := testenv.Name("HTTPAPI")
-	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{payout}, Stream: stream, SubjectPrefix: "t." + stream,
+	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
 		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger()}
 	e, err := engine.New(cfg)
 	require.NoError(t, err)
