@@ -52,7 +52,12 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
   values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14)
   on conflict (definition, idem_key) do nothing
   returning id
-), st as (
+)` + startSagaRest
+
+	// startSagaRest is what startSaga and startSagaWithToken do once their
+	// saga (s) is inserted: its first step and command, and the saga
+	// already under the key when none was.
+	startSagaRest = `, st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id

@@ -84,20 +84,7 @@ returning expires_at`
   select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int from t
   on conflict (definition, idem_key) do nothing
   returning id
-), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
-  returning saga_id
-), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond' from st
-  returning id
-)
-select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
-from (select 1) one left join lateral (
-  select id, input_hash, state from idemsaga.sagas
-  where definition = $2 and idem_key = $3 and not exists (select 1 from s)
-) e on true`
+)` + startSagaRest
 
 	// selectSubmitToken reads why a token did not start a saga.
 	selectSubmitToken = `select definition, expires_at, consumed_at is not null, expires_at <= idemsaga.now()
