@@ -66,10 +66,10 @@ func TestHandler(t *testing.T) {
 		require.Equal(t, "DENY", res.Header.Get("X-Frame-Options"), path)
 		require.NotEmpty(t, body, path)
 	}
-	res, body := get(t, srv, http.MethodGet, "/ui/")
+	_, body := get(t, srv, http.MethodGet, "/ui/")
 	require.Contains(t, body, `<script src="console.js"`)
 
-	res, _ = get(t, srv, http.MethodGet, "/ui")
+	res, _ := get(t, srv, http.MethodGet, "/ui")
 	require.Equal(t, http.StatusTemporaryRedirect, res.StatusCode)
 	require.Equal(t, "/ui/", res.Header.Get("Location"))
 
