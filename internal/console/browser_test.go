@@ -99,13 +99,17 @@ func consoleSaga(refundDown *atomic.Bool) *saga.Definition {
 }
 
 // consoleEnv is a running engine with the API and the console on one
-// loopback server, as `worker run` mounts them, with a token required.
+// loopback server, as `worker run` mounts them.
 type consoleEnv struct {
 	srv    *httptest.Server
 	client *engine.Client
+	// token is the API token required, "" for none.
+	token string
 }
 
-func newConsoleEnv(t *testing.T, def *saga.Definition) *consoleEnv {
+// newConsoleEnv serves def's engine; token, unless "", is the one API
+// token the server takes.
+func newConsoleEnv(t *testing.T, def *saga.Definition, token string) *consoleEnv {
 	t.Helper()
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
@@ -123,8 +127,11 @@ func newConsoleEnv(t *testing.T, def *saga.Definition) *consoleEnv {
 		defer cancel()
 		require.NoError(t, e.Stop(ctx))
 	})
-	tokens, err := httpapi.ParseTokens(apiToken)
-	require.NoError(t, err)
+	var tokens *httpapi.Tokens
+	if token != "" {
+		tokens, err = httpapi.ParseTokens(token)
+		require.NoError(t, err)
+	}
 	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -132,7 +139,7 @@ func newConsoleEnv(t *testing.T, def *saga.Definition) *consoleEnv {
 	mux.Handle(console.Prefix, console.Handler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &consoleEnv{srv: srv, client: e.Client()}
+	return &consoleEnv{srv: srv, client: e.Client(), token: token}
 }
 
 // send makes one API request, with the token when withToken.
@@ -144,8 +151,8 @@ func (c *consoleEnv) send(t *testing.T, method, path, key, body string, withToke
 	}
 	req, err := http.NewRequest(method, c.srv.URL+path, rd)
 	require.NoError(t, err)
-	if withToken {
-		req.Header.Set("Authorization", "Bearer "+apiToken)
+	if withToken && c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
@@ -317,7 +324,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	var refundDown atomic.Bool
 	refundDown.Store(true)
-	env := newConsoleEnv(t, consoleSaga(&refundDown))
+	env := newConsoleEnv(t, consoleSaga(&refundDown), apiToken)
 	shots := screenshotDir(t)
 
 	var done []string
@@ -444,4 +451,47 @@ func exceptionText(d *runtime.ExceptionDetails) string {
 		return d.Exception.Description
 	}
 	return ""
+}
+
+// TestConsoleSkipWithoutTokens: a server without API tokens needs no
+// sign-in; the Skip form names the failed compensation, refuses a result
+// that is not JSON before sending anything, shows the API's refusal of a
+// result with a member twice (sent as typed, not as the browser parsed
+// it), and a skip with a valid result ends the saga compensated.
+func TestConsoleSkipWithoutTokens(t *testing.T) {
+	t.Parallel()
+	var refundDown atomic.Bool
+	refundDown.Store(true)
+	env := newConsoleEnv(t, consoleSaga(&refundDown), "")
+	failed := env.start(t, "order-9001", 4000)
+	env.waitState(t, failed, saga.StateFailed)
+
+	b := newBrowser(t)
+	b.do(t, "open the console", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+failed))
+	b.waitJS(t, "the failed saga, no sign-in", `document.querySelector('#saga-state[data-state="failed"]') !== null && document.querySelector('#token') === null`)
+	require.Equal(t, "no token needed", b.text(t, "#session-state"))
+
+	b.do(t, "open the skip form", chromedp.Click(chromedp.CSS("#repair-skip")), chromedp.WaitVisible(chromedp.CSS("#repair-step")))
+	step, err := chromedp.Run(b.ctx, chromedp.Value(chromedp.CSS("#repair-step")))
+	require.NoError(t, err)
+	require.Equal(t, "reserve", step, "the step whose compensation failed")
+
+	b.do(t, "a result that is not JSON", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":`),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-error")))
+	require.Contains(t, b.text(t, "#repair-error"), "Nothing was sent")
+
+	b.do(t, "a result with a member twice", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":"R-1","refund":"R-2"}`),
+		chromedp.Click(chromedp.CSS("#repair-send")))
+	b.waitJS(t, "the API's refusal", `((document.querySelector('#repair-error') || {}).textContent || '').startsWith('400 ')`)
+	require.Contains(t, b.text(t, "#repair-error"), `duplicate object member name "refund"`)
+
+	b.do(t, "skip with a result", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":"R-1"}`),
+		chromedp.SendKeys(chromedp.CSS("#repair-reason"), "refunded by hand"),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-ok")))
+	b.waitJS(t, "the saga compensated", `document.querySelector('#saga-state[data-state="compensated"]') !== null &&
+		document.querySelector('#repairs tr[data-operation="skip"]') !== null`)
+	require.Contains(t, b.text(t, "#repairs"), "reserve (compensate)")
+	require.Contains(t, b.text(t, "#repairs"), "refunded by hand")
+	env.waitState(t, failed, saga.StateCompensated)
+	b.noPageErrors(t)
 }

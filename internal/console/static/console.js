@@ -104,6 +104,15 @@ function prettyJSON(raw) {
   try { return JSON.stringify(raw, null, 2); } catch { return String(raw); }
 }
 
+// stuckStep is the step a skip would name: the failed compensation of a
+// failed saga, the failed forward step of a parked one, else the step in
+// flight.
+function stuckStep(s) {
+  const phase = s.state === 'failed' ? 'compensate' : s.state === 'parked' ? 'forward' : '';
+  if (phase) return s.steps.filter(st => st.phase === phase && st.status === 'failed').pop();
+  return s.steps.find(st => ['retrying', 'dispatched', 'waiting'].includes(st.status));
+}
+
 function compactJSON(raw) {
   try { return JSON.stringify(raw); } catch { return String(raw); }
 }
@@ -278,8 +287,10 @@ function stopView() {
   viewTimers = [];
 }
 
+// every runs fn each ms while the tab is visible: a hidden console costs
+// the database nothing.
 function every(ms, fn) {
-  viewTimers.push(setInterval(fn, ms));
+  viewTimers.push(setInterval(() => { if (!document.hidden) fn(); }, ms));
 }
 
 function setNav(view) {
@@ -608,10 +619,11 @@ function repairPanel(id, reload) {
     if (r.op === 'skip') {
       const names = [];
       for (const st of (saga ? saga.steps : [])) if (!names.includes(st.step)) names.push(st.step);
-      const failed = saga && saga.steps.find(st => st.status === 'failed' || st.status === 'retrying' || st.status === 'dispatched' || st.status === 'waiting');
-      step = h('select', {id: 'repair-step', onchange: edited}, names.map(n => h('option', {value: n, selected: failed && failed.step === n}, n)));
-      res = h('textarea', {id: 'repair-result-json', rows: 3, cols: 50, spellcheck: 'false', oninput: edited}, '{}');
-      fields.unshift(h('label', null, 'Step ', step), h('label', {class: 'block'}, 'Result (JSON the step would have answered) ', res));
+      const at = saga && stuckStep(saga);
+      step = h('select', {id: 'repair-step', onchange: edited}, names.map(n => h('option', {value: n, selected: at && at.step === n}, n)));
+      res = h('textarea', {id: 'repair-result-json', rows: 3, cols: 50, spellcheck: 'false', oninput: edited}, 'null');
+      fields.unshift(h('label', null, 'Step ', step),
+        h('label', {class: 'block'}, 'Result: the JSON the step answered at the other system, which later steps read (null for none; a compensation\'s is ignored) ', res));
     }
     form.replaceChildren(
       h('p', {class: 'muted'}, r.help),
@@ -622,23 +634,27 @@ function repairPanel(id, reload) {
         h('span', {class: 'muted small'}, 'Idempotency-Key ', keyLine)));
     form.onsubmit = async ev => {
       ev.preventDefault();
-      const body = {};
-      if (reason.value.trim()) body.reason = reason.value.trim();
+      // The body is written by hand so that the result goes as typed:
+      // the API, not the browser's lenient parser, judges it.
+      const members = [];
       if (r.op === 'skip') {
-        body.step = step.value;
+        const text = res.value.trim() || 'null';
         try {
-          body.result = JSON.parse(res.value);
+          JSON.parse(text);
         } catch (e) {
-          result.replaceChildren(h('div', {class: 'error', role: 'alert'}, 'The result is not JSON (' + e.message + '); write the JSON the step would have answered, {} for none.'));
+          result.replaceChildren(h('div', {class: 'error', role: 'alert', id: 'repair-error'},
+            'The result is not JSON (' + e.message + '); write the JSON the step answered, or null for none. Nothing was sent.'));
           return;
         }
+        members.push('"step":' + JSON.stringify(step.value), '"result":' + text);
       }
+      if (reason.value.trim()) members.push('"reason":' + JSON.stringify(reason.value.trim()));
       const send = form.querySelector('#repair-send');
       send.disabled = true;
       result.replaceChildren(h('p', {class: 'muted'}, 'Sending ' + r.op + '…'));
       try {
         const {data, replayed} = await api('POST', 'v1/sagas/' + encodeURIComponent(id) + '/' + r.op,
-          {key: current.key, body: Object.keys(body).length ? body : undefined});
+          {key: current.key, body: members.length ? '{' + members.join(',') + '}' : undefined});
         result.replaceChildren(h('div', {class: 'success', id: 'repair-ok', role: 'status'},
           data.operation + (replayed ? ' was already done with this key (replayed)' : ' done') + ': the saga is now ' + data.state + ' · ' + fmtTime(data.at)));
         form.hidden = true;
