@@ -369,6 +369,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.waitJS(t, "the token kept for this tab", fmt.Sprintf(`sessionStorage.getItem('idemsaga.console.token') === %q`, apiToken))
 	b.screenshot(t, shots, "1-sagas-list")
 
+	// A reload keeps the tab signed in.
+	b.do(t, "reload", chromedp.Reload())
+	b.waitJS(t, "the list again, without signing in", `document.querySelector('#counts .chip[data-state="failed"][data-count="1"]') !== null && document.querySelector('#token') === null`)
+
 	// The state filter narrows the list to the failed saga.
 	b.do(t, "filter failed", chromedp.Click(chromedp.CSS(`#counts .chip[data-state="failed"]`)))
 	b.waitJS(t, "only the failed saga", `location.hash === '#/sagas?state=failed' && document.querySelectorAll('#saga-rows tr[data-id]').length === 1`)
@@ -484,6 +488,7 @@ func TestConsoleSkipWithoutTokens(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#repair-send")))
 	b.waitJS(t, "the API's refusal", `((document.querySelector('#repair-error') || {}).textContent || '').startsWith('400 ')`)
 	require.Contains(t, b.text(t, "#repair-error"), `duplicate object member name "refund"`)
+	b.screenshot(t, screenshotDir(t), "5-skip-refused-by-the-api")
 
 	b.do(t, "skip with a result", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":"R-1"}`),
 		chromedp.SendKeys(chromedp.CSS("#repair-reason"), "refunded by hand"),

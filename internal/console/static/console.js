@@ -8,7 +8,7 @@ const TOKEN_KEY = 'idemsaga.console.token';
 // The API lives beside /ui/ on the same origin, under whatever prefix a
 // proxy put in front of both.
 const BASE = location.pathname.replace(/ui\/[^/]*$/, '');
-const LIST_REFRESH_MS = 3000;
+const LIST_REFRESH_MS = 5000;
 const SAGA_REFRESH_MS = 1000;
 const STATS_POLL_MS = 1000;
 const RATE_WINDOW_MS = 5000;
@@ -16,7 +16,6 @@ const STATS_KEEP = 120;
 const OUTCOMES = ['completed', 'compensated', 'failed', 'parked'];
 const LAYERS = ['start', 'broker', 'recent', 'inbox', 'orchestrator', 'callback'];
 const NEEDS_PERSON = new Set(['failed', 'parked']);
-const BUILTIN = new Set(['init', 'compensating', 'compensated', 'failed', 'parked', 'closed']);
 
 const session = {
   token: sessionStorage.getItem(TOKEN_KEY) || '',
