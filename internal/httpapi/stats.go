@@ -66,10 +66,11 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "read the engine's metrics", "retry later", err)
 		return
 	}
-	// A failed collector (the broker out of reach, say) leaves its
-	// figures null; the others are still worth answering.
+	// A failed collector (the database out of reach, say) leaves its
+	// figures null, which the answer shows; the others are still worth
+	// answering. /readyz and /metrics report the failure itself.
 	if err != nil {
-		a.cfg.Logger.WarnContext(r.Context(), "http api: some metrics could not be read for /v1/stats", "error", err)
+		a.cfg.Logger.DebugContext(r.Context(), "http api: some metrics could not be read for /v1/stats", "error", err)
 	}
 	a.encode(w, r, http.StatusOK, statsOf(families, time.Now().UTC()))
 }

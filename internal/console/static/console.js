@@ -286,10 +286,16 @@ function stopView() {
   viewTimers = [];
 }
 
-// every runs fn each ms while the tab is visible: a hidden console costs
-// the database nothing.
+// every runs the async fn each ms while the tab is visible (a hidden
+// console costs the server nothing), never two at once: a slow answer
+// delays the next poll rather than piling requests up.
 function every(ms, fn) {
-  viewTimers.push(setInterval(() => { if (!document.hidden) fn(); }, ms));
+  let busy = false;
+  viewTimers.push(setInterval(async () => {
+    if (busy || document.hidden) return;
+    busy = true;
+    try { await fn(); } finally { busy = false; }
+  }, ms));
 }
 
 function setNav(view) {
