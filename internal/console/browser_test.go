@@ -352,6 +352,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.do(t, "open the console", chromedp.Navigate(env.srv.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")))
 	page := b.text(t, "body")
 	require.NotContains(t, page, "order-", "before signing in the page shows no saga")
+	b.screenshot(t, shots, "0-sign-in")
 
 	// A wrong token is refused with the API's words.
 	b.do(t, "sign in with a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "not-the-right-token-at-all"),

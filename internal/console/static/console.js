@@ -203,7 +203,8 @@ async function api(method, path, opts) {
     const err = new APIError(res.status, problem, res.headers.get('Retry-After'));
     if (res.status === 401 && !opts.signingIn) {
       session.authRequired = true;
-      signIn(err);
+      // A first visit just asks; a token that stopped working says so.
+      signIn(session.token ? err : null);
     }
     throw err;
   }
