@@ -503,7 +503,9 @@ function sagaHead(s) {
       ['Finished', s.finished_at ? fmtTime(s.finished_at) + ' · took ' + fmtDuration(new Date(s.finished_at) - new Date(s.created_at)) : 'not yet'],
       s.deadline_at ? ['Deadline', fmtTime(s.deadline_at)] : null,
       s.paused ? ['Paused', h('span', {class: 'badge warn'}, s.paused.definition ? 'with its definition ' + s.paused.definition : 'itself'), ' since ' + fmtTime(s.paused.since)] : null),
-    s.error ? h('div', {class: 'saga-error'}, h('h3', null, 'Error recorded with the saga'), h('pre', {class: 'error', id: 'saga-error-text'}, s.error)) : null,
+    // Red while a person is needed; afterwards the error stays as history.
+    s.error ? h('div', {class: 'saga-error'}, h('h3', null, 'Error recorded with the saga'),
+      h('pre', {class: NEEDS_PERSON.has(s.state) ? 'error' : 'note', id: 'saga-error-text'}, s.error)) : null,
   ];
 }
 
@@ -563,11 +565,20 @@ function sagaBody(s) {
 function timeline(s) {
   const events = [];
   for (const a of s.attempts) events.push({at: a.dispatched_at, kind: 'attempt', a});
-  for (const r of s.repairs) events.push({at: r.at, kind: 'repair', r});
+  // The attempt a repair sends is written in the repair's transaction,
+  // moments before the repair's own record: the repair goes first.
+  for (const r of s.repairs) {
+    let at = new Date(r.at).getTime();
+    for (const a of s.attempts) {
+      const d = new Date(a.dispatched_at).getTime();
+      if (d <= at && at - d < 250) at = d;
+    }
+    events.push({at: new Date(at).toISOString(), kind: 'repair', r});
+  }
   for (const c of s.callbacks) events.push({at: c.received_at, kind: 'callback', c});
   events.push({at: s.created_at, kind: 'created'});
   if (s.finished_at) events.push({at: s.finished_at, kind: 'finished'});
-  const order = {created: 0, attempt: 1, callback: 2, repair: 3, finished: 4};
+  const order = {created: 0, repair: 1, attempt: 2, callback: 3, finished: 4};
   events.sort((x, y) => (new Date(x.at) - new Date(y.at)) || (order[x.kind] - order[y.kind]));
   const t0 = new Date(s.created_at).getTime();
   const rel = at => '+' + fmtDuration(Math.max(0, new Date(at).getTime() - t0));
@@ -580,7 +591,7 @@ function timeline(s) {
         return h('li', {class: 'ev ' + i.cls}, h('span', {class: 'when'}, rel(ev.at)), h('span', {class: 'what'}, 'saga ', h('b', null, i.label), ' (state ' + s.state + ')'));
       }
       case 'repair':
-        return h('li', {class: 'ev repair'}, h('span', {class: 'when'}, rel(ev.at)),
+        return h('li', {class: 'ev repair'}, h('span', {class: 'when'}, rel(ev.r.at)),
           h('span', {class: 'what'}, 'repair ', h('b', null, ev.r.operation), ev.r.step ? ' of ' + ev.r.step : '', ' by ' + (ev.r.by || '?'),
             ev.r.reason ? ' — ' + ev.r.reason : '', ' → ' + ev.r.state_after));
       case 'callback':
