@@ -56,7 +56,7 @@ func TestHandler(t *testing.T) {
 	t.Cleanup(srv.Close)
 	srv.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-	for path, typ := range map[string]string{"/ui/": "text/html", "/ui/console.js": "text/javascript", "/ui/console.css": "text/css"} {
+	for path, typ := range map[string]string{"/ui/": "text/html", "/ui/main.js": "text/javascript", "/ui/saga.js": "text/javascript", "/ui/console.css": "text/css"} {
 		res, body := get(t, srv, http.MethodGet, path)
 		require.Equal(t, http.StatusOK, res.StatusCode, path)
 		require.Contains(t, res.Header.Get("Content-Type"), typ, path)
@@ -67,7 +67,7 @@ func TestHandler(t *testing.T) {
 		require.NotEmpty(t, body, path)
 	}
 	_, body := get(t, srv, http.MethodGet, "/ui/")
-	require.Contains(t, body, `<script src="console.js"`)
+	require.Contains(t, body, `<script type="module" src="main.js">`)
 
 	res, _ := get(t, srv, http.MethodGet, "/ui")
 	require.Equal(t, http.StatusTemporaryRedirect, res.StatusCode)
@@ -80,7 +80,7 @@ func TestHandler(t *testing.T) {
 	require.Equal(t, http.StatusMethodNotAllowed, res.StatusCode)
 	require.Equal(t, "GET, HEAD", res.Header.Get("Allow"))
 
-	res, body = get(t, srv, http.MethodHead, "/ui/console.js")
+	res, body = get(t, srv, http.MethodHead, "/ui/main.js")
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Empty(t, body)
 }
