@@ -9,9 +9,12 @@ WORKER_PKG := ./cmd/worker
 # 127.0.0.1:5432 (user postgres, trust auth) or DATABASE_URL;
 # scripts/ensure-postgres.sh sets that up when it is missing (its trust rule
 # lets every local user in as postgres: not for shared or production machines).
+# The console's browser test drives Debian's headless Chromium
+# (/usr/bin/chromium); scripts/ensure-chromium.sh installs it when missing.
 test:
 	GO="$(GO)" ./scripts/ensure-cc.sh
 	./scripts/ensure-postgres.sh
+	./scripts/ensure-chromium.sh
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 lint:

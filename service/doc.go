@@ -14,7 +14,9 @@
 //
 //	run        the engine (outbox relay, step workers, orchestrator, lease
 //	           reaper, cleaner) and, on --http-addr, the HTTP API under /v1,
-//	           /metrics, /healthz and /readyz; SIGINT or SIGTERM drains it
+//	           the web console under /ui/ (its data from /v1, behind the
+//	           same tokens), /metrics, /healthz and /readyz; SIGINT or
+//	           SIGTERM drains it
 //	migrate    the engine's tables and the service's (Config.Migrations);
 //	           records the deployment's shared settings and definitions
 //	start      start a saga from JSON input, with its idempotency key

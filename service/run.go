@@ -17,11 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/console"
 	"github.com/idemsaga/idemsaga/internal/httpapi"
 )
 
 type runCmd struct {
-	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/v1), /metrics, /healthz and /readyz; port 0 picks a free port (logged). Empty serves no HTTP."`
+	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/v1), the web console (/ui/), /metrics, /healthz and /readyz; port 0 picks a free port (logged). Empty serves no HTTP."`
 	APITokensFile    string        `name:"api-tokens-file" env:"IDEMSAGA_API_TOKENS_FILE" type:"path" help:"File of bearer tokens, one per line: every /v1 request (and /metrics, unless --metrics-open) must carry one as Authorization: Bearer <token>."`
 	MetricsOpen      bool          `name:"metrics-open" env:"IDEMSAGA_METRICS_OPEN" help:"Serve /metrics without a token even when tokens are configured."`
 	InsecureNoAuth   bool          `name:"insecure-no-auth" help:"Listen on a non-loopback address without API tokens (anyone who reaches it can start and cancel sagas)."`
@@ -95,7 +96,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	var ops *opsServer
 	if r.HTTPAddr != "" {
-		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL})
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg})
 		if err != nil {
 			_ = e.Stop(context.Background())
 			return err
@@ -160,7 +161,7 @@ func readyKind(err error) string {
 	return "engine not ready"
 }
 
-// opsServer serves the API, /metrics, /healthz and /readyz.
+// opsServer serves the API, the console, /metrics, /healthz and /readyz.
 type opsServer struct {
 	srv  *http.Server
 	ln   net.Listener
@@ -183,6 +184,7 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
 	mux.Handle("GET /metrics", metrics)
+	mux.Handle(console.Prefix, console.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -211,7 +213,7 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 		}
 		s.done <- err
 	}()
-	log.Info("serving the API (/v1), /metrics, /healthz and /readyz", "addr", "http://"+ln.Addr().String())
+	log.Info("serving the API (/v1), the console (/ui/), /metrics, /healthz and /readyz", "addr", "http://"+ln.Addr().String())
 	return s, nil
 }
 

@@ -190,6 +190,17 @@ func TestWorkerCommands(t *testing.T) {
 		return strings.Contains(get(t, "http://"+httpAddr+"/v1/sagas/"+started.ID), `"state":"credited"`)
 	}, 30*time.Second, 50*time.Millisecond)
 
+	// The console on the same address, and the figures it polls: this
+	// worker's counters.
+	require.Contains(t, get(t, "http://"+httpAddr+"/ui/"), "<title>idemsaga console</title>")
+	require.Eventually(t, func() bool {
+		var stats struct {
+			Finished map[string]int `json:"sagas_finished"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(get(t, "http://"+httpAddr+"/v1/stats")), &stats))
+		return stats.Finished["completed"] == 2 && stats.Finished["compensated"] == 1
+	}, 30*time.Second, 50*time.Millisecond)
+
 	// SIGTERM drains and exits cleanly.
 	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
 	select {

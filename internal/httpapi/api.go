@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
 )
@@ -53,6 +54,10 @@ type Config struct {
 	// ask for, at most engine.MaxSubmitTokenTTL. Defaults to
 	// engine.MaxSubmitTokenTTL.
 	MaxSubmitTokenTTL time.Duration
+	// Gatherer holds the engine's metrics (the Registry its Registerer
+	// is), read by GET /v1/stats. Defaults to none: /v1/stats answers
+	// 501.
+	Gatherer prometheus.Gatherer
 }
 
 func (c *Config) validate() error {
@@ -121,6 +126,8 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("POST /v1/sagas/{id}/resume", a.resume)
 	a.mux.HandleFunc("POST /v1/definitions/{definition}/pause", a.pauseDefinition)
 	a.mux.HandleFunc("POST /v1/definitions/{definition}/resume", a.resumeDefinition)
+	a.mux.HandleFunc("GET /v1/definitions", a.definitions)
+	a.mux.HandleFunc("GET /v1/stats", a.stats)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)

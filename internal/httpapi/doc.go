@@ -17,6 +17,8 @@
 //	POST /v1/sagas/{id}/cancel        cancel it (Idempotency-Key required; body {"reason":…} optional)
 //	POST /v1/sagas/{id}/retry         retry a failed or parked saga (likewise)
 //	POST /v1/tokens                   issue a submit token; body {"definition":…,"ttl_seconds":…}
+//	GET  /v1/definitions              the recorded definitions: steps, final state, every state
+//	GET  /v1/stats                    this process's counters and backlog gauges (Stats)
 //
 // # The key
 //
@@ -91,6 +93,11 @@
 // and answers {"sagas":[…],"next_cursor":…,"counts":{state:n}};
 // next_cursor is null on a short page, and a cursor this API did not
 // answer with is a 400. Entries leave out input, results and steps.
+//
+// GET /v1/stats reads Config.Gatherer when asked (501 without one): the
+// counters are cumulative for this process and restart with it, so a
+// client computes rates from two answers and their "at"; a gauge that
+// could not be read (the broker out of reach) is null.
 //
 // Every error answer, including an unknown path (404) and a wrong method
 // (405, with Allow), is application/problem+json (RFC 9457) with type,

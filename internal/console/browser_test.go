@@ -1,0 +1,503 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/console"
+	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// chromiumDefault is where Debian's chromium package puts the browser.
+const chromiumDefault = "/usr/bin/chromium"
+
+// chromiumPath is the browser the test drives: IDEMSAGA_CHROMIUM, or
+// Debian's. A missing browser fails the test, saying how to install it.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("IDEMSAGA_CHROMIUM")
+	if path == "" {
+		path = chromiumDefault
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the console's browser test needs Chromium at %s (%v): run scripts/ensure-chromium.sh, which installs Debian's package "+
+			"(as root: apt-get install -y --no-install-recommends chromium), or point IDEMSAGA_CHROMIUM at a Chromium or Chrome binary", path, err)
+	}
+	return path
+}
+
+// screenshotDir is where the test saves its PNGs: IDEMSAGA_SCREENSHOTS
+// when set, else a directory removed after the test.
+func screenshotDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("IDEMSAGA_SCREENSHOTS")
+	if dir == "" {
+		return t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+const apiToken = "console-e2e-token-7f3a9c1d2b"
+
+// consoleSaga is a payout of two database steps: book refuses amounts
+// over 1000 for good, and reserve's compensation fails while refundDown
+// is set, so such a saga ends failed until someone fixes the refunds and
+// retries it.
+func consoleSaga(refundDown *atomic.Bool) *saga.Definition {
+	quick := saga.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, Timeout: 10 * time.Second}
+	write := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		var in struct {
+			Amount int64 `json:"amount"`
+		}
+		if err := sc.DecodeInput(&in); err != nil {
+			return nil, err
+		}
+		if sc.Step == "book" && in.Amount > 1000 {
+			return nil, saga.Permanent(fmt.Errorf("amount %d is over the account's limit of 1000", in.Amount))
+		}
+		if sc.Step == "reserve" && sc.Phase == saga.PhaseCompensate && refundDown.Load() {
+			return nil, errors.New("the refund ledger is locked for maintenance")
+		}
+		amount := in.Amount
+		if sc.Phase == saga.PhaseCompensate {
+			amount = -amount
+		}
+		if _, err := sc.Tx.Exec(ctx, `insert into console_test.ledger (saga_id, step, phase, amount) values ($1, $2, $3, $4)`,
+			sc.SagaID, sc.Step, string(sc.Phase), amount); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(fmt.Sprintf(`{"booked":%d}`, amount)), nil
+	}
+	return saga.MustNew("payout",
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: write, Compensate: write, Retry: quick, CompensateRetry: quick},
+		saga.Step{Name: "book", Reaches: "booked", Kind: saga.DatabaseStep, Forward: write, Compensate: write, Retry: quick, CompensateRetry: quick},
+	)
+}
+
+// consoleEnv is a running engine with the API and the console on one
+// loopback server, as `worker run` mounts them.
+type consoleEnv struct {
+	srv    *httptest.Server
+	client *engine.Client
+	// token is the API token required, "" for none.
+	token string
+}
+
+// newConsoleEnv serves def's engine; token, unless "", is the one API
+// token the server takes.
+func newConsoleEnv(t *testing.T, def *saga.Definition, token string) *consoleEnv {
+	t.Helper()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("CONSOLE")
+	reg := prometheus.NewRegistry()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
+		ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quiet, Registerer: reg}
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, engine.Deploy(context.Background(), cfg))
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, e.Stop(ctx))
+	})
+	var tokens *httpapi.Tokens
+	if token != "" {
+		tokens, err = httpapi.ParseTokens(token)
+		require.NoError(t, err)
+	}
+	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api)
+	mux.Handle(console.Prefix, console.Handler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &consoleEnv{srv: srv, client: e.Client(), token: token}
+}
+
+// send makes one API request, with the token when withToken.
+func (c *consoleEnv) send(t *testing.T, method, path, key, body string, withToken bool) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.srv.URL+path, rd)
+	require.NoError(t, err)
+	if withToken && c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := c.srv.Client().Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
+}
+
+// start starts a payout over HTTP and answers its ID.
+func (c *consoleEnv) start(t *testing.T, key string, amount int) string {
+	t.Helper()
+	status, body := c.send(t, http.MethodPost, "/v1/sagas/payout", key, fmt.Sprintf(`{"amount":%d}`, amount), true)
+	require.Contains(t, []int{http.StatusCreated, http.StatusOK}, status, "body: %s", body)
+	var s httpapi.Started
+	require.NoError(t, json.Unmarshal([]byte(body), &s))
+	return s.ID.String()
+}
+
+// waitState waits until saga id is in state.
+func (c *consoleEnv) waitState(t *testing.T, id string, state saga.State) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		status, body := c.send(t, http.MethodGet, "/v1/sagas/"+id, "", "", true)
+		require.Equal(t, http.StatusOK, status, "body: %s", body)
+		var sg httpapi.Saga
+		require.NoError(t, json.Unmarshal([]byte(body), &sg))
+		if sg.State == state {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "saga %s is %s after 15s, want %s", id, sg.State, state)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// browser starts a headless Chromium of its own, closed when the test
+// ends, and collects what the page writes to its console.
+type browser struct {
+	ctx  context.Context
+	mu   sync.Mutex
+	errs []string
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := chromiumPath(t)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox, // the tests may run as root
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		// On a machine without internet, Chromium's own fetches stall it.
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1360, 1000),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	// Cancelling the allocator waits for the browser to exit, before its
+	// user data directory is removed.
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	b := &browser{ctx: ctx}
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			b.errs = append(b.errs, "exception: "+ev.ExceptionDetails.Text+" "+exceptionText(ev.ExceptionDetails))
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError {
+				b.errs = append(b.errs, "console.error")
+			}
+		case *cdplog.EventEntryAdded:
+			// A refused request (the 401 before signing in, a refused
+			// repair) is the network's entry, and expected.
+			if ev.Entry.Level == cdplog.EntryLevelError && ev.Entry.Source != cdplog.EntrySourceNetwork {
+				b.errs = append(b.errs, string(ev.Entry.Source)+": "+ev.Entry.Text)
+			}
+		}
+	}), "start chromium at %s", path)
+	return b
+}
+
+// do runs actions within a deadline, failing the test with what failed.
+func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, chromedp.Do(ctx, actions...), what)
+}
+
+// text reads the text of the element sel.
+func (b *browser) text(t *testing.T, sel string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(t, err, "read %s", sel)
+	return s
+}
+
+// waitJS waits until the JavaScript expression is true.
+func (b *browser) waitJS(t *testing.T, what, expr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	_, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(50*time.Millisecond)))
+	if err != nil {
+		b.failed(t, fmt.Sprintf("waiting for %s (%s): %v", what, expr, err))
+	}
+}
+
+// failed fails the test with what the page shows, saving it as
+// failure.png beside the screenshots.
+func (b *browser) failed(t *testing.T, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+	if png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil {
+		path := filepath.Join(screenshotDir(t), "failure.png")
+		if os.WriteFile(path, png, 0o644) == nil {
+			msg += "\nthe page is saved as " + path
+		}
+	}
+	b.mu.Lock()
+	errs := strings.Join(b.errs, "\n")
+	b.mu.Unlock()
+	t.Fatalf("%s\npage errors: %s\nthe page reads:\n%s", msg, errs, text)
+}
+
+// screenshot saves the page as dir/name.png.
+func (b *browser) screenshot(t *testing.T, dir, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err, "screenshot %s", name)
+	path := filepath.Join(dir, name+".png")
+	require.NoError(t, os.WriteFile(path, png, 0o644))
+	t.Logf("screenshot %s", path)
+}
+
+func (b *browser) noPageErrors(t *testing.T) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Empty(t, b.errs, "the page reported errors")
+}
+
+// TestConsoleInBrowser drives the console in headless Chromium against a
+// real engine: without the token it shows nothing but the sign-in form
+// and the API answers no data; signed in, the list counts the sagas by
+// state and shows the failed one; its page shows the failed compensation
+// in the timeline; its Retry button, once the fault is cleared, brings it
+// to compensated in the page; the live figures count what finished.
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	var refundDown atomic.Bool
+	refundDown.Store(true)
+	env := newConsoleEnv(t, consoleSaga(&refundDown), apiToken)
+	shots := screenshotDir(t)
+
+	var done []string
+	for i := range 5 {
+		done = append(done, env.start(t, fmt.Sprintf("order-%d", 1001+i), 100*(i+1)))
+	}
+	env.start(t, "order-1001", 100) // a client's retry: absorbed as a duplicate
+	failed := env.start(t, "order-2001", 5000)
+	for _, id := range done {
+		env.waitState(t, id, "booked")
+	}
+	env.waitState(t, failed, saga.StateFailed)
+
+	// No data without the token, wherever one asks.
+	for _, path := range []string{"/v1/sagas", "/v1/sagas/" + failed, "/v1/stats", "/v1/definitions"} {
+		status, body := env.send(t, http.MethodGet, path, "", "", false)
+		require.Equal(t, http.StatusUnauthorized, status, "%s: %s", path, body)
+		require.NotContains(t, body, failed, path)
+		require.NotContains(t, body, "order-", path)
+	}
+	status, _ := env.send(t, http.MethodPost, "/v1/sagas/"+failed+"/retry", "no-token-retry", "", false)
+	require.Equal(t, http.StatusUnauthorized, status)
+
+	b := newBrowser(t)
+	b.do(t, "open the console", chromedp.Navigate(env.srv.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	page := b.text(t, "body")
+	require.NotContains(t, page, "order-", "before signing in the page shows no saga")
+	b.screenshot(t, shots, "0-sign-in")
+
+	// A wrong token is refused with the API's words.
+	b.do(t, "sign in with a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "not-the-right-token-at-all"),
+		chromedp.Click(chromedp.CSS("#login-btn")), chromedp.WaitVisible(chromedp.CSS("#login-error")))
+	require.Contains(t, b.text(t, "#login-error"), "not one of the server's API tokens")
+
+	b.do(t, "sign in", chromedp.SetValue(chromedp.CSS("#token"), apiToken),
+		chromedp.Click(chromedp.CSS("#login-btn")))
+	b.waitJS(t, "the counts by state", `document.querySelector('#counts .chip[data-state="booked"][data-count="5"]') !== null &&
+		document.querySelector('#counts .chip[data-state="failed"][data-count="1"]') !== null &&
+		document.querySelector('#counts .chip[data-state="all"][data-count="6"]') !== null`)
+	b.waitJS(t, "the failed saga in the list", fmt.Sprintf(`document.querySelector('#saga-rows tr[data-id=%q][data-state="failed"]') !== null`, failed))
+	require.Equal(t, 6, b.count(t, "#saga-rows tr[data-id]"))
+	require.Contains(t, b.text(t, "#attention"), "1 saga needs a person")
+	b.waitJS(t, "the token kept for this tab", fmt.Sprintf(`sessionStorage.getItem('idemsaga.console.token') === %q`, apiToken))
+	b.screenshot(t, shots, "1-sagas-list")
+
+	// A reload keeps the tab signed in.
+	b.do(t, "reload", chromedp.Reload())
+	b.waitJS(t, "the list again, without signing in", `document.querySelector('#counts .chip[data-state="failed"][data-count="1"]') !== null && document.querySelector('#token') === null`)
+
+	// The state filter narrows the list to the failed saga.
+	b.do(t, "filter failed", chromedp.Click(chromedp.CSS(`#counts .chip[data-state="failed"]`)))
+	b.waitJS(t, "only the failed saga", `location.hash === '#/sagas?state=failed' && document.querySelectorAll('#saga-rows tr[data-id]').length === 1`)
+
+	b.do(t, "open the failed saga", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#saga-rows tr[data-id=%q] a`, failed))))
+	b.waitJS(t, "the failed saga's page", `document.querySelector('#saga-state[data-state="failed"]') !== null`)
+	b.waitJS(t, "the failed compensations in the timeline",
+		`document.querySelectorAll('#timeline li[data-phase="compensate"][data-step="reserve"][data-outcome="retry"], #timeline li[data-phase="compensate"][data-step="reserve"][data-outcome="failed"]').length === 2`)
+	require.Contains(t, b.text(t, "#saga-error-text"), "refund ledger is locked")
+	require.Contains(t, b.text(t, "#timeline"), "amount 5000 is over the account's limit of 1000")
+	require.Contains(t, b.text(t, "#steps"), saga.StepKey(uuid.MustParse(failed), "reserve", saga.PhaseCompensate).String(), "the steps show their keys")
+	b.screenshot(t, shots, "2-saga-failed-before-retry")
+
+	// A refused repair shows the API's text: a failed saga is finished,
+	// so there is nothing to pause.
+	b.do(t, "ask to pause", chromedp.Click(chromedp.CSS("#repair-pause")), chromedp.WaitVisible(chromedp.CSS("#repair-send")),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-error")))
+	require.Contains(t, b.text(t, "#repair-error"), "409")
+
+	refundDown.Store(false)
+	b.do(t, "retry by its button", chromedp.Click(chromedp.CSS("#repair-retry")), chromedp.WaitVisible(chromedp.CSS("#repair-send")),
+		chromedp.SendKeys(chromedp.CSS("#repair-reason"), "refund ledger back"),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-ok")))
+	b.waitJS(t, "the saga compensated in the page", `document.querySelector('#saga-state[data-state="compensated"]') !== null &&
+		document.querySelector('#timeline li[data-phase="compensate"][data-step="reserve"][data-outcome="succeeded"]') !== null`)
+	require.Equal(t, "compensated", b.text(t, "#saga-state"))
+	require.Contains(t, b.text(t, "#repairs"), "refund ledger back")
+	require.Contains(t, b.text(t, "#repairs"), "console-retry-", "the repair carried the console's Idempotency-Key")
+	b.screenshot(t, shots, "3-saga-compensated-after-retry")
+	env.waitState(t, failed, saga.StateCompensated)
+
+	// Live figures: more sagas while the page polls, with duplicates.
+	b.do(t, "open the live figures", chromedp.Click(chromedp.CSS(`#nav a[data-view="live"]`)), chromedp.WaitVisible(chromedp.CSS("#live-finished")))
+	// Three batches, each once the page counted the one before, so that
+	// the plot has points to draw.
+	finished := 7
+	for batch := range 3 {
+		for i := range 10 {
+			n := 10*batch + i
+			key := fmt.Sprintf("order-%d", 3001+n)
+			env.start(t, key, 10+n)
+			if n%3 == 0 {
+				env.start(t, key, 10+n)
+			}
+		}
+		finished += 10
+		b.waitJS(t, fmt.Sprintf("%d sagas counted finished", finished), fmt.Sprintf(
+			`(document.querySelector('#live-finished .sub') || {}).textContent === '%d in all'`, finished))
+	}
+	b.waitJS(t, "37 sagas finished and a rate", `(() => {
+  const v = document.querySelector('#live-finished .value'), s = document.querySelector('#live-finished .sub');
+  return v && s && parseFloat(v.textContent) > 0 && s.textContent === '37 in all';
+})()`)
+	b.waitJS(t, "the start layer's duplicates", `(() => {
+  const r = document.querySelector('#live-layers tr[data-layer="start"]');
+  return r && r.children[2].textContent === '11' && r.children[1].textContent === '47';
+})()`)
+	require.NotEqual(t, "unknown", b.text(t, "#live-stream .value"), "the stream's backlog is read")
+	require.Equal(t, "0", b.text(t, "#live-takeovers .value"))
+	b.waitJS(t, "the plot of sagas finished per second", `document.querySelector('#live-spark path.spark-line') !== null`)
+	b.screenshot(t, shots, "4-live-figures")
+
+	// Signing out forgets the token and shows no data.
+	b.do(t, "sign out", chromedp.Click(chromedp.CSS("#sign-out")), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.waitJS(t, "the token forgotten", `sessionStorage.getItem('idemsaga.console.token') === null && !document.body.textContent.includes('order-')`)
+	b.noPageErrors(t)
+}
+
+func (b *browser) count(t *testing.T, sel string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
+	require.NoError(t, err)
+	return n
+}
+
+func exceptionText(d *runtime.ExceptionDetails) string {
+	if d.Exception != nil {
+		return d.Exception.Description
+	}
+	return ""
+}
+
+// TestConsoleSkipWithoutTokens: a server without API tokens needs no
+// sign-in; the Skip form names the failed compensation, refuses a result
+// that is not JSON before sending anything, shows the API's refusal of a
+// result with a member twice (sent as typed, not as the browser parsed
+// it), and a skip with a valid result ends the saga compensated.
+func TestConsoleSkipWithoutTokens(t *testing.T) {
+	t.Parallel()
+	var refundDown atomic.Bool
+	refundDown.Store(true)
+	env := newConsoleEnv(t, consoleSaga(&refundDown), "")
+	failed := env.start(t, "order-9001", 4000)
+	env.waitState(t, failed, saga.StateFailed)
+
+	b := newBrowser(t)
+	b.do(t, "open the console", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+failed))
+	b.waitJS(t, "the failed saga, no sign-in", `document.querySelector('#saga-state[data-state="failed"]') !== null && document.querySelector('#token') === null`)
+	require.Equal(t, "no token needed", b.text(t, "#session-state"))
+
+	b.do(t, "open the skip form", chromedp.Click(chromedp.CSS("#repair-skip")), chromedp.WaitVisible(chromedp.CSS("#repair-step")))
+	step, err := chromedp.Run(b.ctx, chromedp.Value(chromedp.CSS("#repair-step")))
+	require.NoError(t, err)
+	require.Equal(t, "reserve", step, "the step whose compensation failed")
+
+	b.do(t, "a result that is not JSON", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":`),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-error")))
+	require.Contains(t, b.text(t, "#repair-error"), "Nothing was sent")
+
+	b.do(t, "a result with a member twice", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":"R-1","refund":"R-2"}`),
+		chromedp.Click(chromedp.CSS("#repair-send")))
+	b.waitJS(t, "the API's refusal", `((document.querySelector('#repair-error') || {}).textContent || '').startsWith('400 ')`)
+	require.Contains(t, b.text(t, "#repair-error"), `duplicate object member name "refund"`)
+	b.screenshot(t, screenshotDir(t), "5-skip-refused-by-the-api")
+
+	b.do(t, "skip with a result", chromedp.SetValue(chromedp.CSS("#repair-result-json"), `{"refund":"R-1"}`),
+		chromedp.SendKeys(chromedp.CSS("#repair-reason"), "refunded by hand"),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-ok")))
+	b.waitJS(t, "the saga compensated", `document.querySelector('#saga-state[data-state="compensated"]') !== null &&
+		document.querySelector('#repairs tr[data-operation="skip"]') !== null`)
+	require.Contains(t, b.text(t, "#repairs"), "reserve (compensate)")
+	require.Contains(t, b.text(t, "#repairs"), "refunded by hand")
+	env.waitState(t, failed, saga.StateCompensated)
+	b.noPageErrors(t)
+}

@@ -1,0 +1,119 @@
+// The sagas list: filters, counts by state, one page of sagas.
+import {NEEDS_PERSON, api, errorBox, every, fmtAgo, fmtNum, fmtTime, h, session, show, stateBadge, view} from './common.js';
+
+const LIST_REFRESH_MS = 5000;
+
+function listHash(params) {
+  const q = new URLSearchParams();
+  for (const k of ['definition', 'state', 'cursor']) if (params.get(k)) q.set(k, params.get(k));
+  const s = q.toString();
+  return '#/sagas' + (s ? '?' + s : '');
+}
+
+function statesFor(definition) {
+  const seen = [];
+  for (const d of session.definitions) {
+    if (definition && d.name !== definition) continue;
+    for (const s of d.states) if (!seen.includes(s)) seen.push(s);
+  }
+  return seen;
+}
+
+// listView shows the sagas that match the hash's definition, state and
+// cursor, read again every few seconds while the first page is shown.
+export function listView(params) {
+  const seq = view.seq;
+  const definition = params.get('definition') || '';
+  const stateFilter = params.get('state') || '';
+  const cursor = params.get('cursor') || '';
+
+  const go = changes => {
+    const p = new URLSearchParams(params);
+    for (const [k, v] of Object.entries(changes)) { if (v) p.set(k, v); else p.delete(k); }
+    if (!('cursor' in changes)) p.delete('cursor');
+    location.hash = listHash(p);
+  };
+  const defSelect = h('select', {id: 'filter-definition', onchange: () => go({definition: defSelect.value, state: ''})},
+    h('option', {value: ''}, 'every definition'),
+    session.definitions.map(d => h('option', {value: d.name, selected: d.name === definition}, d.name + ' (v' + d.version + ')')));
+  const stateSelect = h('select', {id: 'filter-state', onchange: () => go({state: stateSelect.value})},
+    h('option', {value: ''}, 'every state'),
+    statesFor(definition).map(s => h('option', {value: s, selected: s === stateFilter}, s)));
+  const counts = h('div', {id: 'counts', class: 'counts'});
+  const table = h('tbody', {id: 'saga-rows'});
+  const status = h('div', {id: 'list-status', class: 'muted small'});
+  const errors = h('div', {id: 'list-error'});
+  const pager = h('div', {class: 'pager'});
+
+  show(
+    h('section', {class: 'card'},
+      h('div', {class: 'row'},
+        h('h1', null, 'Sagas'),
+        h('form', {class: 'filters', onsubmit: ev => ev.preventDefault()},
+          h('label', null, 'Definition ', defSelect),
+          h('label', null, 'State ', stateSelect),
+          (definition || stateFilter) ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: ''})}, 'clear filters') : null)),
+      counts),
+    errors,
+    h('section', {class: 'card'},
+      h('table', {class: 'grid', id: 'sagas'},
+        h('thead', null, h('tr', null, ['State', 'Definition', 'Key', 'Saga', 'Error', 'Created', 'Updated'].map(c => h('th', null, c)))),
+        table),
+      h('div', {class: 'row'}, status, pager)));
+
+  const load = async () => {
+    const q = new URLSearchParams({limit: '50'});
+    if (definition) q.set('definition', definition);
+    if (stateFilter) q.set('state', stateFilter);
+    if (cursor) q.set('cursor', cursor);
+    let data;
+    try {
+      ({data} = await api('GET', 'v1/sagas?' + q));
+    } catch (e) {
+      if (seq !== view.seq) return;
+      errors.replaceChildren(errorBox(e));
+      return;
+    }
+    if (seq !== view.seq) return;
+    errors.replaceChildren();
+    renderCounts(counts, data.counts || {}, stateFilter, go, definition);
+    table.replaceChildren(...data.sagas.map(sagaRow));
+    if (data.sagas.length === 0) {
+      table.append(h('tr', null, h('td', {colspan: 7, class: 'muted'}, (definition || stateFilter) ? 'No saga matches these filters.' : 'No sagas yet.')));
+    }
+    pager.replaceChildren(...[
+      cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter})), class: 'button'}, '⇤ newest') : null,
+      data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, cursor: data.next_cursor})), class: 'button', id: 'older'}, 'older →') : null].filter(Boolean));
+    status.textContent = data.sagas.length + ' shown' + (cursor ? '' : ', refreshed every ' + LIST_REFRESH_MS / 1000 + ' s') + ' · ' + new Date().toLocaleTimeString();
+  };
+  load();
+  // A later page does not move under the reader.
+  if (!cursor) every(LIST_REFRESH_MS, load);
+}
+
+function renderCounts(el, counts, active, go, definition) {
+  const states = statesFor(definition).filter(s => counts[s] !== undefined);
+  for (const s of Object.keys(counts)) if (!states.includes(s)) states.push(s);
+  let total = 0;
+  for (const s of states) total += counts[s];
+  const chip = (s, n, label) => h('button', {type: 'button', class: 'chip' + (s === active ? ' active' : '') + (NEEDS_PERSON.has(s) && n > 0 ? ' alarm' : ''),
+    dataset: {state: s || 'all', count: n}, onclick: () => go({state: s === active ? '' : s})},
+  h('span', {class: 'n'}, fmtNum(n)), ' ', label || s);
+  el.replaceChildren(chip('', total, 'all'), ...states.map(s => chip(s, counts[s])));
+  const attention = (counts.failed || 0) + (counts.parked || 0);
+  if (attention > 0) {
+    el.append(h('span', {class: 'attention', id: 'attention'}, attention + (attention === 1 ? ' saga needs' : ' sagas need') + ' a person'));
+  }
+}
+
+function sagaRow(s) {
+  const link = '#/saga/' + s.id;
+  return h('tr', {class: 'clickable', dataset: {id: s.id, state: s.state}, onclick: ev => { if (ev.target.tagName !== 'A') location.hash = link; }},
+    h('td', null, stateBadge(s)),
+    h('td', null, s.definition),
+    h('td', {class: 'mono'}, s.key),
+    h('td', {class: 'mono small'}, h('a', {href: link}, s.id)),
+    h('td', {class: 'err-cell', title: s.error || ''}, s.error ? h('div', {class: 'clamp'}, s.error) : ''),
+    h('td', {title: fmtTime(s.created_at)}, fmtAgo(s.created_at)),
+    h('td', {title: fmtTime(s.updated_at)}, fmtAgo(s.updated_at)));
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Makes sure the browser the console's end-to-end test drives
+# (internal/console, headless Chromium through chromedp) is installed:
+# Debian's `chromium` package at /usr/bin/chromium, or the binary that
+# IDEMSAGA_CHROMIUM names.
+#
+# - If that browser exists, it exits 0 at once and prints nothing.
+# - Otherwise, on a system with apt-get, as root or through sudo (sudo -n
+#   when there is no terminal, so CI never waits for a password), it installs
+#   Debian's package with `apt-get install -y --no-install-recommends
+#   chromium` (running apt-get update first when the package lists are
+#   missing, or when the install fails without it), and says so on stderr.
+# - Otherwise it prints the command to run and exits 1.
+# Browser downloads (Puppeteer's, Playwright's) are not used: the package
+# comes from the distribution's own mirror.
+set -euo pipefail
+
+say() { echo "ensure-chromium: $*" >&2; }
+die() { echo "ensure-chromium: $*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+if [ -n "${IDEMSAGA_CHROMIUM-}" ]; then
+	[ -x "$IDEMSAGA_CHROMIUM" ] && exit 0
+	die "IDEMSAGA_CHROMIUM is $IDEMSAGA_CHROMIUM, which is not an executable file; point it at a Chromium or Chrome binary, or unset it to use Debian's /usr/bin/chromium"
+fi
+CHROMIUM=/usr/bin/chromium
+[ -x "$CHROMIUM" ] && exit 0
+
+INSTALL="apt-get install -y --no-install-recommends chromium"
+if ! have apt-get; then
+	die "the console's browser test needs Chromium at $CHROMIUM, and this system has no apt-get; install Chromium or Chrome and set IDEMSAGA_CHROMIUM to its binary (on Debian: $INSTALL)"
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+	if ! have sudo; then
+		die "the console's browser test needs Chromium at $CHROMIUM, and installing it needs root (no sudo here); run as root: $INSTALL"
+	fi
+	if [ -t 0 ]; then
+		SUDO="sudo"
+	elif sudo -n true 2>/dev/null; then
+		SUDO="sudo -n"
+	else
+		die "the console's browser test needs Chromium at $CHROMIUM, and installing it needs root (sudo wants a password and there is no terminal); run as root: $INSTALL"
+	fi
+fi
+as_root() { $SUDO "$@"; }
+
+say "the console's browser test needs Chromium at $CHROMIUM; installing Debian's chromium package with apt-get"
+apt_install() {
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >&2
+}
+failed="apt-get could not install chromium; install it by hand (as root: apt-get update && $INSTALL), or set IDEMSAGA_CHROMIUM to a Chromium or Chrome binary"
+lists=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -print -quit 2>/dev/null || true)
+if [ -z "$lists" ]; then
+	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
+	apt_install || die "$failed"
+elif ! apt_install; then
+	say "apt-get install failed; running apt-get update and trying again"
+	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
+	apt_install || die "$failed"
+fi
+[ -x "$CHROMIUM" ] || die "apt-get installed chromium, but $CHROMIUM is still missing (on Ubuntu the package only installs a snap); install Debian's or Google's build and set IDEMSAGA_CHROMIUM to its binary"
+say "installed chromium with apt-get (--no-install-recommends); the console's browser test can run"
