@@ -174,7 +174,7 @@ values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond') retur
 			subject, msgID, payload, pguuid.Of(id), c.handOffArg()).Scan(&outboxID); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
-		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, nil))
 		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now()
 where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
 		if err != nil {
@@ -406,7 +406,7 @@ select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond' fr
 		}
 	}
 	if outboxID != nil {
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, nil))
 	}
 	var created time.Time
 	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
