@@ -466,3 +466,63 @@ func TestTracingDuplicateAndRedeliveredCommands(t *testing.T) {
 	require.GreaterOrEqual(t, perStep["reserve"], 2, "the copy of the first command has its own span in the saga's trace")
 	require.GreaterOrEqual(t, perStep["ship"], 2, "the redelivered command has its own span in the saga's trace")
 }
+
+func TestTracingRepairContinuesTheSagasTrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("TRACEREP")
+	var undoFails sync.Map
+	undoFails.Store("on", true)
+	policy := saga.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond, Jitter: -1, Timeout: 10 * time.Second}
+	def := saga.MustNew("traced-repair",
+		saga.Step{Kind: saga.DatabaseStep, Name: "reserve", Reaches: "reserved", Retry: policy, CompensateRetry: policy,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil },
+			Compensate: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				if _, on := undoFails.Load("on"); on {
+					return nil, saga.Permanent(errors.New("warehouse offline"))
+				}
+				return nil, nil
+			}},
+		saga.Step{Kind: saga.DatabaseStep, Name: "ship", Reaches: "shipped", Retry: policy,
+			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+				return nil, saga.Permanent(errors.New("no courier"))
+			}},
+	)
+	p := newProcess(t, "worker")
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, withTracer(p.tp))
+	res, err := e.Client().Start(ctx, def, "k", map[string]int{})
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sg, err := e.Client().Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateFailed, sg.State)
+
+	undoFails.Delete("on")
+	_, err = e.Client().Retry(ctx, res.ID, engine.Repair{Key: "r1", Reason: "warehouse back", By: "test"})
+	require.NoError(t, err)
+	sg, err = e.Client().Wait(wctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, sg.State)
+
+	all := waitSpans(t, func(all []spanOf) bool {
+		ok := 0
+		for _, s := range named(sagaSpans(all, res.ID), tracing.SpanCompensation) {
+			if s.attr(tracing.AttrOutcome) == "succeeded" {
+				ok++
+			}
+		}
+		return ok == 1 && len(named(sagaSpans(all, res.ID), tracing.SpanRepair)) == 1
+	}, p)
+	ss := sagaSpans(all, res.ID)
+	byID := requireOneTrace(t, ss)
+	repair := named(ss, tracing.SpanRepair)[0]
+	for _, s := range named(ss, tracing.SpanCompensation) {
+		if s.attr(tracing.AttrOutcome) == "succeeded" {
+			require.Equal(t, repair.SpanContext.SpanID(), s.Parent.SpanID(), "the retried compensation is the repair's child")
+		}
+	}
+	require.Equal(t, tracing.SpanStart, byID[repair.Parent.SpanID()].Name, "the repair continues from the saga's start")
+}

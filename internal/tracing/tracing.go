@@ -28,6 +28,7 @@ const (
 	SpanCompensation = "idemsaga.compensation"
 	SpanReply        = "idemsaga.reply"
 	SpanRedispatch   = "idemsaga.redispatch"
+	SpanRepair       = "idemsaga.repair"
 	SpanPublish      = "idemsaga.publish"
 )
 
@@ -157,6 +158,19 @@ func (t *Tracer) StartRedispatch(ctx context.Context, carrier map[string]string,
 	}
 	ctx = t.extract(ctx, carrier)
 	ctx, s := t.tracer.Start(ctx, SpanRedispatch, trace.WithAttributes(a.attributes()...))
+	return ctx, Span{s}
+}
+
+// StartRepair starts the span of an operator's repair of a saga, or of a
+// callback applied to it (what names it), a child of the saga's stored
+// trace context (carrier).
+func (t *Tracer) StartRepair(ctx context.Context, carrier map[string]string, sagaID uuid.UUID, definition, what string) (context.Context, Span) {
+	if t == nil {
+		return ctx, Span{}
+	}
+	ctx = t.extract(ctx, carrier)
+	ctx, s := t.tracer.Start(ctx, SpanRepair, trace.WithAttributes(AttrSagaID.String(sagaID.String()),
+		AttrDefinition.String(definition), AttrReason.String(what)))
 	return ctx, Span{s}
 }
 
