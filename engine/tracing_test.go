@@ -55,7 +55,7 @@ type spanOf struct {
 func (s spanOf) attr(k attribute.Key) string {
 	for _, kv := range s.Attributes {
 		if kv.Key == k {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
