@@ -110,7 +110,8 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	var ops *opsServer
 	if r.HTTPAddr != "" {
-		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL})
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL,
+			TraceRequests: tp != nil})
 		if err != nil {
 			_ = e.Stop(context.Background())
 			return err

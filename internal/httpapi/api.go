@@ -53,6 +53,11 @@ type Config struct {
 	// ask for, at most engine.MaxSubmitTokenTTL. Defaults to
 	// engine.MaxSubmitTokenTTL.
 	MaxSubmitTokenTTL time.Duration
+	// TraceRequests makes a start continue the trace named by its
+	// request's W3C traceparent header, when the client traces
+	// (engine.Config.TracerProvider). Defaults to off: the start's span,
+	// if any, begins a trace.
+	TraceRequests bool
 }
 
 func (c *Config) validate() error {

@@ -9,6 +9,7 @@ package tracing
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -226,6 +227,15 @@ const (
 	traceparent = "traceparent"
 	tracestate  = "tracestate"
 )
+
+// FromHTTP returns ctx with the remote span named by h's W3C traceparent
+// (and tracestate) header as its parent, ctx itself when h names none.
+func FromHTTP(ctx context.Context, h http.Header) context.Context {
+	if h.Get(traceparent) == "" {
+		return ctx
+	}
+	return propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(h))
+}
 
 // FromNATS returns the trace context headers of a NATS message, nil when
 // it carries none.
