@@ -25,7 +25,9 @@ func TestTracedWorkerContinuesTheCommandsTrace(t *testing.T) {
 	pool := effectsDB(t)
 	policy := saga.RetryPolicy{MaxAttempts: 3, Timeout: 10 * time.Second}
 	def := saga.MustNew("traced", saga.Step{Name: "write", Reaches: "written", Kind: saga.DatabaseStep, Retry: policy,
-		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, writeEffect(ctx, sc) }})
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			return nil, writeEffect(ctx, sc)
+		}})
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(ctx) })
