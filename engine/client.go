@@ -16,9 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -111,10 +113,39 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 	return res, err
 }
 
-// start runs the start statement on q. handOff is the command's
-// publish_after in milliseconds, nil for the relay to publish it; the row
-// is returned for a publish after commit.
+// start runs the start statement on q, in a span of its own when the
+// client traces. handOff is the command's publish_after in milliseconds,
+// nil for the relay to publish it; the row is returned for a publish after
+// commit.
 func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, key string, input any, handOff any) (StartResult, []outbox.Committed, error) {
+	tr := cl.c.tracer
+	if !tr.Enabled() {
+		return cl.startTraced(ctx, q, def, key, input, handOff, nil)
+	}
+	name, version := "", 0
+	if def != nil {
+		name, version = def.Name(), def.Version()
+	}
+	ctx, sp := tr.StartSaga(ctx, name, version)
+	res, sent, err := cl.startTraced(ctx, q, def, key, input, handOff, tr.Headers(ctx))
+	if res.ID != uuid.Nil {
+		sp.SetAttributes(tracing.AttrSagaID.String(res.ID.String()))
+	}
+	outcome := "started"
+	switch {
+	case err != nil:
+		outcome = "error"
+	case res.Duplicate:
+		outcome = "duplicate"
+	}
+	sp.SetAttributes(tracing.AttrDuplicate.Bool(res.Duplicate))
+	sp.End(outcome, err)
+	return res, sent, err
+}
+
+// startTraced is start; trace is the start span's context, recorded with
+// the saga and carried by its first command, nil when not traced.
+func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definition, key string, input any, handOff any, trace map[string]string) (StartResult, []outbox.Committed, error) {
 	if def == nil {
 		return StartResult{}, nil, errors.New("idemsaga: start saga: definition is nil")
 	}
@@ -173,7 +204,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
-		subject, msgID, payload, handOff, deadlineArg(def), registered.Version()).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		subject, msgID, payload, handOff, deadlineArg(def), registered.Version(), attempt.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -210,7 +241,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
 	var sent []outbox.Committed
 	if outboxID != nil {
-		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload}}
+		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}}
 	}
 	return StartResult{ID: id, State: saga.StateInit}, sent, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
@@ -39,6 +40,8 @@ type core struct {
 	maxInput   int
 	metrics    *metrics.Metrics
 	log        *slog.Logger
+	// tracer is Config.TracerProvider's; nil traces nothing.
+	tracer *tracing.Tracer
 	// notify wakes the local relay after a commit that wrote the outbox.
 	notify func()
 	// publish, if set, publishes the outbox rows this process committed,
@@ -417,6 +420,6 @@ func (c *core) giveUp(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, de
 	return nil
 }
 
-func outboxCommitted(id int64, subject, msgID string, payload []byte) outbox.Committed {
-	return outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload}
+func outboxCommitted(id int64, subject, msgID string, payload []byte, headers map[string]string) outbox.Committed {
+	return outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload, Headers: headers}
 }

@@ -14,12 +14,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/testhook"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -131,6 +133,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
 	Registerer prometheus.Registerer
+	// TracerProvider, if set, traces sagas with OpenTelemetry: spans for
+	// each start, step attempt, compensation attempt, reply applied,
+	// reaper take-over and relay publish, all of one saga in one trace,
+	// whose W3C context travels in the outbox rows, the NATS headers and
+	// the saga's row. Defaults to none: no spans and no trace headers.
+	TracerProvider trace.TracerProvider
 
 	// deadLetters bounds the deliveries of a command this engine's step
 	// workers cannot run before they park it; the tests shorten it.
@@ -240,7 +248,7 @@ func newCore(cfg *Config) (*core, error) {
 	return &core{
 		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
 		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
-		onFinished: cfg.OnFinishedFunc,
+		onFinished: cfg.OnFinishedFunc, tracer: tracing.New(cfg.TracerProvider),
 	}, nil
 }
 
@@ -333,7 +341,8 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 			m.Duplicates.WithLabelValues(metrics.LayerBroker).Add(float64(dups))
 			m.RelayBatchSeconds.Observe(took.Seconds())
 		},
-		RecoverFunc: func(ctx context.Context) error { _, err := e.stream(ctx); return err },
+		RecoverFunc:    func(ctx context.Context) error { _, err := e.stream(ctx); return err },
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, err
@@ -352,7 +361,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
-		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters,
+		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
 	}
 	e.steps, err = attempt.New(acfg)
 	if err != nil {

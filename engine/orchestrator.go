@@ -15,6 +15,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -70,13 +71,19 @@ func judge(st stepRow, r wire.Reply) Verdict {
 // ApplyReply records one reply in one transaction: the step's outcome, the
 // saga's move and the next command. It is idempotent: a duplicate or
 // stale reply changes nothing.
-func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (v Verdict, err error) {
+	if c.tracer.Enabled() {
+		var sp tracing.Span
+		ctx, sp = c.tracer.StartReply(ctx, r.Trace, tracing.Attempt{Saga: r.SagaID, Definition: r.Definition, Step: r.Step, Phase: string(r.Phase), Attempt: r.Attempt})
+		sp.SetAttributes(tracing.AttrReason.String(string(r.Outcome)))
+		defer func() { sp.End(string(v), err) }()
+	}
 	def, idx, err := c.stepAt(ctx, r.Definition, r.DefinitionVersion, r.Step)
 	if err != nil {
 		return "", err
 	}
 	fx := &effects{}
-	v, err := c.applyReply(ctx, def, idx, r, fx)
+	v, err = c.applyReply(ctx, def, idx, r, fx)
 	if err == nil && v == VerdictApplied {
 		// After the connection went back to the pool: OnFinishedFunc may
 		// use the pool itself.
@@ -93,6 +100,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	defer conn.Release()
 	tx := attempt.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
+	tx.SetTrace(c.tracer.Headers(ctx))
 
 	// First round trip: BEGIN, lock the saga (the order every writer
 	// takes: saga, then step), read the step. Last: the writes and COMMIT.
@@ -211,6 +219,9 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 		c.log.Error("orchestrator: dropping undecodable reply", "subject", msg.Subject(), "error", err)
 		_ = msg.Term()
 		return
+	}
+	if c.tracer.Enabled() {
+		r.Trace = tracing.FromNATS(msg.Headers())
 	}
 	v, err := c.ApplyReply(ctx, r)
 	if err != nil {

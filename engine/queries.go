@@ -46,10 +46,12 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
 	// and the caller reads it (selectSagaByKey). The look is gated on the
 	// insert having written nothing, so a new saga's start never reads
 	// the index. $13 is the definition's deadline in milliseconds, NULL
-	// for none; $14 the version of the definition the saga runs.
+	// for none; $14 the version of the definition the saga runs; $15 the
+	// start's trace context, for the saga and its first command's
+	// headers, NULL when the start is not traced.
 	startSaga = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version)
-  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14)
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
+  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14, $15::jsonb)
   on conflict (definition, idem_key) do nothing
   returning id
 )` + startSagaRest
@@ -62,8 +64,8 @@ where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond' from st
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st
   returning id
 )
 select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
@@ -78,8 +80,8 @@ from (select 1) one left join lateral (
 
 	// redispatchStep starts the next attempt of a step, fenced by the
 	// attempt seen ($4), bumps the saga's version ($6, seen under its lock)
-	// and writes the attempt's command ($7-$10: subject, message id,
-	// payload, hand-off). The attempt it ends goes into the timeline as
+	// and writes the attempt's command ($7-$11: subject, message id,
+	// payload, hand-off, headers). The attempt it ends goes into the timeline as
 	// 'lease expired', unless it is there already (a retry was scheduled).
 	// It returns the new attempt and the command's outbox id.
 	redispatchStep = `with cur as (
@@ -103,8 +105,8 @@ from (select 1) one left join lateral (
   where id = $1 and version = $6 and exists (select 1 from r)
   returning id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond' from v
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond', $11::jsonb from v
   returning id
 )
 select (select attempt from r), (select id from o),

@@ -50,8 +50,8 @@ order by st.next_attempt_at limit $1`
 
 	// resendStep sends a step of a resumed saga again at the attempt seen
 	// ($4), with a fresh lease ($5 ms), bumps the saga's version ($6,
-	// seen under its lock) and writes the command ($7-$10). It returns
-	// the command's outbox id.
+	// seen under its lock) and writes the command ($7-$10, and $11 its
+	// headers). It returns the command's outbox id.
 	resendStep = `with r as (
   update idemsaga.steps set lease_until = idemsaga.now() + $5 * interval '1 millisecond', next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is not null
@@ -61,8 +61,8 @@ order by st.next_attempt_at limit $1`
   where id = $1 and version = $6 and exists (select 1 from r)
   returning id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond' from v
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond', $11::jsonb from v
   returning id
 )
 select (select id from o),

@@ -12,6 +12,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -83,7 +84,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	return moved, firstErr
 }
 
-func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
+func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("acquire a connection: %w", err)
@@ -114,6 +115,10 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		found = err == nil
 		return err
 	}, pguuid.Of(id.saga), id.step, string(id.phase))
+	var traced map[string]string
+	if c.tracer.Enabled() {
+		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id.saga))
+	}
 	if err := tx.Flush(ctx); err != nil {
 		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
@@ -121,6 +126,14 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return false, nil // held by another process, gone, paused, or moved on since we looked
 	}
 	st.phase, st.status = saga.Phase(phase), saga.StepStatus(status)
+	if c.tracer.Enabled() {
+		// The reaper's work continues the saga's trace from its start.
+		var sp tracing.Span
+		ctx, sp = c.tracer.StartRedispatch(ctx, traced, tracing.Attempt{Saga: sg.ID, Definition: sg.Definition, Step: id.step, Phase: string(st.phase), Attempt: st.attempt})
+		sp.SetAttributes(tracing.AttrReason.String(reapReason(due, expired, resend, waited)))
+		tx.SetTrace(c.tracer.Headers(ctx))
+		defer func() { sp.End("", err) }()
+	}
 	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return false, err
@@ -203,10 +216,10 @@ func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 		if next == nil || outboxID == nil {
 			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
 		}
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
 	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg())
+		subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()))
 	return nil
 }
 
@@ -232,10 +245,10 @@ func (c *core) resendStep(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 		if outboxID == nil {
 			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
 		}
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
 	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg())
+		subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()))
 	return nil
 }
 

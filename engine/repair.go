@@ -15,6 +15,7 @@ import (
 	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -169,12 +170,12 @@ update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2
 			return err
 		}
 		var outboxID int64
-		if err := tx.Conn().QueryRow(ctx, `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond') returning id`,
-			subject, msgID, payload, pguuid.Of(id), c.handOffArg()).Scan(&outboxID); err != nil {
+		if err := tx.Conn().QueryRow(ctx, `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond', $6::jsonb) returning id`,
+			subject, msgID, payload, pguuid.Of(id), c.handOffArg(), attempt.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
-		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
 		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now()
 where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
 		if err != nil {
@@ -398,15 +399,15 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
   on conflict (saga_id, step, phase) do nothing
   returning saga_id
 )
-insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond' from st returning id`,
+insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond', $10::jsonb from st returning id`,
 			pguuid.Of(sg.ID), first, plan[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
-			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg()).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
 		}
 	}
 	if outboxID != nil {
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload))
+		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 	}
 	var created time.Time
 	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
@@ -649,7 +650,7 @@ func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 	}
 }
 
-func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) error {
+func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
@@ -663,11 +664,23 @@ func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn fun
 		sg, err = scanSaga(row)
 		return err
 	}, pguuid.Of(id))
+	var traced map[string]string
+	if c.tracer.Enabled() {
+		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id))
+	}
 	if err := tx.Flush(ctx); err != nil {
 		if errors.Is(err, saga.ErrNotFound) {
 			return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
 		}
 		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+	}
+	if c.tracer.Enabled() {
+		// A repair or a callback continues the saga's trace from its
+		// start: the commands it writes carry the span's context.
+		var sp tracing.Span
+		ctx, sp = c.tracer.StartRepair(ctx, traced, sg.ID, sg.Definition, what)
+		tx.SetTrace(c.tracer.Headers(ctx))
+		defer func() { sp.End("", err) }()
 	}
 	ferr := fn(tx, sg)
 	var committed errCommitted

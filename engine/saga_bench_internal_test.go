@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/attempt"
@@ -27,12 +29,15 @@ import (
 // rows stay; the relay deletes them in batches), no reaper, no
 // orchestrator. Under bench/pg-instructions.sh, the instructions of the
 // one backend over b.N are what the happy path of a saga costs PostgreSQL.
+// "eager-traced" is "eager" with a TracerProvider that samples every span
+// (into a batcher that drops them): what tracing costs when it is on.
 func BenchmarkTransferSaga(b *testing.B) {
-	b.Run("eager", func(b *testing.B) { benchmarkTransferSaga(b, true) })
-	b.Run("alone", func(b *testing.B) { benchmarkTransferSaga(b, false) })
+	b.Run("eager", func(b *testing.B) { benchmarkTransferSaga(b, true, false) })
+	b.Run("alone", func(b *testing.B) { benchmarkTransferSaga(b, false, false) })
+	b.Run("eager-traced", func(b *testing.B) { benchmarkTransferSaga(b, true, true) })
 }
 
-func benchmarkTransferSaga(b *testing.B, eager bool) {
+func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	ctx := context.Background()
 	shared := testenv.DB(b)
 	if _, err := transfer.Seed(ctx, shared, 2, 1<<50); err != nil {
@@ -52,6 +57,11 @@ func benchmarkTransferSaga(b *testing.B, eager bool) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := Config{Pool: pool, Definitions: []*saga.Definition{def}, Logger: quiet}
+	if traced {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		cfg.TracerProvider = tp
+	}
 	if err := cfg.validate(false); err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +76,7 @@ func benchmarkTransferSaga(b *testing.B, eager bool) {
 	c.handOff = cfg.RelayHandOff
 	w, err := attempt.New(attempt.Config{
 		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.metrics,
-		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c, Eager: eager,
+		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c, Eager: eager, Tracer: c.tracer,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -89,6 +99,7 @@ func benchmarkTransferSaga(b *testing.B, eager bool) {
 			if err != nil {
 				b.Fatalf("saga %d: the engine handed on what is not a command (%s): %v", i, row.Subject, err)
 			}
+			cmd.Trace = row.Headers
 			if eager {
 				w.Run(ctx, cmd, false, func(err error) {
 					if err != nil {

@@ -80,8 +80,8 @@ returning expires_at`
   where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now()
   returning token
 ), s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version)
-  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int from t
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
+  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int, $15::jsonb from t
   on conflict (definition, idem_key) do nothing
   returning id
 )` + startSagaRest

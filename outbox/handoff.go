@@ -135,11 +135,16 @@ func (r *Relay) Publish(rows ...Committed) {
 		return
 	}
 	for _, c := range rows {
-		fut, err := r.cfg.JetStream.PublishMsgAsync(newMsg(c.Subject, c.Payload, c.Headers), jetstream.WithMsgID(c.MsgID))
+		msg := newMsg(c.Subject, c.Payload, c.Headers)
+		// The span covers the send; the broker's ack is settled later.
+		sp := r.tracer.StartPublish(msg, c.MsgID, "after_commit")
+		fut, err := r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(c.MsgID))
 		if err != nil {
+			sp.End("failed", err)
 			r.cfg.Logger.Debug("outbox: publish after commit failed; the relay publishes the row after its hand-off", "id", c.ID, "error", err)
 			continue
 		}
+		sp.End("sent", nil)
 		r.handOff.add(inflight{id: c.ID, fut: fut, at: time.Now()}, r.cfg.BatchSize)
 	}
 }

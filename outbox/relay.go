@@ -12,8 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 )
 
 // Defaults of RelayConfig.
@@ -58,6 +61,11 @@ type RelayConfig struct {
 	// stream captures a subject (a server restarted without its storage,
 	// say), to create the stream again before the next batch.
 	RecoverFunc func(ctx context.Context) error
+	// TracerProvider, if set, records a span (idemsaga.publish) for each
+	// row published that carries a W3C trace context in its headers, and
+	// publishes the row with that span's context in their place. Defaults
+	// to none: no spans, and headers published as written.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *RelayConfig) validate() error {
@@ -96,6 +104,7 @@ type Relay struct {
 	wake    chan struct{}
 	handOff *handOff
 	runner  lifecycle.Runner
+	tracer  *tracing.Tracer
 }
 
 // NewRelay returns a relay; Start runs it.
@@ -103,7 +112,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1), handOff: newHandOff()}, nil
+	return &Relay{cfg: cfg, wake: make(chan struct{}, 1), handOff: newHandOff(), tracer: tracing.New(cfg.TracerProvider)}, nil
 }
 
 // Start checks the database and runs the relay in the background until Stop.
@@ -220,10 +229,18 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	defer cancel()
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	failures := make([]error, len(batch))
+	var spans []tracing.Span
+	if r.tracer.Enabled() {
+		spans = make([]tracing.Span, len(batch))
+	}
 	for i, x := range batch {
+		msg := newMsg(x.subject, x.payload, x.headers)
+		if spans != nil {
+			spans[i] = r.tracer.StartPublish(msg, x.msgID, "sweep")
+		}
 		// A row the broker refuses must not hold back the rows after it:
 		// record its error and go on.
-		futures[i], failures[i] = r.cfg.JetStream.PublishMsgAsync(newMsg(x.subject, x.payload, x.headers), jetstream.WithMsgID(x.msgID))
+		futures[i], failures[i] = r.cfg.JetStream.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
 	}
 	published := make([]int64, 0, len(batch))
 	dups := 0
@@ -242,6 +259,13 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		case <-pubCtx.Done():
 			failures[i] = fmt.Errorf("no ack from the broker within %s: %w", r.cfg.PublishTimeout, pubCtx.Err())
 		}
+	}
+	for i, sp := range spans {
+		outcome := "published"
+		if failures[i] != nil {
+			outcome = "failed"
+		}
+		sp.End(outcome, failures[i])
 	}
 	if err := failpoint.Inject(failpoint.RelayBeforeMark); err != nil {
 		return 0, err // published, not marked: the next batch publishes again

@@ -83,6 +83,21 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
 	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
 	cfg.DisableRetention = r.NoRetention
+	tp, err := newTracerProvider(ctx, name(*f.cfg), log)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		// After the engine's drain: the spans of its last work go out.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("tracing: spans not all exported at stop", "error", err)
+			}
+		}()
+	}
 	e, err := engine.New(cfg)
 	if err != nil {
 		return err
@@ -96,7 +111,8 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	var ops *opsServer
 	if r.HTTPAddr != "" {
-		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg})
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg,
+			TraceRequests: tp != nil})
 		if err != nil {
 			_ = e.Stop(context.Background())
 			return err

@@ -11,11 +11,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -78,6 +80,11 @@ type Config struct {
 	// inbox, which stays the guarantee. Only outcomes the inbox holds are
 	// remembered. Defaults to RecentDefault; -1 remembers nothing.
 	Recent int
+	// TracerProvider, if set, records a span for each attempt, a child of
+	// the trace context in its command's headers, and writes that span's
+	// context into the headers of its reply (engine.Config.TracerProvider
+	// tells the rest). Defaults to none: no spans and no trace headers.
+	TracerProvider trace.TracerProvider
 }
 
 // Worker consumes and runs step commands, and answers every outcome with a
@@ -146,6 +153,7 @@ func New(cfg Config) (*Worker, error) {
 	r, err := attempt.New(attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
 		Publish: cfg.PublishFunc, HandOff: cfg.HandOff, Committed: cfg.CommittedFunc, Recent: max(cfg.Recent, 0),
+		Tracer: tracing.New(cfg.TracerProvider),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("steps: %w", err)

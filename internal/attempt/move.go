@@ -66,6 +66,9 @@ type Dispatch struct {
 	Subject     string
 	MsgID       string
 	Payload     []byte
+	// Headers are the command's message headers (its trace context), nil
+	// for none.
+	Headers map[string]string
 }
 
 // lead is what the statement of an attempt's outcome writes to the inbox
@@ -165,13 +168,17 @@ type shape struct {
 	fence                                      fence
 	move, finished, errText, resultStep, maybe bool
 	next, eager, reply, keepResult             bool
+	// nextHeaders and replyHeaders: the outbox rows carry headers.
+	nextHeaders, replyHeaders bool
 }
 
 func (w write) shape() shape {
 	sh := shape{lead: w.lead, fence: w.fence, move: w.move != nil, eager: w.eager, reply: w.reply != nil}
 	if m := w.move; m != nil {
 		sh.finished, sh.errText, sh.resultStep, sh.maybe, sh.next = m.Finished, m.Error != "", m.ResultStep != "", m.PossiblyDone, m.Next != nil
+		sh.nextHeaders = m.Next != nil && m.Next.Headers != nil
 	}
+	sh.replyHeaders = w.reply != nil && w.reply.Headers != nil
 	// The result of a database step's success that is not applied in its
 	// step goes to its inbox row, for a later duplicate's answer.
 	sh.keepResult = w.lead == leadNone && len(w.result) > 0
@@ -290,11 +297,15 @@ func (w write) build(b *stmtBuilder, sh shape) {
 	replyID := "null::bigint"
 	if w.reply != nil {
 		cte()
+		cols, vals := "", ""
+		if sh.replyHeaders {
+			cols, vals = ", headers", ", "+b.p(HeadersJSON(w.reply.Headers))+"::jsonb"
+		}
 		b.f(`rep as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select %s::text, %s::text, %s::bytea, %s, clock_timestamp() + %s::bigint * interval '1 millisecond'%s
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after%s)
+  select %s::text, %s::text, %s::bytea, %s, clock_timestamp() + %s::bigint * interval '1 millisecond'%s%s
   returning id
-)`, b.p(w.reply.Subject), b.p(w.reply.MsgID), b.p(w.reply.Payload), sagaP, b.p(w.handOff), cond("\n  where "))
+)`, cols, b.p(w.reply.Subject), b.p(w.reply.MsgID), b.p(w.reply.Payload), sagaP, b.p(w.handOff), vals, cond("\n  where "))
 		replyID = "(select id from rep)"
 	}
 	led, created := "true", "null::timestamptz"
@@ -364,11 +375,15 @@ func (m *Move) build(b *stmtBuilder, sh shape, sagaP, gate string, handOff any) 
 )`, b.p(d.Step), b.p(string(d.Phase)), b.p(d.Index), b.p(pguuid.Of(d.Key)), b.p(d.LeaseMillis))
 		dispatched = "exists (select from st)"
 		if !sh.eager {
+			cols, vals := "", ""
+			if sh.nextHeaders {
+				cols, vals = ", headers", ", "+b.p(HeadersJSON(d.Headers))+"::jsonb"
+			}
 			b.f(`, o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-  select %s::text, %s::text, %s::bytea, saga_id, clock_timestamp() + %s::bigint * interval '1 millisecond' from st
+  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after%s)
+  select %s::text, %s::text, %s::bytea, saga_id, clock_timestamp() + %s::bigint * interval '1 millisecond'%s from st
   returning id
-)`, b.p(d.Subject), b.p(d.MsgID), b.p(d.Payload), b.p(handOff))
+)`, cols, b.p(d.Subject), b.p(d.MsgID), b.p(d.Payload), b.p(handOff), vals)
 			next = "(select id from o)"
 		}
 	}
@@ -395,10 +410,10 @@ func (w write) scan(tx *Tx, out *written) func(pgx.Row) error {
 		}
 		if out.nextID != nil {
 			d := w.move.Next
-			tx.Sent(outbox.Committed{ID: *out.nextID, Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload})
+			tx.Sent(outbox.Committed{ID: *out.nextID, Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload, Headers: d.Headers})
 		}
 		if out.replyID != nil {
-			tx.Sent(outbox.Committed{ID: *out.replyID, Subject: w.reply.Subject, MsgID: w.reply.MsgID, Payload: w.reply.Payload})
+			tx.Sent(outbox.Committed{ID: *out.replyID, Subject: w.reply.Subject, MsgID: w.reply.MsgID, Payload: w.reply.Payload, Headers: w.reply.Headers})
 		}
 		return nil
 	}
@@ -413,9 +428,14 @@ func (w write) queue(tx *Tx, out *written) {
 // QueueMove queues m on tx, a transaction that locked m's saga and read it
 // at m.Version (the orchestrator's): m's writes cannot miss, and a miss
 // fails the transaction as a bug. handOff is the next command's
-// publish_after in milliseconds, nil for the relay. moved, if not nil,
+// publish_after in milliseconds, nil for the relay. The next command
+// carries tx's trace context (Tx.SetTrace) unless it has headers of its
+// own. moved, if not nil,
 // receives the saga's start once the statement ran.
 func QueueMove(tx *Tx, m *Move, handOff any, created *time.Time) {
+	if m.Next != nil && m.Next.Headers == nil {
+		m.Next.Headers = tx.trace
+	}
 	w := write{lead: leadNone, fence: fenceLocked, saga: m.Saga, step: m.Step, phase: m.Phase, attempt: m.Attempt, move: m, handOff: handOff}
 	out := &written{}
 	sql, args := w.sql()
@@ -436,6 +456,19 @@ func QueueMove(tx *Tx, m *Move, handOff any, created *time.Time) {
 func nullJSON(b json.RawMessage) any {
 	if len(b) == 0 {
 		return nil
+	}
+	return string(b)
+}
+
+// HeadersJSON passes an outbox row's headers as JSON text (as nullJSON
+// does), NULL for none.
+func HeadersJSON(h map[string]string) any {
+	if len(h) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil // a map of strings always encodes
 	}
 	return string(b)
 }

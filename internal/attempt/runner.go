@@ -15,10 +15,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
@@ -89,6 +91,10 @@ type Config struct {
 	// run (its definition, version or step unknown here) before it is
 	// parked. Zero fields take the defaults.
 	DeadLetters DeadLetterPolicy
+	// Tracer, if set, records a span for each attempt, a child of the
+	// trace context its command arrived with, and gives that span's
+	// context to the reply and the next command it writes.
+	Tracer *tracing.Tracer
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -195,6 +201,10 @@ type attempt struct {
 	// the attempt that dispatched it; the attempt takes it (nil).
 	given *preclaim
 
+	// trace is the trace context of the attempt's span, for the headers
+	// of the rows it writes; nil when tracing is off.
+	trace map[string]string
+
 	// conn is a database step's connection while the attempt holds it.
 	conn *pgxpool.Conn
 	// once is set for an attempt run alone (Handle), never eagerly.
@@ -287,6 +297,7 @@ func (r *Runner) runEager(ctx context.Context, next *outbox.Committed, pre *prec
 			r.handToBroker(ctx, row) // cannot happen: this process wrote it
 			return
 		}
+		cmd.Trace = row.Headers
 		_, a, err := r.handle(ctx, cmd, false, row.ID, pre)
 		if err != nil || row.ID != 0 && !a.consumed {
 			if err != nil {
@@ -314,6 +325,32 @@ func (r *Runner) handle(ctx context.Context, cmd wire.Command, redelivered bool,
 // run is handle; once runs the attempt alone: the step its move
 // dispatches goes to the broker, as its outbox row.
 func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, row int64, given *preclaim, once bool) (wire.Reply, *attempt, error) {
+	if !r.cfg.Tracer.Enabled() {
+		return r.runAttempt(ctx, cmd, redelivered, row, given, once, nil)
+	}
+	ctx, sp := r.cfg.Tracer.StartAttempt(ctx, cmd.Trace, tracing.Attempt{
+		Saga: cmd.SagaID, Definition: cmd.Definition, Step: cmd.Step, Phase: string(cmd.Phase), Attempt: cmd.Attempt})
+	reply, a, err := r.runAttempt(ctx, cmd, redelivered, row, given, once, r.cfg.Tracer.Headers(ctx))
+	outcome := string(reply.Outcome)
+	switch {
+	case err != nil:
+		outcome = "error"
+	case reply.Duplicate || a != nil && a.dropped:
+		outcome = "duplicate"
+	case a != nil && a.unknown:
+		outcome = "unknown"
+	}
+	recorded := err
+	if err == nil && reply.Error != "" {
+		recorded = errors.New(reply.Error) // the handler's error, on the span only
+	}
+	sp.SetAttributes(tracing.AttrDuplicate.Bool(reply.Duplicate), attribute.Bool("idemsaga.redelivered", redelivered))
+	sp.End(outcome, recorded)
+	return reply, a, err
+}
+
+// runAttempt is run; trace is the trace context of the attempt's span.
+func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered bool, row int64, given *preclaim, once bool, trace map[string]string) (wire.Reply, *attempt, error) {
 	defer func() { given.close(ctx) }()
 	def, idx, err := r.lookup(cmd)
 	if err != nil {
@@ -328,7 +365,7 @@ func (r *Runner) run(ctx context.Context, cmd wire.Command, redelivered bool, ro
 		given = nil
 	}
 	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row, given: given, once: once,
-		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}}
+		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}, trace: trace}
 	if cmd.Phase == saga.PhaseCompensate {
 		a.handler, a.policy = step.Compensate, step.CompensateRetry
 	}
@@ -399,6 +436,9 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	if r.cfg.Tracer.Enabled() {
+		cmd.Trace = tracing.FromNATS(msg.Headers())
+	}
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
 	// A command this worker cannot run takes no slot from those it can.
@@ -458,8 +498,8 @@ const deleteCommandRow = `delete from idemsaga.outbox where id = $1`
 
 // insertReply writes one row into the outbox: a reply, or a command handed
 // to the broker ($5: the hand-off in milliseconds).
-const insertReply = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after)
-values ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 millisecond') returning id`
+const insertReply = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
+values ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 millisecond', $6::jsonb) returning id`
 
 // consume queues, on tx, the deletion of the attempt's own command row
 // when it runs eagerly: the command is consumed with the outcome tx
@@ -488,7 +528,7 @@ func (a *attempt) committed(tx *Tx, out *written, m *Move) {
 	}
 	if out != nil && out.dispatched && out.nextID == nil && m != nil && m.Next != nil {
 		d := m.Next
-		a.next = &outbox.Committed{Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload}
+		a.next = &outbox.Committed{Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload, Headers: d.Headers}
 	}
 }
 
@@ -562,9 +602,9 @@ func (a *attempt) writeReply(ctx context.Context, c *pgx.Conn, reply *outbox.Mes
 		if err := row.Scan(&id); err != nil {
 			return err
 		}
-		tx.Sent(outbox.Committed{ID: id, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload})
+		tx.Sent(outbox.Committed{ID: id, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload, Headers: reply.Headers})
 		return nil
-	}, reply.Subject, reply.MsgID, reply.Payload, pguuid.Of(a.cmd.SagaID), a.handOff())
+	}, reply.Subject, reply.MsgID, reply.Payload, pguuid.Of(a.cmd.SagaID), a.handOff(), HeadersJSON(reply.Headers))
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
@@ -582,7 +622,7 @@ func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
 	}
 	cmd, err := wire.DecodeCommand(c.Payload)
 	if err == nil {
-		err = r.cfg.Pool.QueryRow(ctx, insertReply, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis()).Scan(&c.ID)
+		err = r.cfg.Pool.QueryRow(ctx, insertReply, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), HeadersJSON(c.Headers)).Scan(&c.ID)
 	}
 	if err != nil {
 		r.cfg.Logger.Warn("step worker: a step to run at once could not be handed to the broker; its lease will drive it again",
@@ -618,6 +658,7 @@ func (a *attempt) replyMessage(reply wire.Reply) (*outbox.Message, error) {
 		// broker must not drop the second as a duplicate.
 		MsgID:   "r-" + saga.MessageID(reply.Key, reply.Attempt) + "-" + string(reply.Outcome),
 		Payload: payload,
+		Headers: a.trace,
 	}, nil
 }
 
@@ -638,6 +679,9 @@ func (a *attempt) move(o Outcome) *Move {
 	m, ok := a.r.cfg.Mover.Move(a.cmd, a.step.Kind, o)
 	if !ok {
 		return nil
+	}
+	if m.Next != nil {
+		m.Next.Headers = a.trace
 	}
 	return &m
 }

@@ -36,7 +36,17 @@ type Tx struct {
 	done  bool
 	batch *pgx.Batch
 	sent  []outbox.Committed
+	// trace is the trace context the commands of moves queued on the
+	// transaction carry (SetTrace).
+	trace map[string]string
 }
+
+// SetTrace makes the commands of the moves queued on t from now on
+// (QueueMove) carry the trace context h, as message headers.
+func (t *Tx) SetTrace(h map[string]string) { t.trace = h }
+
+// Trace returns the trace context SetTrace gave, nil for none.
+func (t *Tx) Trace() map[string]string { return t.trace }
 
 // Begin returns a transaction on conn that begins with its first batch.
 // Call Rollback (a no-op after Commit) before releasing conn.

@@ -58,6 +58,11 @@ type Config struct {
 	// is), read by GET /v1/stats. Defaults to none: /v1/stats answers
 	// 501.
 	Gatherer prometheus.Gatherer
+	// TraceRequests makes a start continue the trace named by its
+	// request's W3C traceparent header, when the client traces
+	// (engine.Config.TracerProvider). Defaults to off: the start's span,
+	// if any, begins a trace.
+	TraceRequests bool
 }
 
 func (c *Config) validate() error {

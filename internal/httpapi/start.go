@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -52,6 +53,9 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
+	if a.cfg.TraceRequests {
+		ctx = tracing.FromHTTP(ctx, r.Header)
+	}
 	name := r.PathValue("definition")
 	def, err := a.cfg.Client.Definition(ctx, name)
 	if errors.Is(err, saga.ErrUnknownDefinition) {

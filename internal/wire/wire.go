@@ -35,6 +35,11 @@ type Command struct {
 	// does not run it parks the command rather than run another version's
 	// step.
 	DefinitionVersion int `json:"definition_version,omitempty"`
+
+	// Trace is the W3C trace context the command arrived with (its
+	// message's headers), nil when it carries none. It travels in the
+	// headers, never in the payload.
+	Trace map[string]string `json:"-"`
 }
 
 // DefVersion returns the command's definition version, 1 when it carries
@@ -81,6 +86,11 @@ type Reply struct {
 
 	// DefinitionVersion is the command's (Command.DefinitionVersion).
 	DefinitionVersion int `json:"definition_version,omitempty"`
+
+	// Trace is the W3C trace context the reply arrived with (its
+	// message's headers), nil when it carries none. It travels in the
+	// headers, never in the payload.
+	Trace map[string]string `json:"-"`
 }
 
 // DecodeCommand parses and checks a command.
