@@ -85,19 +85,46 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 	}
 	go func() {
 		defer unsubscribe()
+		// This connection's own loss of its server is a failover it may
+		// have missed the advisories of (it was reconnecting then).
+		reconnects := nc.Stats().Reconnects
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
 		for {
+			var why string
 			select {
 			case <-ctx.Done():
 				return
 			case subj := <-elected:
-				log.Info("JetStream leader elected; redelivering what the work queue still holds", "stream", cfg.Stream,
-					"advisory", strings.TrimPrefix(subj, "$JS.EVENT.ADVISORY."))
-				redeliver(ctx, js, cfg.Stream, cfg.Consumers, log)
+				why = strings.TrimPrefix(subj, "$JS.EVENT.ADVISORY.")
+			case <-tick.C:
+				if n := nc.Stats().Reconnects; n != reconnects && nc.IsConnected() {
+					reconnects, why = n, "this process reconnected to NATS"
+				} else {
+					continue
+				}
 			}
+			// Elections come in bursts (the stream, then each consumer):
+			// one reset after they settle covers them all.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(failoverSettle):
+			}
+			select {
+			case <-elected:
+			default:
+			}
+			log.Info("JetStream leader elected; redelivering what the work queue still holds", "stream", cfg.Stream, "cause", why)
+			redeliver(ctx, js, cfg.Stream, cfg.Consumers, log)
 		}
 	}()
 	return nil
 }
+
+// failoverSettle is how long a reset waits for the other elections of
+// the same failover.
+const failoverSettle = 500 * time.Millisecond
 
 // redeliver resets every consumer to the stream's first message, trying
 // for about 30 seconds while the new leaders settle.

@@ -123,13 +123,15 @@ func (c *Cluster) Kill(i int) {
 	}
 }
 
-// Restart brings node i back on its store folder and ports.
+// Restart brings node i back on its store folder and ports, and waits
+// until the cluster counts it again (WaitReady).
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	if c.Server(i) != nil {
 		c.t.Fatalf("testenv: nats cluster node %s is running", c.Name(i))
 	}
 	c.start(i)
+	c.WaitReady(30 * time.Second)
 }
 
 // StreamLeader returns the node leading stream (of the default account),
@@ -155,21 +157,36 @@ func (c *Cluster) ConsumerLeader(stream, consumer string) int {
 }
 
 // WaitReady waits until a running node leads the JetStream meta group,
+// knows every running node as a peer, and every running node is current,
 // failing the test after timeout.
 func (c *Cluster) WaitReady(timeout time.Duration) {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
-	for {
-		for i := range c.opts {
-			if srv := c.Server(i); srv != nil && srv.JetStreamIsLeader() {
-				return
-			}
-		}
+	for !c.ready() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("testenv: the nats cluster has no JetStream leader after %s", timeout)
+			c.t.Fatalf("testenv: the nats cluster is not ready (a JetStream leader and every node current) after %s", timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func (c *Cluster) ready() bool {
+	var running []*natsserver.Server
+	for i := range c.opts {
+		if srv := c.Server(i); srv != nil {
+			running = append(running, srv)
+		}
+	}
+	led := false
+	for _, srv := range running {
+		if !srv.JetStreamIsCurrent() {
+			return false
+		}
+		if srv.JetStreamIsLeader() {
+			led = len(srv.JetStreamClusterPeers()) >= len(running)
+		}
+	}
+	return led
 }
 
 // WaitStreamLeader waits until a running node leads stream and returns
