@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -155,6 +156,9 @@ func resetAll(ctx context.Context, js jetstream.JetStream, stream string, consum
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	s, err := js.Stream(rctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil // a server that lost everything: consumers start anew
+	}
 	if err != nil {
 		return consumers, err
 	}
@@ -165,7 +169,7 @@ func resetAll(ctx context.Context, js jetstream.JetStream, stream string, consum
 	var failed []string
 	var last error
 	for _, c := range consumers {
-		if _, err := js.ResetConsumerToSequence(rctx, stream, c, st.FirstSeq); err != nil {
+		if _, err := js.ResetConsumerToSequence(rctx, stream, c, st.FirstSeq); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			failed, last = append(failed, c), err
 		}
 	}
