@@ -35,17 +35,19 @@ type FailoverConfig struct {
 
 // RedeliverOnFailover makes a leader failover cost seconds, not an ack
 // wait. When the stream or one of the consumers elects a new leader, what
-// the lost leader held is gone: deliveries in flight to a worker, acks in
-// flight from one, and the removals of acked messages it had not yet
-// replicated. The new leader only redelivers them after AckWait, and a
-// removal lost with the stream leader is never redone, so the message
-// stays in the work queue for good. On each election one process (the
-// advisory's queue group) resets the consumers to the stream's first
-// message: everything still in the work queue is delivered again now, and
-// the workers absorb what they already did (inbox, fenced attempts) and
-// ack it. It returns once subscribed; the subscription ends with ctx.
-// Without permission to subscribe to the advisories it returns an error,
-// and failovers fall back to AckWait and leases.
+// the lost leader held is gone: deliveries in flight to a worker and acks
+// in flight from one. The new leader counts those messages as delivered
+// and not acked, and redelivers them only after AckWait; meanwhile they
+// stay in the work queue, and a step whose command was lost waits that
+// long (or its lease). On each election one process (the advisory's queue
+// group) resets the consumers to the stream's first message: everything
+// still in the work queue is delivered again now, and the workers absorb
+// what they already did (inbox, fenced attempts) and ack it. The same
+// reset follows this connection's own reconnection, since it may have
+// missed the advisories meanwhile. It returns once subscribed; the
+// subscription ends with ctx. Without permission to subscribe to the
+// advisories it returns an error, and failovers fall back to AckWait and
+// leases.
 func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg FailoverConfig) error {
 	log := cfg.Logger
 	if log == nil {
