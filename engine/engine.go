@@ -533,6 +533,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		},
 		e.reapLoop,
 		e.heartbeat,
+		e.watchFailovers,
 	)
 }
 

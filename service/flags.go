@@ -149,33 +149,15 @@ func (f *Flags) ConnectNATS(clientName string) (*nats.Conn, error) {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedServerId()) }),
 	}
-	if f.NATSCreds != "" {
-		opts = append(opts, nats.UserCredentials(f.NATSCreds))
+	security, err := f.natsSecurity()
+	if err != nil {
+		return nil, err
 	}
-	if f.NATSNKey != "" {
-		o, err := nats.NkeyOptionFromSeed(f.NATSNKey)
-		if err != nil {
-			return nil, fmt.Errorf("--nats-nkey %s: not a readable NKey seed file (%s)", f.NATSNKey, redactSecrets(err.Error()))
-		}
-		opts = append(opts, o)
-	}
-	if (f.NATSCert == "") != (f.NATSKey == "") {
-		return nil, errors.New("--nats-tls-cert and --nats-tls-key go together: give both, or neither")
-	}
-	if f.NATSCert != "" {
-		opts = append(opts, nats.ClientCert(f.NATSCert, f.NATSKey))
-	}
-	if f.NATSCA != "" {
-		opts = append(opts, nats.RootCAs(f.NATSCA))
-	}
+	opts = append(opts, security...)
 	shown, secrets := redactURLs(f.NATSURL)
 	nc, err := nats.Connect(f.NATSURL, opts...)
 	if err != nil {
-		msg := redact(err.Error(), secrets...)
-		if errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(msg), "authorization") {
-			return nil, fmt.Errorf("NATS at %s refused this client (%s): check the user, token, --nats-creds or --nats-nkey", shown, msg)
-		}
-		return nil, fmt.Errorf("cannot reach NATS at %s (%s): start nats-server with JetStream (nats-server -js) or set NATS_URL", shown, msg)
+		return nil, natsConnectError(shown, redact(err.Error(), secrets...), errors.Is(err, nats.ErrAuthorization))
 	}
 	return nc, nil
 }

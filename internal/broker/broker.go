@@ -233,8 +233,11 @@ func Pool(ctx context.Context, log *slog.Logger, consumer ConsumerFunc, concurre
 	for ctx.Err() == nil {
 		c, err := consumer(ctx)
 		if err == nil {
+			began := time.Now()
 			err = runPool(ctx, c, concurrency, handle)
-			if err == nil {
+			if err == nil || time.Since(began) > 10*time.Second {
+				// It ran: a later loss (the next failover) resumes
+				// quickly again.
 				delay = 100 * time.Millisecond
 			}
 		}

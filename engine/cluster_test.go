@@ -1,0 +1,224 @@
+package engine_test
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// clusterKnob reads an integer or duration knob of the cluster failover
+// test from the environment (larger runs by hand), or gives def.
+func clusterKnob[T int | time.Duration](t *testing.T, name string, def T) T {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	var out T
+	switch p := any(&out).(type) {
+	case *int:
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, name)
+		*p = n
+	case *time.Duration:
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, name)
+		*p = d
+	}
+	return out
+}
+
+// TestClusterStreamLeaderFailover runs transfers on a 3-node JetStream
+// cluster with a 3-replica stream, shuts the stream's leader down mid-run
+// and brings it back on its store. Every saga ends, nothing is applied
+// twice or lost (reconcile and the transfer audit), the work queue is
+// empty at the end, and the failover costs less than a lease: what the
+// lost leader held is driven again promptly, not when leases expire.
+//
+// IDEMSAGA_CLUSTER_SAGAS (300) and IDEMSAGA_CLUSTER_LEASE_GRACE (10s, on
+// top of a 10s step timeout) size a larger run by hand.
+func TestClusterStreamLeaderFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := clusterKnob(t, "IDEMSAGA_CLUSTER_SAGAS", 300)
+	grace := clusterKnob(t, "IDEMSAGA_CLUSTER_LEASE_GRACE", 10*time.Second)
+	policy := fastPolicy // a 10s step timeout
+	lease := policy.Timeout + grace
+	cluster := testenv.NATSCluster(t, 3)
+	pool := testenv.DB(t)
+	def, err := transfer.NewDefinition(policy)
+	require.NoError(t, err)
+	seeded := seedForLoad(t, pool)
+	stream := testenv.Name("CLUSTER")
+	defs := []*saga.Definition{def}
+	var engines []*engine.Engine
+	for range 3 {
+		engines = append(engines, startEngine(t, pool, cluster.Connect(t), stream, defs, func(c *engine.Config) {
+			c.StreamReplicas = 3
+			c.LeaseGrace = grace
+			// Few slots of their own: most commands cross the broker.
+			c.StepConcurrency = 2
+			if os.Getenv("IDEMSAGA_CLUSTER_LOG") != "" {
+				c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			}
+		}))
+	}
+	info, err := mustJS(t, cluster.Connect(t)).Stream(ctx, stream)
+	require.NoError(t, err)
+	require.Equal(t, 3, info.CachedInfo().Config.Replicas)
+
+	// Starts are spread over a few seconds, from clients without step
+	// workers so that first commands cross the broker.
+	starters := []*engine.Client{brokerClient(t, pool, stream, def), brokerClient(t, pool, stream, def)}
+	var credited, compensated int
+	inputs := make([]transfer.Input, n)
+	rng := rand.New(rand.NewPCG(7, uint64(n)))
+	for i := range inputs {
+		from := 1 + rng.Int64N(50)
+		to := 1 + (from+rng.Int64N(49))%50
+		if i%10 == 3 {
+			to, compensated = 51, compensated+1
+		} else {
+			credited++
+		}
+		inputs[i] = transferInput(from, to, 1+rng.Int64N(20))
+	}
+	spread := 6 * time.Second
+	startErrs := make(chan error, n)
+	var submitted sync.WaitGroup
+	submitted.Go(func() {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		tick := time.NewTicker(spread / time.Duration(n))
+		defer tick.Stop()
+		for i := range n {
+			<-tick.C
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				_, err := starters[i%len(starters)].Start(ctx, def, key(i), inputs[i])
+				startErrs <- err
+			})
+		}
+		wg.Wait()
+		close(startErrs)
+	})
+
+	finished := func() int {
+		var c int
+		require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null`).Scan(&c))
+		return c
+	}
+	require.Eventually(t, func() bool { return finished() >= n/3 }, time.Minute, 10*time.Millisecond, "a third of the sagas finish before the kill")
+	// The worst case: the node killed leads the stream and both
+	// consumers, so pull requests, deliveries awaiting acks and the
+	// stream's writes are all lost with it.
+	leader := cluster.WaitStreamLeader(stream, 10*time.Second)
+	admin := cluster.Connect(t)
+	for _, c := range []string{"_steps", "_orchestrator"} {
+		cluster.GatherConsumer(admin, stream, stream+c, leader, 10*time.Second)
+	}
+	var killedAt time.Time
+	require.NoError(t, pool.QueryRow(ctx, `select idemsaga.now()`).Scan(&killedAt))
+	cluster.Kill(leader)
+	before := finished()
+	newLeader := cluster.WaitStreamLeader(stream, 30*time.Second)
+	require.NotEqual(t, leader, newLeader)
+	// Sagas go on with two nodes of three.
+	require.Eventually(t, func() bool { return finished() > before || finished() == n }, lease, 10*time.Millisecond, "sagas finish while a node is down")
+	time.Sleep(time.Second)
+	cluster.Restart(leader)
+
+	submitted.Wait()
+	for err := range startErrs {
+		require.NoError(t, err)
+	}
+	waitAllFinished(t, pool, 2*lease+time.Minute)
+	requireAudit(t, pool, seeded, credited, compensated)
+	diffs, err := engine.Reconcile(ctx, pool, defs, time.Second)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+
+	// The time lost: the longest saga against the median, the sagas that
+	// took longer than 5 s, and the longest gap between two completions
+	// after the kill.
+	var longestS, medianS, gapS float64
+	var slow int
+	require.NoError(t, pool.QueryRow(ctx, `select
+  extract(epoch from max(finished_at - created_at))::float8,
+  percentile_cont(0.5) within group (order by extract(epoch from finished_at - created_at)),
+  count(*) filter (where finished_at - created_at > interval '5 seconds')
+  from idemsaga.sagas`).Scan(&longestS, &medianS, &slow))
+	require.NoError(t, pool.QueryRow(ctx, `select coalesce(extract(epoch from max(d))::float8, 0) from (
+  select finished_at - lag(finished_at) over (order by finished_at) d from idemsaga.sagas where finished_at >= $1) x`, killedAt).Scan(&gapS))
+	seconds := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	longest, median, gap := seconds(longestS), seconds(medianS), seconds(gapS)
+	var takeovers int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where attempt > 1`).Scan(&takeovers))
+	require.NotEmpty(t, engines)
+	t.Logf("cluster failover: %d sagas, lease %s, leader %s killed after %d finished; longest saga %s (median %s), %d over 5s, longest gap in completions after the kill %s, %d steps past attempt 1",
+		n, lease, cluster.Name(leader), before, longest.Round(time.Millisecond), median.Round(time.Millisecond), slow, gap.Round(time.Millisecond), takeovers)
+	// Every command and reply was acked or removed: nothing stays in the
+	// work queue.
+	js := mustJS(t, admin)
+	if !assert.Eventually(t, func() bool {
+		s, err := js.Stream(ctx, stream)
+		return err == nil && s.CachedInfo().State.Msgs == 0
+	}, 30*time.Second, 50*time.Millisecond, "the work-queue stream is empty") {
+		logQueue(t, js, stream)
+		t.FailNow()
+	}
+
+	require.Less(t, longest, lease, "the failover cost a full lease: something the lost leader held waited for its lease")
+}
+
+func mustJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return js
+}
+
+// logQueue logs what stays in the work queue and what its consumers say.
+func logQueue(t *testing.T, js jetstream.JetStream, stream string) {
+	ctx := context.Background()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Logf("stream: %v", err)
+		return
+	}
+	st := s.CachedInfo().State
+	t.Logf("stream %s: %d messages, seq %d..%d", stream, st.Msgs, st.FirstSeq, st.LastSeq)
+	for _, c := range []string{"_steps", "_orchestrator"} {
+		ci, err := s.Consumer(ctx, stream+c)
+		if err != nil {
+			t.Logf("consumer %s: %v", c, err)
+			continue
+		}
+		i := ci.CachedInfo()
+		t.Logf("consumer %s: delivered %+v, ack floor %+v, pending %d, ack pending %d, redelivered %d, waiting %d, leader %s",
+			c, i.Delivered, i.AckFloor, i.NumPending, i.NumAckPending, i.NumRedelivered, i.NumWaiting, i.Cluster.Leader)
+	}
+	for seq, shown := st.FirstSeq, 0; seq <= st.LastSeq && shown < 20; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		shown++
+		t.Logf("left: seq %d %s id %s at %s", seq, m.Subject, m.Header.Get("Nats-Msg-Id"), m.Time.Format("15:04:05.000"))
+	}
+}

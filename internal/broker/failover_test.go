@@ -1,0 +1,83 @@
+package broker_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/broker"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+)
+
+// TestFailoverRedeliversWhatTheLostLeaderHeld: a message delivered by the
+// leader of a 3-replica consumer and not acked when that node goes down
+// (its ack lost with it, or the delivery itself) is delivered again within
+// seconds of the new leader's election, not after AckWait, and once acked
+// leaves the work queue empty.
+func TestFailoverRedeliversWhatTheLostLeaderHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := testenv.NATSCluster(t, 3)
+	nc := cluster.Connect(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "F", Subjects: []string{"f.>"}, Replicas: 3})
+	require.NoError(t, err)
+	const ackWait = 2 * time.Minute
+	c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{Durable: "work", Filter: "f.>", AckWait: ackWait, MaxAckPending: 100})
+	require.NoError(t, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	require.NoError(t, broker.RedeliverOnFailover(watchCtx, nc, js, broker.FailoverConfig{
+		Stream: "F", Consumers: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}))
+
+	leader := cluster.WaitStreamLeader("F", 10*time.Second)
+	cluster.GatherConsumer(nc, "F", "work", leader, 10*time.Second)
+	_, err = js.Publish(ctx, "f.x", []byte("held"))
+	require.NoError(t, err)
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	var first jetstream.Msg
+	for m := range batch.Messages() {
+		first = m
+	}
+	require.NotNil(t, first, "the message is delivered before the kill")
+	// Not acked: as if the ack, or the delivery, was lost with the node.
+	killed := time.Now()
+	cluster.Kill(leader)
+
+	// Fetched and double-acked until the work queue is empty: a reset
+	// makes deliveries in flight stale, and those are delivered again.
+	var redelivered time.Duration
+	var deliveries int
+	require.Eventually(t, func() bool {
+		if info, err := js.Stream(ctx, "F"); err == nil && info.CachedInfo().State.Msgs == 0 {
+			return true
+		}
+		b, err := c.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return false
+		}
+		for m := range b.Messages() {
+			require.Equal(t, "held", string(m.Data()))
+			if deliveries++; deliveries == 1 {
+				redelivered = time.Since(killed)
+			}
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = m.DoubleAck(actx)
+			cancel()
+		}
+		return false
+	}, 30*time.Second, 10*time.Millisecond, "redelivered and acked after the failover, well before AckWait (%s)", ackWait)
+	require.Positive(t, deliveries)
+	t.Logf("redelivered %s after the kill (AckWait %s), %d deliveries", redelivered.Round(time.Millisecond), ackWait, deliveries)
+
+	cluster.Restart(leader)
+	cluster.WaitStreamLeader("F", 30*time.Second)
+}

@@ -1,0 +1,235 @@
+package testenv
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Cluster is a JetStream cluster of in-process servers on loopback, each
+// with its own store folder and fixed client and route ports, so that a
+// node shut down can come back as itself (same name, store and address).
+type Cluster struct {
+	t     testing.TB
+	mu    sync.Mutex
+	opts  []*natsserver.Options
+	nodes []*natsserver.Server // nil while a node is down
+}
+
+// NATSCluster starts n JetStream servers clustered over loopback routes,
+// waits until the cluster has a meta leader, and shuts every node down
+// when the test ends.
+func NATSCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	clientPorts, routePorts := freePorts(t, n), freePorts(t, n)
+	routes := make([]string, n)
+	for i, p := range routePorts {
+		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
+	}
+	c := &Cluster{t: t, nodes: make([]*natsserver.Server, n)}
+	for i := range n {
+		c.opts = append(c.opts, &natsserver.Options{
+			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: clientPorts[i],
+			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+			Cluster: natsserver.ClusterOpts{Name: "idemsaga-test", Host: "127.0.0.1", Port: routePorts[i]},
+			Routes:  natsserver.RoutesFromStr(strings.Join(routes, ",")),
+		})
+	}
+	t.Cleanup(func() {
+		for i := range n {
+			c.Kill(i)
+		}
+	})
+	for i := range n {
+		c.start(i)
+	}
+	c.WaitReady(30 * time.Second)
+	return c
+}
+
+// freePorts returns n loopback ports free at the time of the call.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	var ls []net.Listener
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testenv: find a free port: %v", err)
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	return ports
+}
+
+func (c *Cluster) start(i int) {
+	c.t.Helper()
+	o := *c.opts[i]
+	o.Routes = append(o.Routes[:0:0], o.Routes...)
+	srv, err := natsserver.NewServer(&o)
+	if err != nil {
+		c.t.Fatalf("testenv: nats cluster node %s: %v", o.ServerName, err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		c.t.Fatalf("testenv: nats cluster node %s did not become ready", o.ServerName)
+	}
+	c.mu.Lock()
+	c.nodes[i] = srv
+	c.mu.Unlock()
+}
+
+// URLs returns every node's client URL, comma-separated, as nats.Connect
+// takes them.
+func (c *Cluster) URLs() string {
+	urls := make([]string, len(c.opts))
+	for i, o := range c.opts {
+		urls[i] = fmt.Sprintf("nats://127.0.0.1:%d", o.Port)
+	}
+	return strings.Join(urls, ",")
+}
+
+// Name returns node i's server name.
+func (c *Cluster) Name(i int) string { return c.opts[i].ServerName }
+
+// Server returns node i, or nil while it is down.
+func (c *Cluster) Server(i int) *natsserver.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// Kill shuts node i down (its clients move to the other nodes); a node
+// already down is left alone.
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	srv := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
+// Restart brings node i back on its store folder and ports, and waits
+// until the cluster counts it again (WaitReady).
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	if c.Server(i) != nil {
+		c.t.Fatalf("testenv: nats cluster node %s is running", c.Name(i))
+	}
+	c.start(i)
+	c.WaitReady(30 * time.Second)
+}
+
+// StreamLeader returns the node leading stream (of the default account),
+// or -1 while none does.
+func (c *Cluster) StreamLeader(stream string) int {
+	for i := range c.opts {
+		if srv := c.Server(i); srv != nil && srv.JetStreamIsStreamLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream) {
+			return i
+		}
+	}
+	return -1
+}
+
+// ConsumerLeader returns the node leading the durable consumer of stream,
+// or -1 while none does.
+func (c *Cluster) ConsumerLeader(stream, consumer string) int {
+	for i := range c.opts {
+		if srv := c.Server(i); srv != nil && srv.JetStreamIsConsumerLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream, consumer) {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitReady waits until a running node leads the JetStream meta group,
+// knows every running node as a peer, and every running node is current,
+// failing the test after timeout.
+func (c *Cluster) WaitReady(timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !c.ready() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("testenv: the nats cluster is not ready (a JetStream leader and every node current) after %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) ready() bool {
+	var running []*natsserver.Server
+	for i := range c.opts {
+		if srv := c.Server(i); srv != nil {
+			running = append(running, srv)
+		}
+	}
+	led := false
+	for _, srv := range running {
+		if !srv.JetStreamIsCurrent() {
+			return false
+		}
+		if srv.JetStreamIsLeader() {
+			led = len(srv.JetStreamClusterPeers()) >= len(running)
+		}
+	}
+	return led
+}
+
+// WaitStreamLeader waits until a running node leads stream and returns
+// it, failing the test after timeout.
+func (c *Cluster) WaitStreamLeader(stream string, timeout time.Duration) int {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if i := c.StreamLeader(stream); i >= 0 {
+			return i
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("testenv: stream %s has no leader after %s", stream, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Connect opens a client connection to every node, closed when the test
+// ends; it reconnects forever, to whichever node is up.
+func (c *Cluster) Connect(t testing.TB) *nats.Conn {
+	t.Helper()
+	return Connect(t, c.URLs())
+}
+
+// GatherConsumer makes node i lead the durable consumer of stream (a
+// leader step-down with node i preferred), so that one node holds what a
+// test kills; it fails the test when node i does not lead it within
+// timeout.
+func (c *Cluster) GatherConsumer(nc *nats.Conn, stream, consumer string, i int, timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	req, err := json.Marshal(natsserver.JSApiLeaderStepdownRequest{Placement: &natsserver.Placement{Preferred: c.Name(i)}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for c.ConsumerLeader(stream, consumer) != i {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("testenv: node %s does not lead consumer %s of %s after %s", c.Name(i), consumer, stream, timeout)
+		}
+		if l := c.ConsumerLeader(stream, consumer); l >= 0 {
+			_, _ = nc.Request(fmt.Sprintf(natsserver.JSApiConsumerLeaderStepDownT, stream, consumer), req, 2*time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
