@@ -127,6 +127,19 @@ type Config struct {
 	// to a terminal state in this process (not in other processes). It
 	// must be quick; it runs on the engine's goroutines.
 	OnFinishedFunc func(id uuid.UUID, definition string, state saga.State)
+	// ShedOldestAge makes Engine.ShedStart refuse saga starts (the HTTP
+	// API answers 503 and writes nothing) while the oldest message in the
+	// stream has waited longer than it. Defaults to LeaseGrace, the time a
+	// command is meant to wait in the queue at most: past it every new
+	// saga waits longer than the deployment was sized for and the backlog
+	// only grows, so clients are told to come back instead.
+	ShedOldestAge time.Duration
+	// ShedStreamMessages, if positive, also sheds starts while more
+	// messages than it wait in the stream. Defaults to 0: no bound on the
+	// count, whose meaning depends on the throughput (the age's does not).
+	ShedStreamMessages int
+	// DisableShedding makes ShedStart accept every start.
+	DisableShedding bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -189,6 +202,12 @@ func (c *Config) validate(needNATS bool) error {
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = ReapIntervalDefault
+	}
+	if c.ShedOldestAge < 0 || c.ShedStreamMessages < 0 {
+		return errors.New("idemsaga: Config.ShedOldestAge and ShedStreamMessages must not be negative; set DisableShedding to shed nothing")
+	}
+	if c.ShedOldestAge == 0 {
+		c.ShedOldestAge = c.LeaseGrace
 	}
 	if c.MaxInputBytes < 0 {
 		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
@@ -268,6 +287,7 @@ type Engine struct {
 	c        *core
 	client   *Client
 	js       jetstream.JetStream
+	backlog  *streamBacklog
 	subjects wire.Subjects
 	relay    *outbox.Relay
 	steps    *attempt.Runner
@@ -318,6 +338,8 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
+	e.backlog = newStreamBacklog(e.js, cfg.Stream)
+	c.backlog = e.backlog.get
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
@@ -351,7 +373,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
-		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
+		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters,
 	}
 	e.steps, err = attempt.New(acfg)

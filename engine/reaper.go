@@ -97,7 +97,8 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, resend, paused, waited, found bool
+	var due, expired, resend, paused, waited, claimed, found bool
+	var queuedMillis int64
 	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
@@ -107,13 +108,13 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(selectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &queuedMillis)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		found = err == nil
 		return err
-	}, pguuid.Of(id.saga), id.step, string(id.phase))
+	}, pguuid.Of(id.saga), id.step, string(id.phase), attempt.LockID(saga.StepKey(id.saga, id.step, id.phase)))
 	if err := tx.Flush(ctx); err != nil {
 		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
 	}
@@ -147,6 +148,19 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		// goes out again, with a fresh lease.
 		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
 			return false, err
+		}
+	case expired && !claimed:
+		// No worker claimed the command: it waits in the queue, or was
+		// lost on its way. Either way the attempt has not started, and
+		// costs nothing: it is kept, and sent again if lost.
+		how, err := c.requeue(ctx, tx, sg, def, st.index, st.phase, st.attempt, time.Duration(queuedMillis)*time.Millisecond)
+		if err != nil {
+			return false, err
+		}
+		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), how).Inc()
+		if how == "resent" {
+			c.log.Info("command not claimed within its lease and not in the stream; sent again at the same attempt",
+				"saga_id", sg.ID, "step", step.Name, "phase", st.phase, "attempt", st.attempt)
 		}
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next

@@ -89,6 +89,9 @@ type Config struct {
 	// run (its definition, version or step unknown here) before it is
 	// parked. Zero fields take the defaults.
 	DeadLetters DeadLetterPolicy
+	// LeaseGrace, if positive, is the engine's: a command delivered late
+	// or again restarts its step's lease at delivery (claimLease).
+	LeaseGrace time.Duration
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -410,6 +413,9 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	if r.slots != nil {
 		r.slots <- struct{}{}
 		defer func() { <-r.slots }()
+	}
+	if mdErr == nil && r.late(md) {
+		r.claimLease(ctx, cmd)
 	}
 	r.Run(ctx, cmd, redelivered, func(err error) {
 		var unknown *UnknownError
