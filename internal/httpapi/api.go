@@ -53,6 +53,12 @@ type Config struct {
 	// ask for, at most engine.MaxSubmitTokenTTL. Defaults to
 	// engine.MaxSubmitTokenTTL.
 	MaxSubmitTokenTTL time.Duration
+	// ShedFunc, if set, is asked before each saga start whether to refuse
+	// it under overload (Engine.ShedStart): an error refuses it with 503,
+	// a Retry-After and nothing written; an *engine.Overload's RetryAfter
+	// sets the header. Callbacks, repairs and reads are never shed: they
+	// drain work. Defaults to nil: nothing is shed.
+	ShedFunc func(ctx context.Context, definition string) error
 }
 
 func (c *Config) validate() error {
