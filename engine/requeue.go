@@ -17,8 +17,9 @@ import (
 // reaper may do with it. claimed tells, for an expired lease, whether a
 // worker claimed the attempt: it marked the step when the command reached
 // it late (claimed_attempt), the key's lock is held (an attempt runs now;
-// $4 is the key's lock id), or the inbox has the attempt started (an
-// external call). An attempt whose outcome the inbox holds is not claimed:
+// $4 is the key's lock id, looked up in pg_locks rather than tried, which
+// would make the key look busy to another reaper), or the inbox has the
+// attempt started (an external call). An attempt whose outcome the inbox holds is not claimed:
 // its reply (or the move it missed) is on its way. queued_ms is how long
 // ago the attempt was dispatched.
 var selectStepForReap = fmt.Sprintf(`select step_index, phase::text, status::text, attempt, possibly_done,
@@ -31,7 +32,9 @@ case when status = 'dispatched' and lease_until < idemsaga.now() and next_attemp
   exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome = 'started')
   or (st.claimed_attempt = st.attempt and not exists (
     select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')))
-  or not pg_try_advisory_xact_lock(%d, $4), false)
+  or exists (select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
+    and l.database = (select oid from pg_database where datname = current_database())
+    and l.classid = %d and l.objid = ($4::bigint & 4294967295)::oid), false)
 else false end as claimed,
 (extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms
 from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, attempt.LockClass)
