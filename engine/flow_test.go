@@ -244,8 +244,9 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 	require.Equal(t, engine.VerdictDuplicate, v)
 	require.Equal(t, after, snapshot(), "a reply delivered twice changes nothing")
 
-	// The credit's first attempt loses its lease: attempt 2 goes out.
-	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where step = 'credit'`)
+	// The credit's first attempt, claimed by a worker, loses its lease:
+	// attempt 2 goes out.
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second', claimed_attempt = attempt where step = 'credit'`)
 	require.NoError(t, err)
 	moved, err := e.ReapOnce(ctx)
 	require.NoError(t, err)

@@ -95,7 +95,8 @@ from idemsaga.steps st left join idemsaga.step_attempts a using (saga_id, step, 
 
 // TestExpiredLeaseIsTakenOverOnlyFromAClaim expires the leases of steps no
 // worker claimed, and of steps whose key's lock a running attempt holds:
-// the first are kept at their attempt, the second taken over as before.
+// the first are kept at their attempt; the second get a lease from the
+// moment their claim was seen, and are taken over when that one runs out.
 func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -126,11 +127,20 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 		_, err := holder.Exec(ctx, `select pg_advisory_xact_lock_shared($1, $2)`, attempt.LockClass, attempt.LockID(k))
 		require.NoError(t, err)
 	}
-	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = any($1)`, ids)
-	require.NoError(t, err)
-	moved, err := e.ReapOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, n, moved)
+	expireAndReap := func() {
+		t.Helper()
+		_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = any($1)`, ids)
+		require.NoError(t, err)
+		moved, err := e.ReapOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, n, moved)
+	}
+	expireAndReap()
+	var marked int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where saga_id = any($1) and claimed_attempt = 1 and attempt = 1 and lease_until > now()`, ids).Scan(&marked))
+	require.Equal(t, n/2, marked, "the running attempts' leases restarted from their claims")
+	require.Zero(t, metricSum(t, reg, "idemsaga_lease_takeovers_total", nil), "no lease of a claim just seen is taken over")
+	expireAndReap()
 	for i, id := range ids {
 		var attemptNo int
 		require.NoError(t, pool.QueryRow(ctx, `select attempt from idemsaga.steps where saga_id = $1 and step = 'deduct'`, id).Scan(&attemptNo))
@@ -141,5 +151,6 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 		}
 	}
 	require.Equal(t, float64(n/2), metricSum(t, reg, "idemsaga_lease_takeovers_total", nil))
-	require.Equal(t, float64(n/2), metricSum(t, reg, "idemsaga_commands_requeued_total", nil))
+	require.Equal(t, float64(n/2), metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"how": "claimed"}))
+	require.Equal(t, float64(n), metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"how": "resent"}), "unclaimed commands kept at their attempt, twice each")
 }

@@ -97,7 +97,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, resend, paused, waited, claimed, found bool
+	var due, expired, resend, paused, waited, claimed, running, answered, found bool
 	var queuedMillis int64
 	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
 		var err error
@@ -108,7 +108,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(selectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &queuedMillis)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -149,10 +149,18 @@ func (c *core) reapStep(ctx context.Context, id stepID) (bool, error) {
 		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
 			return false, err
 		}
-	case expired && !claimed:
+	case expired && !claimed && running:
+		// An attempt runs, claimed with no mark (its command came
+		// promptly): its lease restarts now, the latest its claim can
+		// have been, and its next expiry is a takeover.
+		c.claimRunning(tx, def, id, st.index, st.attempt)
+		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), "claimed").Inc()
+	case expired && !claimed && !(answered && st.attempt >= policy.MaxAttempts):
 		// No worker claimed the command: it waits in the queue, or was
 		// lost on its way. Either way the attempt has not started, and
-		// costs nothing: it is kept, and sent again if lost.
+		// costs nothing: it is kept, and sent again if lost. So is an
+		// attempt the inbox answered, whose reply is on its way (the
+		// last one's answer is settled below, from the inbox).
 		how, err := c.requeue(ctx, tx, sg, def, st.index, st.phase, st.attempt, time.Duration(queuedMillis)*time.Millisecond)
 		if err != nil {
 			return false, err

@@ -14,14 +14,15 @@ import (
 )
 
 // selectStepForReap reads a step under its saga's lock, and what the
-// reaper may do with it. claimed tells, for an expired lease, whether a
-// worker claimed the attempt: it marked the step when the command reached
-// it late (claimed_attempt), the key's lock is held (an attempt runs now;
-// $4 is the key's lock id, looked up in pg_locks rather than tried, which
-// would make the key look busy to another reaper), or the inbox has the
-// attempt started (an external call). An attempt whose outcome the inbox holds is not claimed:
-// its reply (or the move it missed) is on its way. queued_ms is how long
-// ago the attempt was dispatched.
+// reaper may do with it. For an expired lease, claimed tells whether a
+// worker claimed the attempt and restarted its lease then (claimed_attempt:
+// a command that reached it late or again, or the reaper's own mark), and
+// running whether an attempt holds the key now: its lock is held ($4 is
+// the key's lock id, looked up in pg_locks rather than tried, which would
+// make the key look busy to another reaper), or the inbox has the attempt
+// started (an external call). An attempt whose outcome the inbox holds is
+// neither, but answered: its reply (or the move it missed) is on its way.
+// queued_ms is how long ago the attempt was dispatched.
 var selectStepForReap = fmt.Sprintf(`select step_index, phase::text, status::text, attempt, possibly_done,
 (status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
 (status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null) as expired,
@@ -29,15 +30,24 @@ var selectStepForReap = fmt.Sprintf(`select step_index, phase::text, status::tex
 exists (select 1 from idemsaga.sagas s where s.id = $1 and not (`+attempt.NotPaused+`)) as paused,
 (status = 'waiting' and lease_until < idemsaga.now()) as waited,
 case when status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null then coalesce(
+  st.claimed_attempt = st.attempt and not exists (
+    select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')),
+  false) else false end as claimed,
+case when status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null then
   exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome = 'started')
-  or (st.claimed_attempt = st.attempt and not exists (
-    select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')))
   or exists (select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
     and l.database = (select oid from pg_database where datname = current_database())
-    and l.classid = %d and l.objid = ($4::bigint & 4294967295)::oid), false)
-else false end as claimed,
+    and l.classid = %d and l.objid = ($4::bigint & 4294967295)::oid)
+else false end as running,
+exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')) as answered,
 (extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms
 from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, attempt.LockClass)
+
+// markClaimed marks an attempt found running without its worker's mark as
+// claimed, with a lease from now ($5 ms): the lease of an attempt runs from
+// its claim, and this is the latest its claim can have been.
+const markClaimed = `update idemsaga.steps set claimed_attempt = attempt, lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', updated_at = idemsaga.now()
+where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'`
 
 // requeueStep keeps a dispatched step whose command no worker claimed at
 // its attempt ($4), with a new dispatch timer ($5 ms), and, when $6 is not
@@ -93,6 +103,13 @@ func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Ti
 	default:
 		return requeuePlan{send: true, msgSuffix: "-q" + strconv.FormatInt(queued.Milliseconds(), 10), timer: lease, how: "resent"}
 	}
+}
+
+// claimRunning restarts the lease of an attempt found running with its
+// lease run out, and marks it claimed: its next expiry is a takeover.
+func (c *core) claimRunning(tx *attempt.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
+	lease := c.leaseMillis(policyOf(def, idx, id.phase))
+	tx.Exec(markClaimed, nil, pguuid.Of(id.saga), id.step, string(id.phase), attemptNo, lease)
 }
 
 // requeue keeps step idx of sg at its attempt after its lease ran out with
