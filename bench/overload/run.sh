@@ -4,7 +4,8 @@
 # (2 s step timeout + 3 s lease grace), flooded through their HTTP APIs by
 # bench/overload. VAR=value pairs go to the workers' environment (say
 # IDEMSAGA_NO_SHEDDING=true). N (default 20000) and C (default 200) set the
-# transfers and the requests in flight.
+# transfers and the requests in flight; WORKER_FLAGS more flags of
+# `worker run` (say --step-concurrency 2).
 set -euo pipefail
 bin=$1 name=$2
 shift 2
@@ -28,7 +29,8 @@ cleanup() {
 }
 trap cleanup EXIT
 for port in 19464 19465; do
-  env "$@" "$bin" run --http-addr 127.0.0.1:$port --max-conns 10 2>"/tmp/ovl-$name-$port.log" &
+  # shellcheck disable=SC2086
+  env "$@" "$bin" run --http-addr 127.0.0.1:$port --max-conns 10 ${WORKER_FLAGS:-} 2>"/tmp/ovl-$name-$port.log" &
   pids+=($!)
 done
 for port in 19464 19465; do
