@@ -89,6 +89,9 @@ from idemsaga.steps st left join idemsaga.step_attempts a using (saga_id, step, 
 	}
 	require.Equal(t, 1, maxAttempt, "every step completed at attempt 1")
 	require.Zero(t, ended, "no attempt ended other than by its outcome")
+	var marked int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where step = 'deduct' and claimed_attempt = 1`).Scan(&marked))
+	require.Equal(t, n, marked, "every first command, delivered late, restarted its lease at its claim")
 	require.Zero(t, sum("idemsaga_lease_takeovers_total", nil), "no lease taken over")
 	require.Zero(t, sum("idemsaga_commands_requeued_total", map[string]string{"how": "resent"}), "no queued command sent twice")
 }
