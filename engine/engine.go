@@ -86,9 +86,10 @@ type Config struct {
 	// Defaults to ReplyConcurrencyDefault.
 	ReplyConcurrency int
 	// LeaseGrace is added to a step's Timeout to make its lease: how long a
-	// dispatched attempt may go without a reply before it is dispatched
-	// again. It must cover the time a command can wait in the queue.
-	// Defaults to LeaseGraceDefault.
+	// claimed attempt may go without a reply before it is dispatched
+	// again. Time a command waits in the queue before a worker claims it
+	// spends no attempt (the command keeps its attempt, and is sent again
+	// only if the stream lost it). Defaults to LeaseGraceDefault.
 	LeaseGrace time.Duration
 	// ReapInterval is how often due retries and expired leases are looked
 	// for. Defaults to ReapIntervalDefault.
