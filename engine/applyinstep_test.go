@@ -160,7 +160,8 @@ func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
 	require.NoError(t, err)
 	first := latestCommand(t, pool)
 
-	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, res.ID)
+	// A worker claimed attempt 1 (claimed_attempt) and its lease ran out.
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second', claimed_attempt = attempt where saga_id = $1`, res.ID)
 	require.NoError(t, err)
 	moved, err := e.ReapOnce(ctx)
 	require.NoError(t, err)
@@ -221,7 +222,8 @@ func TestEnginePublishesWhatItCommits(t *testing.T) {
 }
 
 // TestReaperGivingUpWaitsForAStepInFlight: the last attempt's lease
-// expires while its handler still runs. The reaper's settle finds the
+// expires while its handler still runs: the reaper restarts it from the
+// claim it sees, and when that lease expires too, its settle finds the
 // step's key held (its advisory lock, tried without waiting), and changes
 // nothing; the step then finishes and moves its saga on in its own
 // transaction. Neither waits on the other, and nothing is logged as an
@@ -258,9 +260,22 @@ func TestReaperGivingUpWaitsForAStepInFlight(t *testing.T) {
 		done <- err
 	}()
 	<-entered
-	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, res.ID)
-	require.NoError(t, err)
+	expire := func() {
+		_, err := pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, res.ID)
+		require.NoError(t, err)
+	}
+	expire()
 	moved, err := e.ReapOnce(ctx)
+	if err != nil || moved != 1 {
+		close(release)
+	}
+	require.NoError(t, err)
+	require.Equal(t, 1, moved, "the attempt found running gets a lease from its claim")
+	expire()
+	moved, err = e.ReapOnce(ctx)
+	if err != nil || moved != 0 {
+		close(release)
+	}
 	require.NoError(t, err)
 	require.Zero(t, moved, "the reaper leaves a step whose key is held")
 

@@ -57,6 +57,9 @@ type core struct {
 	// offer, if set, runs a committed command in this process's step
 	// workers at once (attempt.Runner.Offer).
 	offer func(outbox.Committed) bool
+	// backlog, if set, reads the stream's backlog (streamBacklog.get): the
+	// reaper tells a command still queued from one lost.
+	backlog func(ctx context.Context) (backlog, bool)
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }

@@ -33,9 +33,11 @@
 //     transaction dispatched runs at once after it, claimed in the round
 //     trip of that COMMIT. Anything else is published right after the
 //     commit; the relay publishes what is left after Config.RelayHandOff.
-//   - A dispatched step holds a lease taken from the database clock. When
-//     it expires with no reply, the step is dispatched again with the same
-//     key and the next attempt number. A step given up (attempts exhausted,
+//   - A dispatched step holds a lease taken from the database clock, which
+//     runs from its attempt's claim. When it expires with no reply after a
+//     claim, the step is dispatched again with the same key and the next
+//     attempt number; a command no worker claimed keeps its attempt, and is
+//     sent again only if the stream no longer holds it. A step given up (attempts exhausted,
 //     its last lease expired, a cancel) is settled through the inbox first:
 //     a tombstone under its key, unless it holds a final outcome, so a late
 //     delivery does nothing. An external step any of whose attempts had an

@@ -88,9 +88,10 @@ type Config struct {
 	// Defaults to ReplyConcurrencyDefault.
 	ReplyConcurrency int
 	// LeaseGrace is added to a step's Timeout to make its lease: how long a
-	// dispatched attempt may go without a reply before it is dispatched
-	// again. It must cover the time a command can wait in the queue.
-	// Defaults to LeaseGraceDefault.
+	// claimed attempt may go without a reply before it is dispatched
+	// again. Time a command waits in the queue before a worker claims it
+	// spends no attempt (the command keeps its attempt, and is sent again
+	// only if the stream lost it). Defaults to LeaseGraceDefault.
 	LeaseGrace time.Duration
 	// ReapInterval is how often due retries and expired leases are looked
 	// for. Defaults to ReapIntervalDefault.
@@ -129,6 +130,19 @@ type Config struct {
 	// to a terminal state in this process (not in other processes). It
 	// must be quick; it runs on the engine's goroutines.
 	OnFinishedFunc func(id uuid.UUID, definition string, state saga.State)
+	// ShedOldestAge makes Engine.ShedStart refuse saga starts (the HTTP
+	// API answers 503 and writes nothing) while the oldest message in the
+	// stream has waited longer than it. Defaults to LeaseGrace, the time a
+	// command is meant to wait in the queue at most: past it every new
+	// saga waits longer than the deployment was sized for and the backlog
+	// only grows, so clients are told to come back instead.
+	ShedOldestAge time.Duration
+	// ShedStreamMessages, if positive, also sheds starts while more
+	// messages than it wait in the stream. Defaults to 0: no bound on the
+	// count, whose meaning depends on the throughput (the age's does not).
+	ShedStreamMessages int
+	// DisableShedding makes ShedStart accept every start.
+	DisableShedding bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -197,6 +211,12 @@ func (c *Config) validate(needNATS bool) error {
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = ReapIntervalDefault
+	}
+	if c.ShedOldestAge < 0 || c.ShedStreamMessages < 0 {
+		return errors.New("idemsaga: Config.ShedOldestAge and ShedStreamMessages must not be negative; set DisableShedding to shed nothing")
+	}
+	if c.ShedOldestAge == 0 {
+		c.ShedOldestAge = c.LeaseGrace
 	}
 	if c.MaxInputBytes < 0 {
 		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
@@ -276,6 +296,7 @@ type Engine struct {
 	c        *core
 	client   *Client
 	js       jetstream.JetStream
+	backlog  *streamBacklog
 	subjects wire.Subjects
 	relay    *outbox.Relay
 	steps    *attempt.Runner
@@ -326,6 +347,8 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
+	e.backlog = newStreamBacklog(e.js, cfg.Stream)
+	c.backlog = e.backlog.get
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
@@ -360,7 +383,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
-		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true,
+		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
 	}
 	e.steps, err = attempt.New(acfg)

@@ -244,8 +244,9 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 	require.Equal(t, engine.VerdictDuplicate, v)
 	require.Equal(t, after, snapshot(), "a reply delivered twice changes nothing")
 
-	// The credit's first attempt loses its lease: attempt 2 goes out.
-	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where step = 'credit'`)
+	// The credit's first attempt, claimed by a worker, loses its lease:
+	// attempt 2 goes out.
+	_, err = pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second', claimed_attempt = attempt where step = 'credit'`)
 	require.NoError(t, err)
 	moved, err := e.ReapOnce(ctx)
 	require.NoError(t, err)
@@ -275,9 +276,11 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 	require.Equal(t, final, snapshot())
 }
 
-// TestExpiredLeaseRedispatches loses a command on the way to the broker;
-// the lease expires and the step goes out again with the same key.
-func TestExpiredLeaseRedispatches(t *testing.T) {
+// TestLostCommandIsSentAgainAtItsAttempt loses a command on the way to the
+// broker: no worker claims it within its lease, the stream does not hold
+// it, and the step goes out again with the same key at the same attempt,
+// which the lost command never started.
+func TestLostCommandIsSentAgainAtItsAttempt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
@@ -313,9 +316,10 @@ func TestExpiredLeaseRedispatches(t *testing.T) {
 			deduct = s
 		}
 	}
-	require.Equal(t, 2, deduct.Attempt, "re-dispatched once")
+	require.Equal(t, 1, deduct.Attempt, "sent again at the attempt it never started")
 	require.Equal(t, saga.StepKey(res.ID, transfer.StepDeduct, saga.PhaseForward), deduct.Key, "same key")
-	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_lease_takeovers_total", map[string]string{"step": "deduct"}))
+	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"step": "deduct", "how": "resent"}))
+	require.Zero(t, metricSum(t, reg, "idemsaga_lease_takeovers_total", nil), "an attempt never claimed is not taken over")
 	rep, err := transfer.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)

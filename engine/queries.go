@@ -173,14 +173,6 @@ order by st.lease_until limit $1`
 	// holds.
 	lockSagaOfStep = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1 for no key update skip locked`
 
-	selectStepForReap = `select step_index, phase::text, status::text, attempt, possibly_done,
-(status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
-(status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null) as expired,
-(status = 'dispatched' and next_attempt_at is not null and next_attempt_at <= idemsaga.now()) as resend,
-exists (select 1 from idemsaga.sagas s where s.id = $1 and not (` + attempt.NotPaused + `)) as paused,
-(status = 'waiting' and lease_until < idemsaga.now()) as waited
-from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
-
 	// settleRead reads what the inbox holds for a step being settled, once
 	// settleTombstone fenced it.
 	settleRead = `select outcome::text, unknown, result from idemsaga.inbox where saga_id = $1 and step_key = $2`

@@ -98,7 +98,8 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, resend, paused, waited, found bool
+	var due, expired, resend, paused, waited, claimed, running, answered, found bool
+	var queuedMillis int64
 	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
@@ -108,13 +109,13 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(selectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		found = err == nil
 		return err
-	}, pguuid.Of(id.saga), id.step, string(id.phase))
+	}, pguuid.Of(id.saga), id.step, string(id.phase), attempt.LockID(saga.StepKey(id.saga, id.step, id.phase)))
 	var traced map[string]string
 	if c.tracer.Enabled() {
 		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id.saga))
@@ -160,6 +161,27 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// goes out again, with a fresh lease.
 		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
 			return false, err
+		}
+	case expired && !claimed && running:
+		// An attempt runs, claimed with no mark (its command came
+		// promptly): its lease restarts now, the latest its claim can
+		// have been, and its next expiry is a takeover.
+		c.claimRunning(tx, def, id, st.index, st.attempt)
+		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), "claimed").Inc()
+	case expired && !claimed && !(answered && st.attempt >= policy.MaxAttempts):
+		// No worker claimed the command: it waits in the queue, or was
+		// lost on its way. Either way the attempt has not started, and
+		// costs nothing: it is kept, and sent again if lost. So is an
+		// attempt the inbox answered, whose reply is on its way (the
+		// last one's answer is settled below, from the inbox).
+		how, err := c.requeue(ctx, tx, sg, def, st.index, st.phase, st.attempt, time.Duration(queuedMillis)*time.Millisecond)
+		if err != nil {
+			return false, err
+		}
+		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), how).Inc()
+		if how == "resent" {
+			c.log.Info("command not claimed within its lease and not in the stream; sent again at the same attempt",
+				"saga_id", sg.ID, "step", step.Name, "phase", st.phase, "attempt", st.attempt)
 		}
 	case due || st.attempt < policy.MaxAttempts:
 		// A due retry, or a lease takeover with attempts left: the next

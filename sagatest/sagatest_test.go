@@ -161,10 +161,14 @@ func TestCrashAfterCommitAndDoubleDeliveryTakeEffectOnce(t *testing.T) {
 	odd, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	// The crash took with it the dispatch of the next step, which only the
-	// dead worker knew to run: its lease ran out (on the test clock) and
-	// attempt 2 ran it. Every other attempt succeeded the first time; the
-	// second copy of a command was absorbed.
-	require.Equal(t, []string{"second 1 lease expired"}, odd)
+	// dead worker knew to run: its lease ran out (on the test clock) with
+	// no worker having claimed it, and it was sent again at attempt 1.
+	// Every attempt succeeded the first time; the second copy of a command
+	// was absorbed.
+	require.Empty(t, odd)
+	var beyond int
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `select count(*) from idemsaga.steps where attempt > 1`).Scan(&beyond))
+	require.Zero(t, beyond, "the lost command cost no attempt")
 }
 
 // TestRetentionOnTheTestClock: a finished saga is kept for the replay

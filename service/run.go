@@ -38,6 +38,9 @@ type runCmd struct {
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
 	SubmitTokenTTL   time.Duration `name:"submit-token-ttl" default:"1h" help:"Time to live of a submit token POST /v1/tokens issues without ttl_seconds (1m to 24h); requests may ask for up to 24h."`
 	MetricsFile      string        `name:"metrics-file" hidden:"" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
+	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the stream's oldest message has waited longer than this (0: the lease grace)."`
+	ShedStreamMsgs   int           `name:"shed-stream-messages" env:"IDEMSAGA_SHED_STREAM_MESSAGES" default:"0" help:"Also answer starts 503 while more messages than this wait in the stream (0: no bound on the count)."`
+	NoShedding       bool          `name:"no-shedding" env:"IDEMSAGA_NO_SHEDDING" help:"Accept every start, however far behind the stream is."`
 }
 
 func (r *runCmd) Run(ctx context.Context, f *Flags) error {
@@ -83,6 +86,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
 	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
 	cfg.DisableRetention = r.NoRetention
+	cfg.ShedOldestAge, cfg.ShedStreamMessages, cfg.DisableShedding = r.ShedOldestAge, r.ShedStreamMsgs, r.NoShedding
 	tp, err := newTracerProvider(ctx, name(*f.cfg), log)
 	if err != nil {
 		return err
@@ -112,7 +116,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	var ops *opsServer
 	if r.HTTPAddr != "" {
 		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg,
-			TraceRequests: tp != nil})
+			TraceRequests: tp != nil, ShedFunc: e.ShedStart})
 		if err != nil {
 			_ = e.Stop(context.Background())
 			return err

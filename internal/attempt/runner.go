@@ -95,6 +95,9 @@ type Config struct {
 	// trace context its command arrived with, and gives that span's
 	// context to the reply and the next command it writes.
 	Tracer *tracing.Tracer
+	// LeaseGrace, if positive, is the engine's: a command delivered late
+	// or again restarts its step's lease at delivery (claimLease).
+	LeaseGrace time.Duration
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -450,6 +453,9 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	if r.slots != nil {
 		r.slots <- struct{}{}
 		defer func() { <-r.slots }()
+	}
+	if mdErr == nil && r.late(md) {
+		r.claimLease(ctx, cmd)
 	}
 	r.Run(ctx, cmd, redelivered, func(err error) {
 		var unknown *UnknownError

@@ -63,6 +63,12 @@ type Config struct {
 	// (engine.Config.TracerProvider). Defaults to off: the start's span,
 	// if any, begins a trace.
 	TraceRequests bool
+	// ShedFunc, if set, is asked before each saga start whether to refuse
+	// it under overload (Engine.ShedStart): an error refuses it with 503,
+	// a Retry-After and nothing written; an *engine.Overload's RetryAfter
+	// sets the header. Callbacks, repairs and reads are never shed: they
+	// drain work. Defaults to nil: nothing is shed.
+	ShedFunc func(ctx context.Context, definition string) error
 }
 
 func (c *Config) validate() error {

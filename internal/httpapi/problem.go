@@ -57,6 +57,10 @@ const (
 	// definition, or expired unused; POST /v1/tokens issues a new one
 	// (400).
 	ProblemSubmitTokenInvalid = "urn:idemsaga:problem:submit-token-invalid"
+	// ProblemOverloaded: the engine's queue is behind (its stream's backlog
+	// is above the shedding threshold), so the start was refused and
+	// nothing written; retry the same request after Retry-After (503).
+	ProblemOverloaded = "urn:idemsaga:problem:overloaded"
 	// ProblemInternal: the server failed, for example because the database
 	// is unreachable (500). Retrying with the same Idempotency-Key is safe.
 	ProblemInternal = "urn:idemsaga:problem:internal"

@@ -8,7 +8,9 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -65,6 +67,9 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		a.internal(w, r, "resolve the saga definition", "retrying with the same Idempotency-Key is safe", err, "definition", name)
+		return
+	}
+	if a.shed(ctx, w, def.Name()) {
 		return
 	}
 	input, err := def.Input(json.RawMessage(body))
@@ -200,4 +205,26 @@ func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem
 			"the body could not be read ("+err.Error()+"); send it again")
 	}
 	return body, nil
+}
+
+// shed answers 503 and reports true when Config.ShedFunc refuses a start of
+// definition now; nothing is written.
+func (a *api) shed(ctx context.Context, w http.ResponseWriter, definition string) bool {
+	if a.cfg.ShedFunc == nil {
+		return false
+	}
+	err := a.cfg.ShedFunc(ctx, definition)
+	if err == nil {
+		return false
+	}
+	after, why := time.Second, "the engine is overloaded"
+	var o *engine.Overload
+	if errors.As(err, &o) {
+		after, why = o.RetryAfter, fmt.Sprintf("%s: %d messages wait in its stream, the oldest for %s", o.Reason, o.Messages, o.OldestAge.Round(100*time.Millisecond))
+	}
+	secs := max(int(after.Round(time.Second)/time.Second), 1)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeProblem(w, newProblem(http.StatusServiceUnavailable, ProblemOverloaded, "Overloaded",
+		fmt.Sprintf("the saga was not started, and nothing was written (no saga, no Idempotency-Key recorded, a submit token stays unused), because the engine's queue is behind: %s; send the same request again, with the same Idempotency-Key, after %d seconds (Retry-After)", why, secs)))
+	return true
 }

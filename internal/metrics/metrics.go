@@ -52,6 +52,11 @@ type Metrics struct {
 	// the dead-letter table and sent again from it.
 	DeadLettersParked  *prometheus.CounterVec
 	DeadLettersResumed *prometheus.CounterVec
+	// CommandsRequeued counts expired dispatch timers of commands no
+	// worker claimed; StartsShed the starts the API refused under
+	// overload.
+	CommandsRequeued *prometheus.CounterVec
+	StartsShed       *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -142,6 +147,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "dead_letters_resumed_total",
 		Help: "Parked commands sent again, by how: worker (a worker that runs their version), resend (a person).",
 	}, []string{"definition", "how"})
+	m.CommandsRequeued = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "commands_requeued_total",
+		Help: "Dispatched steps whose command no worker had claimed when its lease ran out: kept at their attempt, by how: queued (still waiting in the stream, nothing sent), resent (not in the stream: sent again), claimed (found running: its lease restarted, the next expiry is a takeover).",
+	}, []string{"definition", "step", "phase", "how"})
+	m.StartsShed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "starts_shed_total",
+		Help: "Saga starts refused (503, nothing written) because the stream's backlog was above the shedding threshold.",
+	}, []string{"definition"})
 	if reg == nil {
 		return m, nil
 	}
@@ -152,6 +165,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
 		m.DeadLettersParked, m.DeadLettersResumed,
+		m.CommandsRequeued, m.StartsShed,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

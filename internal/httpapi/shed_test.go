@@ -1,0 +1,137 @@
+package httpapi_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestStartsShedAboveTheBacklog fills the engine's stream past its
+// shedding bound with messages no consumer takes: many concurrent starts
+// (one of them with a submit token) all get 503 with a Retry-After and
+// nothing is written. Once the stream is purged, the same requests start
+// their sagas.
+func TestStartsShedAboveTheBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("SHED")
+	prefix := "t." + stream
+	reg := prometheus.NewRegistry()
+	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{payout}, Stream: stream, SubjectPrefix: prefix,
+		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond,
+		ShedStreamMessages: 5, Logger: quietLogger(), Registerer: reg}
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, engine.Deploy(ctx, cfg))
+	require.NoError(t, e.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, e.Stop(sctx))
+	})
+	env := serve(t, pool, e.Client(), func(c *httpapi.Config) { c.ShedFunc = e.ShedStart })
+	tok := env.issued(t, "payout")
+
+	// A subject of the stream that neither the step workers nor the
+	// orchestrator consume: its messages stay, as a backlog would.
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	for i := range 10 {
+		_, err := js.Publish(ctx, prefix+".backlog", []byte(strconv.Itoa(i)))
+		require.NoError(t, err)
+	}
+	waitShed := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for (e.ShedStart(ctx, "probe") != nil) != want {
+			require.True(t, time.Now().Before(deadline), "shedding did not become %v within 10s", want)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitShed(true)
+
+	const n = 40
+	keyOf := func(i int) string {
+		if i == 0 {
+			return tok.Token
+		}
+		return fmt.Sprintf("shed-%d", i)
+	}
+	startAll := func() []response {
+		out := make([]response, n)
+		errs := make([]error, n)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-gate
+				out[i], errs[i] = env.send(http.MethodPost, "/v1/sagas/payout", startHeaders(keyOf(i)), `{"account":1,"amount":5}`)
+			})
+		}
+		close(gate)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		return out
+	}
+
+	for i, r := range startAll() {
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "request %d: %s", i, r.body)
+		p := r.problem(t)
+		require.Equal(t, httpapi.ProblemOverloaded, p.Type)
+		require.Contains(t, p.Detail, "nothing was written")
+		require.Contains(t, p.Detail, "more than 5 messages wait in the stream")
+		after, err := strconv.Atoi(r.header.Get("Retry-After"))
+		require.NoError(t, err, "Retry-After is whole seconds")
+		require.GreaterOrEqual(t, after, 1)
+	}
+	env.nothingWritten(t)
+	require.Zero(t, tokenCount(t, pool, `consumed_at is not null`), "the submit token stays unused")
+	require.Equal(t, float64(n), shedCount(t, reg, "payout"), "every shed start counted")
+
+	s, err := js.Stream(ctx, stream)
+	require.NoError(t, err)
+	require.NoError(t, s.Purge(ctx))
+	waitShed(false)
+	for i, r := range startAll() {
+		require.Equal(t, http.StatusCreated, r.status, "request %d: %s", i, r.body)
+	}
+	require.Equal(t, n, env.sagaCount(t))
+	require.Equal(t, 1, tokenCount(t, pool, `consumed_at is not null`), "the token started its saga once accepted")
+}
+
+// shedCount reads the shed counter of definition.
+func shedCount(t *testing.T, reg *prometheus.Registry, definition string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "idemsaga_starts_shed_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "definition" && l.GetValue() == definition {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
