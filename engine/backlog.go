@@ -10,9 +10,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// backlog is the engine's stream as last read: the messages in it (a work
-// queue keeps only those not yet acknowledged) and when the oldest was
-// stored. The reaper and the API's load shedding share one reading.
+// backlog is the work waiting in the engine's stream as last read: the
+// messages no worker has been given yet (undelivered on the engine's
+// consumers) and when the oldest of them was stored. Messages delivered and
+// not yet acknowledged are not counted: a worker has them, or had them and
+// died, and the lease or AckWait answers for those, not the queue. The
+// reaper and the API's load shedding share one reading.
 type backlog struct {
 	msgs   uint64
 	oldest time.Time
@@ -38,8 +41,9 @@ const backlogStale = 5 * time.Second
 // streamBacklog reads a stream's state at most once every backlogEvery,
 // whoever asks.
 type streamBacklog struct {
-	js   jetstream.JetStream
-	name string
+	js        jetstream.JetStream
+	name      string
+	consumers []string
 	// reading is held by the one caller that reads the stream; others
 	// take the last reading meanwhile.
 	reading sync.Mutex
@@ -48,8 +52,8 @@ type streamBacklog struct {
 	tried   time.Time
 }
 
-func newStreamBacklog(js jetstream.JetStream, name string) *streamBacklog {
-	return &streamBacklog{js: js, name: name}
+func newStreamBacklog(js jetstream.JetStream, name string, consumers ...string) *streamBacklog {
+	return &streamBacklog{js: js, name: name, consumers: consumers}
 }
 
 // get returns the latest reading, reading the stream first if the last
@@ -80,6 +84,10 @@ func (s *streamBacklog) get(ctx context.Context) (b backlog, ok bool) {
 	return b, !b.at.IsZero() && time.Since(b.at) <= backlogStale
 }
 
+// read asks each consumer how many messages it has not delivered yet and
+// from which stream sequence on, then reads the first of them for its
+// time: a work queue keeps delivered messages until they are acknowledged,
+// so the stream's own first message may be one a dead worker held.
 func (s *streamBacklog) read(ctx context.Context) (backlog, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -87,19 +95,38 @@ func (s *streamBacklog) read(ctx context.Context) (backlog, error) {
 	if err != nil {
 		return backlog{}, err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return backlog{}, err
+	var b backlog
+	for _, name := range s.consumers {
+		c, err := st.Consumer(ctx, name)
+		if err != nil {
+			return backlog{}, err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return backlog{}, err
+		}
+		if info.NumPending == 0 {
+			continue
+		}
+		b.msgs += info.NumPending
+		m, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(info.Config.FilterSubject))
+		if err != nil {
+			return backlog{}, err
+		}
+		if b.oldest.IsZero() || m.Time.Before(b.oldest) {
+			b.oldest = m.Time
+		}
 	}
-	return backlog{msgs: info.State.Msgs, oldest: info.State.FirstTime, at: time.Now()}, nil
+	b.at = time.Now()
+	return b, nil
 }
 
 // Overload is the error of a start shed because the engine's stream holds
 // more work than ShedOldestAge or ShedStreamMessages allow: nothing was
 // written.
 type Overload struct {
-	// Messages is the stream's messages not yet acknowledged; OldestAge
-	// the age of the oldest of them.
+	// Messages is the stream's messages no worker was given yet;
+	// OldestAge the age of the oldest of them.
 	Messages  uint64
 	OldestAge time.Duration
 	// Reason names the threshold passed.
@@ -109,7 +136,7 @@ type Overload struct {
 }
 
 func (o *Overload) Error() string {
-	return fmt.Sprintf("idemsaga: overloaded: %s (%d messages in the stream, the oldest %s old); nothing was written: retry the same request in %s",
+	return fmt.Sprintf("idemsaga: overloaded: %s (%d messages wait for a worker, the oldest %s old); nothing was written: retry the same request in %s",
 		o.Reason, o.Messages, o.OldestAge.Round(100*time.Millisecond), o.RetryAfter)
 }
 

@@ -347,7 +347,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
-	e.backlog = newStreamBacklog(e.js, cfg.Stream)
+	e.backlog = newStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
 	c.backlog = e.backlog.get
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream)); err != nil {

@@ -89,12 +89,14 @@ type requeuePlan struct {
 }
 
 // planRequeue decides for a command dispatched queued ago whose lease ran
-// out unclaimed. A stream whose oldest message is at least as old as the
-// command may still hold it (a work queue keeps its messages in order until
-// they are acknowledged): nothing is sent, and the timer doubles, so that a
-// long queue costs a handful of looks. A stream younger than the command
-// does not hold it: it was lost, and is sent again under a new message id.
-// With the stream's state unknown, it is sent again under its own id.
+// out unclaimed. While the oldest message no worker was given yet is at
+// least as old as the command, the command may be among them (a consumer
+// delivers in stream order): nothing is sent, and the timer doubles, so that
+// a long queue costs a handful of looks. When the queue is younger or empty,
+// the command was delivered to a worker that died or lost it, or the
+// broker lost it: it is sent again under a new message id at the same
+// attempt (a copy a live worker still holds is absorbed by the inbox). With
+// the stream's state unknown, it is sent again under its own id.
 func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Time) requeuePlan {
 	switch {
 	case !known:

@@ -20,7 +20,8 @@ import (
 )
 
 // TestStartsShedAboveTheBacklog fills the engine's stream past its
-// shedding bound with messages no consumer takes: many concurrent starts
+// shedding bound with commands no worker is given (the step consumer is
+// paused): many concurrent starts
 // (one of them with a submit token) all get 503 with a Retry-After and
 // nothing is written. Once the stream is purged, the same requests start
 // their sagas.
@@ -47,12 +48,15 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 	env := serve(t, pool, e.Client(), func(c *httpapi.Config) { c.ShedFunc = e.ShedStart })
 	tok := env.issued(t, "payout")
 
-	// A subject of the stream that neither the step workers nor the
-	// orchestrator consume: its messages stay, as a backlog would.
+	// Commands queued for step workers that are held back: a backlog.
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	s, err := js.Stream(ctx, stream)
+	require.NoError(t, err)
+	_, err = s.PauseConsumer(ctx, stream+"_steps", time.Now().Add(time.Hour))
+	require.NoError(t, err)
 	for i := range 10 {
-		_, err := js.Publish(ctx, prefix+".backlog", []byte(strconv.Itoa(i)))
+		_, err := js.Publish(ctx, prefix+".cmd.backlog", []byte(strconv.Itoa(i)))
 		require.NoError(t, err)
 	}
 	waitShed := func(want bool) {
@@ -105,9 +109,9 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 	require.Zero(t, tokenCount(t, pool, `consumed_at is not null`), "the submit token stays unused")
 	require.Equal(t, float64(n), shedCount(t, reg, "payout"), "every shed start counted")
 
-	s, err := js.Stream(ctx, stream)
-	require.NoError(t, err)
 	require.NoError(t, s.Purge(ctx))
+	_, err = s.ResumeConsumer(ctx, stream+"_steps")
+	require.NoError(t, err)
 	waitShed(false)
 	for i, r := range startAll() {
 		require.Equal(t, http.StatusCreated, r.status, "request %d: %s", i, r.body)

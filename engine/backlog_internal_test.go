@@ -1,0 +1,72 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/testenv"
+)
+
+// TestBacklogCountsWhatNoWorkerWasGiven: the backlog is the consumers'
+// undelivered messages and the oldest of them, not the work queue's
+// whole content. A message a worker took and never acknowledged (it died)
+// stays in the stream, but it is not queued work: counting it would shed
+// starts, and hold back the re-send of lost commands, for an AckWait
+// after every crash.
+func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	name := testenv.Name("BACKLOG")
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"b." + name + ".>"}, Retention: jetstream.WorkQueuePolicy})
+	require.NoError(t, err)
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name + "_steps", FilterSubject: "b." + name + ".cmd.>",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour})
+	require.NoError(t, err)
+	_, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name + "_orchestrator", FilterSubject: "b." + name + ".reply.>",
+		AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	sb := newStreamBacklog(js, name, name+"_steps", name+"_orchestrator")
+
+	empty, err := sb.read(ctx)
+	require.NoError(t, err)
+	require.Zero(t, empty.msgs)
+	require.Zero(t, empty.oldestAge(time.Now()))
+
+	var stored []time.Time
+	for range 5 {
+		ack, err := js.Publish(ctx, "b."+name+".cmd.x", []byte("c"))
+		require.NoError(t, err)
+		m, err := s.GetMsg(ctx, ack.Sequence)
+		require.NoError(t, err)
+		stored = append(stored, m.Time)
+	}
+	_, err = js.Publish(ctx, "b."+name+".reply.x", []byte("r"))
+	require.NoError(t, err)
+	b, err := sb.read(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(6), b.msgs, "5 commands and 1 reply wait")
+	require.True(t, b.oldest.Equal(stored[0]), "the oldest is the first command")
+
+	// A worker takes two commands and dies without acknowledging them.
+	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	require.Equal(t, 2, n)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(6), info.State.Msgs, "the work queue still holds the two")
+	b, err = sb.read(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(4), b.msgs, "3 commands and 1 reply wait for a worker")
+	require.True(t, b.oldest.Equal(stored[2]), "the oldest waiting is the third command, not the ones delivered")
+}
