@@ -350,7 +350,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	e.backlog = newStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
 	c.backlog = e.backlog.get
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream)); err != nil {
+		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream, e.backlog)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
 		}
 	}

@@ -81,21 +81,30 @@ func (b *byDefinitionCollector) Collect(ch chan<- prometheus.Metric) {
 // streamCollector reports the stream's backlog when scraped: the messages
 // in it (commands and replies delivered to no one yet, or not yet
 // acknowledged) and the age of the oldest, which the outbox's metrics do
-// not see once a row was published.
+// not see once a row was published; and the part of them no worker was
+// given yet (the backlog the reaper and load shedding read).
 type streamCollector struct {
-	js       jetstream.JetStream
-	name     string
-	msgs, ag *prometheus.Desc
+	js                   jetstream.JetStream
+	name                 string
+	backlog              *streamBacklog
+	msgs, ag, qmsgs, qag *prometheus.Desc
 }
 
-func newStreamCollector(js jetstream.JetStream, name string) *streamCollector {
-	return &streamCollector{js: js, name: name,
-		msgs: prometheus.NewDesc(metrics.Namespace+"_stream_messages", "Messages in the engine's JetStream stream: commands and replies not yet acknowledged (a work queue keeps nothing else).", nil, nil),
-		ag:   prometheus.NewDesc(metrics.Namespace+"_stream_oldest_message_seconds", "Age of the oldest message in the engine's JetStream stream (0 when empty): compare it with the steps' leases.", nil, nil),
+func newStreamCollector(js jetstream.JetStream, name string, backlog *streamBacklog) *streamCollector {
+	return &streamCollector{js: js, name: name, backlog: backlog,
+		msgs:  prometheus.NewDesc(metrics.Namespace+"_stream_messages", "Messages in the engine's JetStream stream: commands and replies not yet acknowledged (a work queue keeps nothing else).", nil, nil),
+		ag:    prometheus.NewDesc(metrics.Namespace+"_stream_oldest_message_seconds", "Age of the oldest message in the engine's JetStream stream (0 when empty): compare it with the steps' leases.", nil, nil),
+		qmsgs: prometheus.NewDesc(metrics.Namespace+"_stream_queued_messages", "Messages in the engine's stream that no worker was given yet (the backlog load shedding reads).", nil, nil),
+		qag:   prometheus.NewDesc(metrics.Namespace+"_stream_oldest_queued_seconds", "Age of the oldest message no worker was given yet (0 when none): starts are shed past the shedding age.", nil, nil),
 	}
 }
 
-func (s *streamCollector) Describe(ch chan<- *prometheus.Desc) { ch <- s.msgs; ch <- s.ag }
+func (s *streamCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- s.msgs
+	ch <- s.ag
+	ch <- s.qmsgs
+	ch <- s.qag
+}
 
 func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -116,6 +125,10 @@ func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(s.msgs, prometheus.GaugeValue, float64(info.State.Msgs))
 	ch <- prometheus.MustNewConstMetric(s.ag, prometheus.GaugeValue, age)
+	if b, ok := s.backlog.get(ctx); ok {
+		ch <- prometheus.MustNewConstMetric(s.qmsgs, prometheus.GaugeValue, float64(b.msgs))
+		ch <- prometheus.MustNewConstMetric(s.qag, prometheus.GaugeValue, b.oldestAge(time.Now()).Seconds())
+	}
 }
 
 // Ready reports whether this engine can do its work: started, the database

@@ -1,9 +1,11 @@
 package engine_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -26,8 +28,9 @@ func unlabelled(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 // TestStreamBacklogMetrics: messages nobody takes from the stream show as
-// its backlog, with the age of the oldest, which the outbox's metrics no
-// longer see once they were published.
+// its content, with the age of the oldest, which the outbox's metrics no
+// longer see once they were published; commands waiting for a worker show
+// as the queued backlog.
 func TestStreamBacklogMetrics(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
@@ -45,4 +48,20 @@ func TestStreamBacklogMetrics(t *testing.T) {
 	}
 	require.Equal(t, 3.0, unlabelled(t, reg, "idemsaga_stream_messages"))
 	require.Greater(t, unlabelled(t, reg, "idemsaga_stream_oldest_message_seconds"), 0.0)
+	require.Zero(t, unlabelled(t, reg, "idemsaga_stream_queued_messages"), "no consumer of the engine's is behind")
+
+	// Two commands for step workers held back.
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := js.Stream(context.Background(), stream)
+	require.NoError(t, err)
+	_, err = s.PauseConsumer(context.Background(), stream+"_steps", time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	for range 2 {
+		_, err := js.Publish(context.Background(), "t."+stream+".cmd.held", []byte("x"))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return unlabelled(t, reg, "idemsaga_stream_queued_messages") == 2 }, 10*time.Second, 100*time.Millisecond)
+	require.Equal(t, 5.0, unlabelled(t, reg, "idemsaga_stream_messages"))
+	require.Greater(t, unlabelled(t, reg, "idemsaga_stream_oldest_queued_seconds"), 0.0)
 }

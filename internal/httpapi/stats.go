@@ -46,6 +46,12 @@ type Stats struct {
 	// StreamOldestSeconds is the age of the stream's oldest message (0
 	// when empty), null when the stream could not be read.
 	StreamOldestSeconds *float64 `json:"stream_oldest_message_seconds"`
+	// StreamQueuedMessages is the number of the stream's messages no
+	// worker was given yet, null when it could not be read.
+	StreamQueuedMessages *float64 `json:"stream_queued_messages"`
+	// StreamOldestQueuedSeconds is the age of the oldest of them (0 when
+	// none): load shedding compares it with its bound.
+	StreamOldestQueuedSeconds *float64 `json:"stream_oldest_queued_seconds"`
 	// OutboxBacklogRows is the number of outbox rows not yet published,
 	// null when the database could not be read.
 	OutboxBacklogRows *float64 `json:"outbox_backlog_rows"`
@@ -123,6 +129,10 @@ func statsOf(families []*dto.MetricFamily, at time.Time) Stats {
 			s.StreamMessages = gauge(f)
 		case "stream_oldest_message_seconds":
 			s.StreamOldestSeconds = gauge(f)
+		case "stream_queued_messages":
+			s.StreamQueuedMessages = gauge(f)
+		case "stream_oldest_queued_seconds":
+			s.StreamOldestQueuedSeconds = gauge(f)
 		case "outbox_backlog_rows":
 			s.OutboxBacklogRows = gauge(f)
 		case "outbox_oldest_unpublished_seconds":

@@ -29,5 +29,5 @@ func TestStatsOfMissing(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"at":"2026-01-02T03:04:05Z","sagas_started":0,"sagas_finished":{"completed":5,"parked":1},"step_attempts":{},
 "duplicates_absorbed":{},"deliveries":{},"lease_takeovers":0,"retries_scheduled":0,
-"stream_messages":null,"stream_oldest_message_seconds":null,"outbox_backlog_rows":null,"outbox_oldest_unpublished_seconds":null}`, string(b))
+"stream_messages":null,"stream_oldest_message_seconds":null,"stream_queued_messages":null,"stream_oldest_queued_seconds":null,"outbox_backlog_rows":null,"outbox_oldest_unpublished_seconds":null}`, string(b))
 }

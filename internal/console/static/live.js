@@ -95,14 +95,16 @@ function renderLive({cards, spark, layers, outcomes, note}) {
   const attemptsRate = rate(s => total(s.step_attempts));
   const dupTotal = total(last.duplicates_absorbed);
   const seenTotal = total(last.deliveries);
-  const stream = last.stream_messages;
-  const age = last.stream_oldest_message_seconds;
+  const stream = last.stream_queued_messages;
+  const age = last.stream_oldest_queued_seconds;
+  const held = last.stream_messages;
   cards.replaceChildren(
     tile('live-finished', 'Sagas finished / s', fmtNum(finishedRate, 1), fmtNum(total(last.sagas_finished)) + ' in all'),
     tile('live-started', 'Sagas started / s', fmtNum(startedRate, 1), fmtNum(last.sagas_started) + ' in all'),
     tile('live-attempts', 'Step attempts / s', fmtNum(attemptsRate, 1), fmtNum(total(last.step_attempts)) + ' in all'),
     tile('live-hit', 'Duplicates absorbed', fmtNum(dupTotal), 'hit rate ' + fmtPct(seenTotal ? dupTotal / seenTotal : null) + ' of ' + fmtNum(seenTotal) + ' seen'),
-    tile('live-stream', 'Stream backlog', stream === null ? 'unknown' : fmtNum(stream), age === null ? 'the stream could not be read' : 'oldest ' + fmtDuration(1000 * age),
+    tile('live-stream', 'Stream backlog', stream === null ? 'unknown' : fmtNum(stream),
+      age === null ? 'the stream could not be read' : 'oldest ' + fmtDuration(1000 * age) + (held === null ? '' : ' · ' + fmtNum(held) + ' in the stream'),
       stream === null ? 'warn' : ''),
     tile('live-outbox', 'Outbox backlog', last.outbox_backlog_rows === null ? 'unknown' : fmtNum(last.outbox_backlog_rows),
       last.outbox_oldest_unpublished_seconds === null ? '' : 'oldest ' + fmtDuration(1000 * last.outbox_oldest_unpublished_seconds)),
