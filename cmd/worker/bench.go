@@ -56,13 +56,17 @@ type benchCmd struct {
 }
 
 type benchResult struct {
-	Sagas                          int
-	Elapsed                        time.Duration
-	P50, P95, P99                  time.Duration
-	TxPerSaga, RowsPerSaga         float64
-	ReadsPerSaga, HitsPerSaga      float64
-	MsgsPerSaga                    float64
-	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
+	Sagas         int
+	Elapsed       time.Duration
+	P50, P95, P99 time.Duration
+	// StartP50 and StartP99 are of the Start call alone; StepP50 and
+	// StepP99 of a forward step from its dispatch to its success, on the
+	// database clock.
+	StartP50, StartP99, StepP50, StepP99 time.Duration
+	TxPerSaga, RowsPerSaga               float64
+	ReadsPerSaga, HitsPerSaga            float64
+	MsgsPerSaga                          float64
+	WorkerCPUPerSaga, PGCPUPerSaga       time.Duration
 	// NATSCPUPerSaga is the external broker's (--nats-url), 0 when it is
 	// embedded and counted with the workers.
 	NATSCPUPerSaga time.Duration
@@ -218,6 +222,9 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 		return err
 	}
 
+	// starts holds each measured saga's Start call (the start transaction
+	// and its commit), apart from the whole saga's latency.
+	starts := make([]time.Duration, b.Sagas)
 	run := func(n int, prefix string, latencies []time.Duration) error {
 		jobs := make(chan int)
 		errc := make(chan error, 1)
@@ -236,6 +243,9 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 					key := fmt.Sprintf("%s-%07d", prefix, i)
 					start := time.Now()
 					res, err := cl.Start(ctx, transfer.Definition, key, in)
+					if latencies != nil {
+						starts[i] = time.Since(start)
+					}
 					if err == nil && float64((i*31)%1000) < b.DupRate*1000 {
 						_, err = cl.Start(ctx, transfer.Definition, key, in) // the client's retry
 					}
@@ -344,6 +354,11 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
 	res.P50, res.P95, res.P99 = pct(0.50), pct(0.95), pct(0.99)
+	slices.Sort(starts)
+	res.StartP50, res.StartP99 = starts[len(starts)/2], starts[min(len(starts)-1, int(0.99*float64(len(starts))))]
+	if res.StepP50, res.StepP99, err = stepLatency(ctx, pool, "bench-"); err != nil {
+		return err
+	}
 	n := float64(b.Sagas)
 	res.TxPerSaga = float64(after.commits-before.commits) / n
 	res.RowsPerSaga = float64(after.rows-before.rows) / n
@@ -389,6 +404,8 @@ func (r benchResult) print() {
 	fmt.Println()
 	row("throughput", "%.0f sagas/s (%d in %s)", rate, r.Sagas, r.Elapsed.Round(time.Millisecond))
 	row("latency", "p50 %s, p95 %s, p99 %s (submit to terminal state)", r.P50.Round(10*time.Microsecond), r.P95.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond))
+	row("start, step", "start p50 %s, p99 %s (the Start call); step p50 %s, p99 %s (a forward step's dispatch to its success, database clock)",
+		r.StartP50.Round(10*time.Microsecond), r.StartP99.Round(10*time.Microsecond), r.StepP50.Round(10*time.Microsecond), r.StepP99.Round(10*time.Microsecond))
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
 	row("buffers", "%.1f pages read from outside shared_buffers and %.0f found in them per saga", r.ReadsPerSaga, r.HitsPerSaga)
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
@@ -559,9 +576,28 @@ func residentMemory() uint64 {
 	return 0
 }
 
-// prefill writes n finished transfer sagas as the engine leaves them
-// (saga, two succeeded steps and their inbox rows, two ledger rows that
-// cancel out on account 1), in batches, then vacuums, analyzes and
+// stepLatency returns the median and 99th percentile of the time from
+// dispatch to success of the forward steps of the sagas whose keys start
+// with prefix, on the database clock.
+func stepLatency(ctx context.Context, pool *pgxpool.Pool, prefix string) (p50, p99 time.Duration, err error) {
+	var a, b float64
+	err = pool.QueryRow(ctx, `select coalesce(percentile_cont(0.5) within group (order by d), 0), coalesce(percentile_cont(0.99) within group (order by d), 0)
+from (select extract(epoch from st.updated_at - st.dispatched_at) as d
+  from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
+  where s.idem_key like $1 || '%' and st.phase = 'forward' and st.status = 'succeeded') x`, prefix).Scan(&a, &b)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read step latency: %w", err)
+	}
+	return time.Duration(a * float64(time.Second)), time.Duration(b * float64(time.Second)), nil
+}
+
+// prefill writes n finished transfer sagas as the engine leaves them, in
+// the mix of a bench run: 95% credited (saga, two succeeded steps and
+// their inbox rows, two ledger rows that cancel out on account 1), every
+// 20th compensated (its credit failed, its deduct compensated: three steps
+// and inbox rows, a deduct and a refund), and every 100th credited after
+// one retry of its credit (attempt 2 and a step_attempts row); no outbox
+// rows, which the relay deletes once published. It writes them in batches, then vacuums, analyzes and
 // checkpoints, so that a run measures the engine on large tables. Their
 // ids are UUIDv7 from a day before, one millisecond apart, as the engine
 // would have made them: older than every id of the run, so the run's
@@ -577,7 +613,7 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			return fmt.Errorf("prefill sagas %d to %d: %w", lo, hi, err)
 		}
 	}
-	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.inbox", "transfer.ledger"} {
+	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.step_attempts", "idemsaga.inbox", "transfer.ledger"} {
 		if _, err := pool.Exec(ctx, "vacuum analyze "+t); err != nil {
 			return fmt.Errorf("prefill: vacuum %s: %w", t, err)
 		}
@@ -596,28 +632,41 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 }
 
 const prefillSQL = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, created_at, updated_at, finished_at)
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, error, created_at, updated_at, finished_at)
   select encode(set_byte(set_byte(overlay(r placing substring(int8send(ms) from 3 for 6) from 1 for 6),
       6, (get_byte(r, 6) & 15) | 112), 8, (get_byte(r, 8) & 63) | 128), 'hex')::uuid,
     'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
-    jsonb_build_object('from', 1, 'to', 1, 'amount', 1), 'credited', 3,
+    jsonb_build_object('from', 1, 'to', 1, 'amount', 1),
+    case when g % 20 = 0 then 'compensated' else 'credited' end, case when g % 20 = 0 then 4 else 3 end,
+    case when g % 20 = 0 then 'step "credit" failed: destination account missing or frozen (prefill)' end,
     now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
   from generate_series($1::int, $2::int) g,
     lateral (select decode(md5('prefill-' || g), 'hex') as r,
       (extract(epoch from now() - interval '1 day') * 1000)::bigint + g as ms) x
-  returning id
+  returning id, state, substring(idem_key from 9)::int as g
 ), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at, dispatched_at)
-  select s.id, x.step, 'forward', x.idx, md5(s.id::text || x.step)::uuid, 'succeeded', 1, jsonb_build_object('account', 1, 'amount', x.amount),
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, last_error, result, created_at, updated_at, dispatched_at)
+  select s.id, x.step, x.phase, x.idx, md5(s.id::text || x.step || x.phase)::uuid, x.status,
+    case when x.step = 'credit' and s.g % 100 = 50 then 2 else 1 end,
+    case when x.status = 'failed' then 'destination account missing or frozen (prefill)' end,
+    case when x.amount is not null then jsonb_build_object('account', 1, 'amount', x.amount) end,
     now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-  from s cross join (values ('deduct', 0, -1), ('credit', 1, 1)) x(step, idx, amount)
-  returning saga_id, step, key
+  from s join (values ('deduct', 'forward', 0, 'succeeded', -1, 'any'), ('credit', 'forward', 1, 'succeeded', 1, 'credited'),
+      ('credit', 'forward', 1, 'failed', null, 'compensated'), ('deduct', 'compensate', 0, 'succeeded', 1, 'compensated')) x(step, phase, idx, status, amount, kind)
+    on x.kind in ('any', s.state)
+  returning saga_id, step, phase, key, status, attempt
+), at as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+  select saga_id, step, phase, 1, now() - interval '1 day', now() - interval '1 day', 'retry', 'a transient error (prefill)'
+  from st where attempt = 2
 ), ib as (
   insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, created_at)
-  select key, saga_id, step, 'forward', 1, 'succeeded', now() - interval '1 day' from st
+  select key, saga_id, step, phase, attempt, status, now() - interval '1 day' from st
 )
 insert into transfer.ledger (saga_id, step, account_id, amount, created_at)
-select saga_id, step, 1, case when step = 'deduct' then -1 else 1 end, now() - interval '1 day' from st`
+select saga_id, case when phase = 'compensate' then 'refund' else step end, 1,
+  case when step = 'deduct' and phase = 'forward' then -1 else 1 end, now() - interval '1 day'
+from st where status = 'succeeded'`
 
 // processCPU adds up the CPU time of every process of this name on this
 // machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.
