@@ -112,6 +112,24 @@ func (s *PGServer) SetSynchronous(names string) {
 	}
 }
 
+// WaitCaughtUp waits until the standby s replayed every WAL record the
+// primary wrote so far.
+func (s *PGServer) WaitCaughtUp(primary *PGServer) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, primary.URL("postgres"))
+	if err != nil {
+		s.t.Fatalf("testenv: connect to PostgreSQL at %s: %v", primary.Addr(), err)
+	}
+	defer conn.Close(ctx)
+	var lsn string
+	if err := conn.QueryRow(ctx, "select pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		s.t.Fatalf("testenv: read the WAL position of %s: %v", primary.Addr(), err)
+	}
+	s.waitFor(30*time.Second, "select pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn)
+}
+
 // StopStreaming has the standby s stop receiving WAL (an empty
 // primary_conninfo): what its primary commits from now on never reaches it.
 func (s *PGServer) StopStreaming() {
