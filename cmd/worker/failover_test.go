@@ -45,9 +45,12 @@ type pgPair struct {
 const (
 	failoverAccounts = 10 // account 10 is frozen: transfers to it are compensated
 	failoverDB       = "idemsaga"
+	// failoverLeaseGrace makes a lease (1s step timeout + grace) far
+	// longer than the outage, so that a saga left to its lease shows.
+	failoverLeaseGrace = 10 * time.Second
 )
 
-func newPGPair(t *testing.T, synchronous bool) *pgPair {
+func newPGPair(t *testing.T, synchronous bool, leaseGrace time.Duration) *pgPair {
 	primary := testenv.StartPGPrimary(t)
 	standby := primary.StartStandby("standby1")
 	if synchronous {
@@ -71,12 +74,12 @@ func newPGPair(t *testing.T, synchronous bool) *pgPair {
 	policy := saga.RetryPolicy{Timeout: time.Second, MaxAttempts: 20, MaxBackoff: 200 * time.Millisecond}
 	def, err := transfer.NewDefinition(policy)
 	require.NoError(t, err)
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: prefix, Stream: stream, LeaseGrace: time.Second})
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: prefix, Stream: stream, LeaseGrace: leaseGrace})
 	require.NoError(t, err)
 	return &pgPair{t: t, primary: primary, standby: standby, url: url, pool: pool, client: cl, def: def, seeded: seeded, nc: nc, stream: stream, prefix: prefix, env: []string{
 		"DATABASE_URL=" + url, "NATS_URL=" + srv.ClientURL(),
 		"IDEMSAGA_STREAM=" + stream, "IDEMSAGA_SUBJECT_PREFIX=" + prefix,
-		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_MAX_BACKOFF=200ms", "IDEMSAGA_LEASE_GRACE=1s", "HTTP_ADDR=127.0.0.1:0",
+		"IDEMSAGA_STEP_TIMEOUT=1s", "IDEMSAGA_MAX_ATTEMPTS=20", "IDEMSAGA_MAX_BACKOFF=200ms", "IDEMSAGA_LEASE_GRACE=" + leaseGrace.String(), "HTTP_ADDR=127.0.0.1:0",
 	}}
 }
 
@@ -187,7 +190,7 @@ func (p *pgPair) waitFor(what string, timeout time.Duration, cond func(context.C
 func TestPostgresFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	p := newPGPair(t, true)
+	p := newPGPair(t, true, failoverLeaseGrace)
 	w1, w2 := p.startWorker(), p.startWorker()
 
 	const n = 600
@@ -266,6 +269,8 @@ func TestPostgresFailover(t *testing.T) {
 	var longest, median float64
 	require.NoError(t, p.pool.QueryRow(ctx, `select extract(epoch from max(finished_at - created_at)),
   extract(epoch from percentile_cont(0.5) within group (order by finished_at - created_at)) from idemsaga.sagas`).Scan(&longest, &median))
+	lease := time.Second + failoverLeaseGrace
+	require.Less(t, longest, lease.Seconds(), "no saga waited for a lease: the workers sent what they had in hand again at once")
 	w1.stop(t)
 	w2.stop(t)
 	t.Logf("failover: %d sagas, 0 differences; primary down to replica promoted %s (1s of it the simulated decision); promoted to the first saga finished there %s; longest saga %.2fs, median %.3fs; %d start errors retried by the client, longest start %s",
@@ -348,7 +353,7 @@ func (p *pgPair) audit() {
 //     what survived.
 func TestPostgresAsyncFailoverLosesAcknowledgedCommits(t *testing.T) {
 	t.Parallel()
-	p := newPGPair(t, false)
+	p := newPGPair(t, false, time.Second)
 
 	// A: finished and replicated.
 	w := p.startWorker()
