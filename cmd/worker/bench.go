@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -48,6 +50,7 @@ type benchCmd struct {
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
 	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
+	ReusePrefill   bool          `name:"reuse-prefill" help:"Run on the database --db-name left by an earlier run with the same --prefill, deleting that run's own sagas first, instead of creating and prefilling it afresh (ten million take a quarter of an hour); it is then kept. Without an earlier one, prefill and keep it."`
 	Redeliver      float64       `default:"0" help:"Fraction of the commands crossing the broker delivered a second time under a new message id (1: every one twice); the inbox absorbs them."`
 	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them. With it or --redeliver, sagas start from a client without step workers, so that every first command crosses the broker (the pools' relays poll every 5ms); the steps those dispatch still run at once."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
@@ -63,10 +66,12 @@ type benchResult struct {
 	// StepP99 of a forward step from its dispatch to its success, on the
 	// database clock.
 	StartP50, StartP99, StepP50, StepP99 time.Duration
-	TxPerSaga, RowsPerSaga               float64
-	ReadsPerSaga, HitsPerSaga            float64
-	MsgsPerSaga                          float64
-	WorkerCPUPerSaga, PGCPUPerSaga       time.Duration
+	// RelPages is the pages found or read per saga, by table or index.
+	RelPages                       map[string]float64
+	TxPerSaga, RowsPerSaga         float64
+	ReadsPerSaga, HitsPerSaga      float64
+	MsgsPerSaga                    float64
+	WorkerCPUPerSaga, PGCPUPerSaga time.Duration
 	// NATSCPUPerSaga is the external broker's (--nats-url), 0 when it is
 	// embedded and counted with the workers.
 	NATSCPUPerSaga time.Duration
@@ -96,22 +101,29 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 
-	dsn, pool, err := freshDatabase(ctx, g, b.DBName, 4)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	const accounts = 1000
-	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
+	dsn, pool, seeded, reused, err := reusePrefilled(ctx, g, b, accounts)
 	if err != nil {
 		return err
 	}
-
-	if b.Prefill > 0 {
-		if err := prefill(ctx, pool, b.Prefill); err != nil {
+	if !reused {
+		dsn, pool, err = freshDatabase(ctx, g, b.DBName, 4)
+		if err != nil {
 			return err
 		}
+		seeded, err = transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
+		if err != nil {
+			pool.Close()
+			return err
+		}
+		if b.Prefill > 0 {
+			if err := prefill(ctx, pool, b.Prefill); err != nil {
+				pool.Close()
+				return err
+			}
+		}
 	}
+	defer pool.Close()
 
 	viaBroker := b.LostAcks > 0 || b.Redeliver > 0
 	natsURL, stream, prefix := b.NATSURL, engine.StreamDefault, engine.SubjectPrefixDefault
@@ -364,6 +376,12 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	res.RowsPerSaga = float64(after.rows-before.rows) / n
 	res.ReadsPerSaga = float64(after.blksRead-before.blksRead) / n
 	res.HitsPerSaga = float64(after.blksHit-before.blksHit) / n
+	res.RelPages = map[string]float64{}
+	for rel, v := range after.relPages {
+		if d := float64(v-before.relPages[rel]) / n; d >= 0.05 {
+			res.RelPages[rel] = d
+		}
+	}
 	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
 	res.Absorbed = map[string]float64{}
 	for layer, v := range absorbedAfter {
@@ -408,6 +426,13 @@ func (r benchResult) print() {
 		r.StartP50.Round(10*time.Microsecond), r.StartP99.Round(10*time.Microsecond), r.StepP50.Round(10*time.Microsecond), r.StepP99.Round(10*time.Microsecond))
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
 	row("buffers", "%.1f pages read from outside shared_buffers and %.0f found in them per saga", r.ReadsPerSaga, r.HitsPerSaga)
+	rels := slices.Collect(maps.Keys(r.RelPages))
+	slices.SortFunc(rels, func(a, b string) int { return cmp.Compare(r.RelPages[b], r.RelPages[a]) })
+	var by []string
+	for _, rel := range rels[:min(len(rels), 10)] {
+		by = append(by, fmt.Sprintf("%s %.1f", rel, r.RelPages[rel]))
+	}
+	row("pages by relation", "per saga: %s", strings.Join(by, ", "))
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
 	a := r.Absorbed
 	row("duplicates", "absorbed per saga: %.2f at the start, %.2f by the broker, %.2f by the step workers' memory, %.2f by the inbox, %.2f by the orchestrator",
@@ -510,6 +535,10 @@ type stats struct {
 	selfCPU, pgCPU      time.Duration
 	natsCPU             time.Duration
 	heap, rss           uint64
+	// relPages is the pages found or read per table and index of the
+	// engine's and the example's schemas (pg_statio_user_tables and
+	// _indexes), to tell which one grows with the tables.
+	relPages map[string]int64
 }
 
 // snapshot reads the counters a run is measured by. PostgreSQL's backends
@@ -541,6 +570,24 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, s
 	}
 	if err := pool.QueryRow(ctx, `select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint from pg_stat_user_tables`).Scan(&s.rows); err != nil {
 		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
+	}
+	rows, err := pool.Query(ctx, `select relname, coalesce(heap_blks_hit + heap_blks_read, 0) from pg_statio_user_tables where schemaname in ('idemsaga', 'transfer')
+union all select indexrelname, idx_blks_hit + idx_blks_read from pg_statio_user_indexes where schemaname in ('idemsaga', 'transfer')`)
+	if err != nil {
+		return s, fmt.Errorf("read pg_statio_user_tables: %w", err)
+	}
+	s.relPages = map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			rows.Close()
+			return s, err
+		}
+		s.relPages[name] = n
+	}
+	if err := rows.Err(); err != nil {
+		return s, err
 	}
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -576,6 +623,56 @@ func residentMemory() uint64 {
 	return 0
 }
 
+// reusePrefilled opens --db-name when --reuse-prefill is set and it holds
+// exactly --prefill prefilled sagas, and brings it back to the state the
+// prefill left: the earlier run's sagas (with their steps, inbox rows,
+// attempts and ledger rows) and outbox rows deleted, the accounts at their
+// seeded balances (the prefill's ledger nets zero on account 1), vacuumed.
+func reusePrefilled(ctx context.Context, g *globals, b *benchCmd, accounts int) (dsn string, pool *pgxpool.Pool, seeded int64, ok bool, err error) {
+	if !b.ReusePrefill {
+		return "", nil, 0, false, nil
+	}
+	if dsn, err = withDBName(g.DatabaseURL, b.DBName); err != nil {
+		return "", nil, 0, false, err
+	}
+	if pool, err = openDB(ctx, dsn, 4); err != nil {
+		fmt.Printf("bench: --reuse-prefill: no database %s to reuse (%v); prefilling one\n", b.DBName, err)
+		return "", nil, 0, false, nil
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where idem_key like 'prefill-%'`).Scan(&n); err != nil || n != b.Prefill {
+		pool.Close()
+		fmt.Printf("bench: --reuse-prefill: %s holds %d prefilled sagas, not %d (%v); prefilling afresh\n", b.DBName, n, b.Prefill, err)
+		return "", nil, 0, false, nil
+	}
+	start := time.Now()
+	for _, q := range []string{
+		`delete from transfer.ledger where created_at > now() - interval '12 hours'`,
+		`delete from idemsaga.sagas where idem_key not like 'prefill-%'`,
+		`delete from idemsaga.outbox`,
+		`update transfer.accounts set balance = 1000000000`,
+		`vacuum analyze idemsaga.sagas, idemsaga.steps, idemsaga.step_attempts, idemsaga.inbox, idemsaga.outbox, transfer.ledger, transfer.accounts`,
+		`checkpoint`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			pool.Close()
+			return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s: %w", q, err)
+		}
+	}
+	seeded, found, err := transfer.Seeded(ctx, pool)
+	if err != nil || !found {
+		pool.Close()
+		return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s has no seed recorded (%v): drop it", b.DBName, err)
+	}
+	if seeded != int64(accounts+1)*1_000_000_000 {
+		pool.Close()
+		return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s was seeded with %d, not by this benchmark: drop it", b.DBName, seeded)
+	}
+	syscall.Sync()
+	fmt.Printf("bench: reused %d prefilled sagas in %s, the earlier run's deleted in %s\n", n, b.DBName, time.Since(start).Round(time.Second))
+	return dsn, pool, seeded, true, nil
+}
+
 // stepLatency returns the median and 99th percentile of the time from
 // dispatch to success of the forward steps of the sagas whose keys start
 // with prefix, on the database clock.
@@ -597,7 +694,9 @@ from (select extract(epoch from st.updated_at - st.dispatched_at) as d
 // 20th compensated (its credit failed, its deduct compensated: three steps
 // and inbox rows, a deduct and a refund), and every 100th credited after
 // one retry of its credit (attempt 2 and a step_attempts row); no outbox
-// rows, which the relay deletes once published. It writes them in batches, then vacuums, analyzes and
+// rows, which the relay deletes once published. Their keys are numbered
+// with zeros in front, so that each batch goes to the right edge of the
+// key index, as the ids do. It writes them in batches, then vacuums, analyzes and
 // checkpoints, so that a run measures the engine on large tables. Their
 // ids are UUIDv7 from a day before, one millisecond apart, as the engine
 // would have made them: older than every id of the run, so the run's
@@ -635,7 +734,7 @@ const prefillSQL = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, error, created_at, updated_at, finished_at)
   select encode(set_byte(set_byte(overlay(r placing substring(int8send(ms) from 3 for 6) from 1 for 6),
       6, (get_byte(r, 6) & 15) | 112), 8, (get_byte(r, 8) & 63) | 128), 'hex')::uuid,
-    'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
+    'transfer', 'prefill-' || lpad(g::text, 10, '0'), sha256(('prefill-' || g)::bytea),
     jsonb_build_object('from', 1, 'to', 1, 'amount', 1),
     case when g % 20 = 0 then 'compensated' else 'credited' end, case when g % 20 = 0 then 4 else 3 end,
     case when g % 20 = 0 then 'step "credit" failed: destination account missing or frozen (prefill)' end,
