@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -101,7 +102,11 @@ func (f *Flags) OpenDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, erro
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// Per host: with several hosts a dead one costs this much of
+		// each new connection (connect_timeout in the URL overrides it).
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database: %s", redact(err.Error(), cfg.ConnConfig.Password))
@@ -117,17 +122,32 @@ func (f *Flags) OpenDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, erro
 
 func dbError(c *pgx.ConnConfig, err error) error {
 	var pgErr *pgconn.PgError
+	at := dbHosts(c)
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "3D000":
-		return fmt.Errorf("database %q does not exist on %s:%d: create it (createdb -h %s -U %s %s) or point DATABASE_URL at another", c.Database, c.Host, c.Port, c.Host, c.User, c.Database)
+		return fmt.Errorf("database %q does not exist on %s: create it (createdb -h %s -U %s %s) or point DATABASE_URL at another", c.Database, at, c.Host, c.User, c.Database)
 	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
-		return fmt.Errorf("PostgreSQL at %s:%d refused user %q (%s): check the user and password in DATABASE_URL", c.Host, c.Port, c.User, pgErr.Code)
+		return fmt.Errorf("PostgreSQL at %s refused user %q (%s): check the user and password in DATABASE_URL", at, c.User, pgErr.Code)
+	}
+	if len(c.Fallbacks) > 0 && strings.Contains(err.Error(), "read only connection") {
+		return fmt.Errorf("no server of %s accepts writes (target_session_attrs): the primary is down or a failover is under way; promote a replica, or wait for the one in progress", at)
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("cannot reach PostgreSQL at %s:%d: start it (scripts/ensure-postgres.sh in the idemsaga repository sets one up) or set DATABASE_URL", c.Host, c.Port)
+		return fmt.Errorf("cannot reach PostgreSQL at %s: start it (scripts/ensure-postgres.sh in the idemsaga repository sets one up) or set DATABASE_URL", at)
 	}
-	return fmt.Errorf("cannot use PostgreSQL at %s:%d (%s): check DATABASE_URL", c.Host, c.Port, redact(err.Error(), c.Password))
+	return fmt.Errorf("cannot use PostgreSQL at %s (%s): check DATABASE_URL", at, redact(err.Error(), c.Password))
+}
+
+// dbHosts names the server, or every server of a multi-host DATABASE_URL.
+func dbHosts(c *pgx.ConnConfig) string {
+	hosts := []string{fmt.Sprintf("%s:%d", c.Host, c.Port)}
+	for _, f := range c.Fallbacks {
+		if h := fmt.Sprintf("%s:%d", f.Host, f.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ", ")
 }
 
 // ConnectNATS connects to --nats-url with the security flags, reconnecting

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -48,6 +50,7 @@ type benchCmd struct {
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the measured part to this file (go tool pprof)."`
 	MemProfile     string        `name:"memprofile" help:"Write a heap profile at the end of the run to this file (go tool pprof)."`
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
+	ReusePrefill   bool          `name:"reuse-prefill" help:"Run on the database --db-name left by an earlier run with the same --prefill, deleting that run's own sagas first, instead of creating and prefilling it afresh (ten million take a quarter of an hour); it is then kept. Without an earlier one, prefill and keep it."`
 	Redeliver      float64       `default:"0" help:"Fraction of the commands crossing the broker delivered a second time under a new message id (1: every one twice); the inbox absorbs them."`
 	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them. With it or --redeliver, sagas start from a client without step workers, so that every first command crosses the broker (the pools' relays poll every 5ms); the steps those dispatch still run at once."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
@@ -56,9 +59,15 @@ type benchCmd struct {
 }
 
 type benchResult struct {
-	Sagas                          int
-	Elapsed                        time.Duration
-	P50, P95, P99                  time.Duration
+	Sagas         int
+	Elapsed       time.Duration
+	P50, P95, P99 time.Duration
+	// StartP50 and StartP99 are of the Start call alone; StepP50 and
+	// StepP99 of a forward step from its dispatch to its success, on the
+	// database clock.
+	StartP50, StartP99, StepP50, StepP99 time.Duration
+	// RelPages is the pages found or read per saga, by table or index.
+	RelPages                       map[string]float64
 	TxPerSaga, RowsPerSaga         float64
 	ReadsPerSaga, HitsPerSaga      float64
 	MsgsPerSaga                    float64
@@ -92,22 +101,29 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 
-	dsn, pool, err := freshDatabase(ctx, g, b.DBName, 4)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	const accounts = 1000
-	seeded, err := transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
+	dsn, pool, seeded, reused, err := reusePrefilled(ctx, g, b, accounts)
 	if err != nil {
 		return err
 	}
-
-	if b.Prefill > 0 {
-		if err := prefill(ctx, pool, b.Prefill); err != nil {
+	if !reused {
+		dsn, pool, err = freshDatabase(ctx, g, b.DBName, 4)
+		if err != nil {
 			return err
 		}
+		seeded, err = transfer.Seed(ctx, pool, accounts+1, 1_000_000_000, accounts+1)
+		if err != nil {
+			pool.Close()
+			return err
+		}
+		if b.Prefill > 0 {
+			if err := prefill(ctx, pool, b.Prefill); err != nil {
+				pool.Close()
+				return err
+			}
+		}
 	}
+	defer pool.Close()
 
 	viaBroker := b.LostAcks > 0 || b.Redeliver > 0
 	natsURL, stream, prefix := b.NATSURL, engine.StreamDefault, engine.SubjectPrefixDefault
@@ -218,6 +234,9 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 		return err
 	}
 
+	// starts holds each measured saga's Start call (the start transaction
+	// and its commit), apart from the whole saga's latency.
+	starts := make([]time.Duration, b.Sagas)
 	run := func(n int, prefix string, latencies []time.Duration) error {
 		jobs := make(chan int)
 		errc := make(chan error, 1)
@@ -236,6 +255,9 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 					key := fmt.Sprintf("%s-%07d", prefix, i)
 					start := time.Now()
 					res, err := cl.Start(ctx, transfer.Definition, key, in)
+					if latencies != nil {
+						starts[i] = time.Since(start)
+					}
 					if err == nil && float64((i*31)%1000) < b.DupRate*1000 {
 						_, err = cl.Start(ctx, transfer.Definition, key, in) // the client's retry
 					}
@@ -344,11 +366,22 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
 	res.P50, res.P95, res.P99 = pct(0.50), pct(0.95), pct(0.99)
+	slices.Sort(starts)
+	res.StartP50, res.StartP99 = starts[len(starts)/2], starts[min(len(starts)-1, int(0.99*float64(len(starts))))]
+	if res.StepP50, res.StepP99, err = stepLatency(ctx, pool, "bench-"); err != nil {
+		return err
+	}
 	n := float64(b.Sagas)
 	res.TxPerSaga = float64(after.commits-before.commits) / n
 	res.RowsPerSaga = float64(after.rows-before.rows) / n
 	res.ReadsPerSaga = float64(after.blksRead-before.blksRead) / n
 	res.HitsPerSaga = float64(after.blksHit-before.blksHit) / n
+	res.RelPages = map[string]float64{}
+	for rel, v := range after.relPages {
+		if d := float64(v-before.relPages[rel]) / n; d >= 0.05 {
+			res.RelPages[rel] = d
+		}
+	}
 	res.MsgsPerSaga = float64(after.msgs-before.msgs) / n
 	res.Absorbed = map[string]float64{}
 	for layer, v := range absorbedAfter {
@@ -389,8 +422,17 @@ func (r benchResult) print() {
 	fmt.Println()
 	row("throughput", "%.0f sagas/s (%d in %s)", rate, r.Sagas, r.Elapsed.Round(time.Millisecond))
 	row("latency", "p50 %s, p95 %s, p99 %s (submit to terminal state)", r.P50.Round(10*time.Microsecond), r.P95.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond))
+	row("start, step", "start p50 %s, p99 %s (the Start call); step p50 %s, p99 %s (a forward step's dispatch to its success, database clock)",
+		r.StartP50.Round(10*time.Microsecond), r.StartP99.Round(10*time.Microsecond), r.StepP50.Round(10*time.Microsecond), r.StepP99.Round(10*time.Microsecond))
 	row("PostgreSQL", "%.2f commits and %.1f rows written per saga", r.TxPerSaga, r.RowsPerSaga)
 	row("buffers", "%.1f pages read from outside shared_buffers and %.0f found in them per saga", r.ReadsPerSaga, r.HitsPerSaga)
+	rels := slices.Collect(maps.Keys(r.RelPages))
+	slices.SortFunc(rels, func(a, b string) int { return cmp.Compare(r.RelPages[b], r.RelPages[a]) })
+	var by []string
+	for _, rel := range rels[:min(len(rels), 10)] {
+		by = append(by, fmt.Sprintf("%s %.1f", rel, r.RelPages[rel]))
+	}
+	row("pages by relation", "per saga: %s", strings.Join(by, ", "))
 	row("JetStream", "%.2f messages per saga", r.MsgsPerSaga)
 	a := r.Absorbed
 	row("duplicates", "absorbed per saga: %.2f at the start, %.2f by the broker, %.2f by the step workers' memory, %.2f by the inbox, %.2f by the orchestrator",
@@ -493,6 +535,10 @@ type stats struct {
 	selfCPU, pgCPU      time.Duration
 	natsCPU             time.Duration
 	heap, rss           uint64
+	// relPages is the pages found or read per table and index of the
+	// engine's and the example's schemas (pg_statio_user_tables and
+	// _indexes), to tell which one grows with the tables.
+	relPages map[string]int64
 }
 
 // snapshot reads the counters a run is measured by. PostgreSQL's backends
@@ -524,6 +570,24 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, s
 	}
 	if err := pool.QueryRow(ctx, `select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint from pg_stat_user_tables`).Scan(&s.rows); err != nil {
 		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
+	}
+	rows, err := pool.Query(ctx, `select relname, coalesce(heap_blks_hit + heap_blks_read, 0) from pg_statio_user_tables where schemaname in ('idemsaga', 'transfer')
+union all select indexrelname, idx_blks_hit + idx_blks_read from pg_statio_user_indexes where schemaname in ('idemsaga', 'transfer')`)
+	if err != nil {
+		return s, fmt.Errorf("read pg_statio_user_tables: %w", err)
+	}
+	s.relPages = map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			rows.Close()
+			return s, err
+		}
+		s.relPages[name] = n
+	}
+	if err := rows.Err(); err != nil {
+		return s, err
 	}
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -559,9 +623,80 @@ func residentMemory() uint64 {
 	return 0
 }
 
-// prefill writes n finished transfer sagas as the engine leaves them
-// (saga, two succeeded steps and their inbox rows, two ledger rows that
-// cancel out on account 1), in batches, then vacuums, analyzes and
+// reusePrefilled opens --db-name when --reuse-prefill is set and it holds
+// exactly --prefill prefilled sagas, and brings it back to the state the
+// prefill left: the earlier run's sagas (with their steps, inbox rows,
+// attempts and ledger rows) and outbox rows deleted, the accounts at their
+// seeded balances (the prefill's ledger nets zero on account 1), vacuumed.
+func reusePrefilled(ctx context.Context, g *globals, b *benchCmd, accounts int) (dsn string, pool *pgxpool.Pool, seeded int64, ok bool, err error) {
+	if !b.ReusePrefill {
+		return "", nil, 0, false, nil
+	}
+	if dsn, err = withDBName(g.DatabaseURL, b.DBName); err != nil {
+		return "", nil, 0, false, err
+	}
+	if pool, err = openDB(ctx, dsn, 4); err != nil {
+		fmt.Printf("bench: --reuse-prefill: no database %s to reuse (%v); prefilling one\n", b.DBName, err)
+		return "", nil, 0, false, nil
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where idem_key like 'prefill-%'`).Scan(&n); err != nil || n != b.Prefill {
+		pool.Close()
+		fmt.Printf("bench: --reuse-prefill: %s holds %d prefilled sagas, not %d (%v); prefilling afresh\n", b.DBName, n, b.Prefill, err)
+		return "", nil, 0, false, nil
+	}
+	start := time.Now()
+	for _, q := range []string{
+		`delete from transfer.ledger where created_at > now() - interval '12 hours'`,
+		`delete from idemsaga.sagas where idem_key not like 'prefill-%'`,
+		`delete from idemsaga.outbox`,
+		`update transfer.accounts set balance = 1000000000`,
+		`vacuum analyze idemsaga.sagas, idemsaga.steps, idemsaga.step_attempts, idemsaga.inbox, idemsaga.outbox, transfer.ledger, transfer.accounts`,
+		`checkpoint`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			pool.Close()
+			return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s: %w", q, err)
+		}
+	}
+	seeded, found, err := transfer.Seeded(ctx, pool)
+	if err != nil || !found {
+		pool.Close()
+		return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s has no seed recorded (%v): drop it", b.DBName, err)
+	}
+	if seeded != int64(accounts+1)*1_000_000_000 {
+		pool.Close()
+		return "", nil, 0, false, fmt.Errorf("--reuse-prefill: %s was seeded with %d, not by this benchmark: drop it", b.DBName, seeded)
+	}
+	syscall.Sync()
+	fmt.Printf("bench: reused %d prefilled sagas in %s, the earlier run's deleted in %s\n", n, b.DBName, time.Since(start).Round(time.Second))
+	return dsn, pool, seeded, true, nil
+}
+
+// stepLatency returns the median and 99th percentile of the time from
+// dispatch to success of the forward steps of the sagas whose keys start
+// with prefix, on the database clock.
+func stepLatency(ctx context.Context, pool *pgxpool.Pool, prefix string) (p50, p99 time.Duration, err error) {
+	var a, b float64
+	err = pool.QueryRow(ctx, `select coalesce(percentile_cont(0.5) within group (order by d), 0), coalesce(percentile_cont(0.99) within group (order by d), 0)
+from (select extract(epoch from st.updated_at - st.dispatched_at) as d
+  from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
+  where s.idem_key like $1 || '%' and st.phase = 'forward' and st.status = 'succeeded') x`, prefix).Scan(&a, &b)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read step latency: %w", err)
+	}
+	return time.Duration(a * float64(time.Second)), time.Duration(b * float64(time.Second)), nil
+}
+
+// prefill writes n finished transfer sagas as the engine leaves them, in
+// the mix of a bench run: 95% credited (saga, two succeeded steps and
+// their inbox rows, two ledger rows that cancel out on account 1), every
+// 20th compensated (its credit failed, its deduct compensated: three steps
+// and inbox rows, a deduct and a refund), and every 100th credited after
+// one retry of its credit (attempt 2 and a step_attempts row); no outbox
+// rows, which the relay deletes once published. Their keys are numbered
+// with zeros in front, so that each batch goes to the right edge of the
+// key index, as the ids do. It writes them in batches, then vacuums, analyzes and
 // checkpoints, so that a run measures the engine on large tables. Their
 // ids are UUIDv7 from a day before, one millisecond apart, as the engine
 // would have made them: older than every id of the run, so the run's
@@ -577,7 +712,7 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			return fmt.Errorf("prefill sagas %d to %d: %w", lo, hi, err)
 		}
 	}
-	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.inbox", "transfer.ledger"} {
+	for _, t := range []string{"idemsaga.sagas", "idemsaga.steps", "idemsaga.step_attempts", "idemsaga.inbox", "transfer.ledger"} {
 		if _, err := pool.Exec(ctx, "vacuum analyze "+t); err != nil {
 			return fmt.Errorf("prefill: vacuum %s: %w", t, err)
 		}
@@ -596,28 +731,41 @@ func prefill(ctx context.Context, pool *pgxpool.Pool, n int) error {
 }
 
 const prefillSQL = `with s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, created_at, updated_at, finished_at)
+  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, version, error, created_at, updated_at, finished_at)
   select encode(set_byte(set_byte(overlay(r placing substring(int8send(ms) from 3 for 6) from 1 for 6),
       6, (get_byte(r, 6) & 15) | 112), 8, (get_byte(r, 8) & 63) | 128), 'hex')::uuid,
-    'transfer', 'prefill-' || g, sha256(('prefill-' || g)::bytea),
-    jsonb_build_object('from', 1, 'to', 1, 'amount', 1), 'credited', 3,
+    'transfer', 'prefill-' || lpad(g::text, 10, '0'), sha256(('prefill-' || g)::bytea),
+    jsonb_build_object('from', 1, 'to', 1, 'amount', 1),
+    case when g % 20 = 0 then 'compensated' else 'credited' end, case when g % 20 = 0 then 4 else 3 end,
+    case when g % 20 = 0 then 'step "credit" failed: destination account missing or frozen (prefill)' end,
     now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
   from generate_series($1::int, $2::int) g,
     lateral (select decode(md5('prefill-' || g), 'hex') as r,
       (extract(epoch from now() - interval '1 day') * 1000)::bigint + g as ms) x
-  returning id
+  returning id, state, substring(idem_key from 9)::int as g
 ), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, created_at, updated_at, dispatched_at)
-  select s.id, x.step, 'forward', x.idx, md5(s.id::text || x.step)::uuid, 'succeeded', 1, jsonb_build_object('account', 1, 'amount', x.amount),
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, last_error, result, created_at, updated_at, dispatched_at)
+  select s.id, x.step, x.phase, x.idx, md5(s.id::text || x.step || x.phase)::uuid, x.status,
+    case when x.step = 'credit' and s.g % 100 = 50 then 2 else 1 end,
+    case when x.status = 'failed' then 'destination account missing or frozen (prefill)' end,
+    case when x.amount is not null then jsonb_build_object('account', 1, 'amount', x.amount) end,
     now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-  from s cross join (values ('deduct', 0, -1), ('credit', 1, 1)) x(step, idx, amount)
-  returning saga_id, step, key
+  from s join (values ('deduct', 'forward', 0, 'succeeded', -1, 'any'), ('credit', 'forward', 1, 'succeeded', 1, 'credited'),
+      ('credit', 'forward', 1, 'failed', null, 'compensated'), ('deduct', 'compensate', 0, 'succeeded', 1, 'compensated')) x(step, phase, idx, status, amount, kind)
+    on x.kind in ('any', s.state)
+  returning saga_id, step, phase, key, status, attempt
+), at as (
+  insert into idemsaga.step_attempts (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+  select saga_id, step, phase, 1, now() - interval '1 day', now() - interval '1 day', 'retry', 'a transient error (prefill)'
+  from st where attempt = 2
 ), ib as (
   insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, created_at)
-  select key, saga_id, step, 'forward', 1, 'succeeded', now() - interval '1 day' from st
+  select key, saga_id, step, phase, attempt, status, now() - interval '1 day' from st
 )
 insert into transfer.ledger (saga_id, step, account_id, amount, created_at)
-select saga_id, step, 1, case when step = 'deduct' then -1 else 1 end, now() - interval '1 day' from st`
+select saga_id, case when phase = 'compensate' then 'refund' else step end, 1,
+  case when step = 'deduct' and phase = 'forward' then -1 else 1 end, now() - interval '1 day'
+from st where status = 'succeeded'`
 
 // processCPU adds up the CPU time of every process of this name on this
 // machine, from /proc (Linux; 0 elsewhere). Clock ticks are 100/s.

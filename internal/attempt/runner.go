@@ -631,9 +631,13 @@ func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
 		err = r.cfg.Pool.QueryRow(ctx, insertReply, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), HeadersJSON(c.Headers)).Scan(&c.ID)
 	}
 	if err != nil {
-		r.cfg.Logger.Warn("step worker: a step to run at once could not be handed to the broker; its lease will drive it again",
+		// The database is out of reach (a failover, say), and the step's
+		// dispatch is committed: send its command without an outbox row
+		// rather than leave it to its lease, which drives it again should
+		// this copy be lost too.
+		r.cfg.Logger.Warn("step worker: a step to run at once could not be written to the outbox; its command goes to the broker without it, and its lease drives it again if that is lost",
 			"subject", c.Subject, "msg_id", c.MsgID, "error", err)
-		return
+		c.ID = 0
 	}
 	r.publish(c)
 }
