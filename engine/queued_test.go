@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -156,4 +157,106 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 	require.Equal(t, float64(n/2), metricSum(t, reg, "idemsaga_lease_takeovers_total", nil))
 	require.Equal(t, float64(n/2), metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"how": "claimed"}))
 	require.Equal(t, float64(n), metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"how": "resent"}), "unclaimed commands kept at their attempt, twice each")
+}
+
+// lostCommandEngine is an engine the test plays the reaper of (not
+// started: its relay publishes nothing), on a stream whose consumers
+// exist and hold nothing, so that every command dispatched looks lost.
+func lostCommandEngine(t *testing.T) (*engine.Engine, *prometheus.Registry, *pgxpool.Pool, *saga.Definition) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := transferDef(t)
+	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	require.NoError(t, err)
+	stream := testenv.Name("LOST")
+	prefix := "t." + stream
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}, Retention: jetstream.WorkQueuePolicy})
+	require.NoError(t, err)
+	for suffix, filter := range map[string]string{"_steps": prefix + ".cmd.>", "_orchestrator": prefix + ".reply.>"} {
+		_, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: stream + suffix, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy})
+		require.NoError(t, err)
+	}
+	reg := prometheus.NewRegistry()
+	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def},
+		Stream: stream, SubjectPrefix: prefix, LeaseGrace: time.Hour, Logger: quietLogger(), Registerer: reg})
+	require.NoError(t, err)
+	return e, reg, pool, def
+}
+
+// expireAndReap runs the lease of saga id's steps out and makes one
+// reaper pass.
+func expireAndReap(t *testing.T, e *engine.Engine, pool *pgxpool.Pool, id uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `update idemsaga.steps set lease_until = now() - interval '1 second' where saga_id = $1`, id)
+	require.NoError(t, err)
+	_, err = e.ReapOnce(ctx)
+	require.NoError(t, err)
+}
+
+// TestCommandLostTwiceSpendsItsAttempt: a command found lost is sent again
+// at its attempt; lost again, the attempt counts as started and its next
+// expiry is a takeover. Were it sent again forever, a handler that kills
+// its worker, or a command no worker runs, would never run out of
+// attempts.
+func TestCommandLostTwiceSpendsItsAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, reg, pool, def := lostCommandEngine(t)
+	res, err := e.Client().Start(ctx, def, "lost-twice", transferInput(1, 2, 1))
+	require.NoError(t, err)
+	step := func() (attemptNo int, claimed *int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `select attempt, claimed_attempt from idemsaga.steps where saga_id = $1 and step = 'deduct'`, res.ID).Scan(&attemptNo, &claimed))
+		return attemptNo, claimed
+	}
+	expireAndReap(t, e, pool, res.ID)
+	n, claimed := step()
+	require.Equal(t, 1, n)
+	require.Nil(t, claimed, "lost once: sent again, unclaimed")
+	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"how": "resent"}))
+
+	expireAndReap(t, e, pool, res.ID)
+	n, claimed = step()
+	require.Equal(t, 1, n)
+	require.NotNil(t, claimed, "lost twice: the attempt counts as started")
+	require.Equal(t, 1, *claimed)
+
+	expireAndReap(t, e, pool, res.ID)
+	n, _ = step()
+	require.Equal(t, 2, n, "the claimed attempt's expiry is a takeover")
+	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_lease_takeovers_total", nil))
+}
+
+// TestResumeClearsTheClaim: a step whose late delivery marked its attempt
+// claimed, then paused and resumed, is sent again at that attempt with no
+// claim: the copy sent before the pause never ran (its claim was refused),
+// so the resent copy waiting in a queue past its lease costs no attempt.
+func TestResumeClearsTheClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, reg, pool, def := lostCommandEngine(t)
+	res, err := e.Client().Start(ctx, def, "resume-claim", transferInput(1, 2, 1))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `update idemsaga.steps set claimed_attempt = attempt, resent_attempt = attempt where saga_id = $1`, res.ID)
+	require.NoError(t, err)
+	_, err = e.Client().Pause(ctx, res.ID, engine.Repair{Reason: "incident"})
+	require.NoError(t, err)
+	_, err = e.Client().Resume(ctx, res.ID, engine.Repair{Reason: "over"})
+	require.NoError(t, err)
+	_, err = e.ReapOnce(ctx) // the resume's resend
+	require.NoError(t, err)
+	var claimed, resent *int
+	require.NoError(t, pool.QueryRow(ctx, `select claimed_attempt, resent_attempt from idemsaga.steps where saga_id = $1 and step = 'deduct'`, res.ID).Scan(&claimed, &resent))
+	require.Nil(t, claimed)
+	require.Nil(t, resent)
+	expireAndReap(t, e, pool, res.ID)
+	var attemptNo int
+	require.NoError(t, pool.QueryRow(ctx, `select attempt from idemsaga.steps where saga_id = $1 and step = 'deduct'`, res.ID).Scan(&attemptNo))
+	require.Equal(t, 1, attemptNo)
+	require.Zero(t, metricSum(t, reg, "idemsaga_lease_takeovers_total", nil))
 }

@@ -52,11 +52,15 @@ where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'd
 // requeueStep keeps a dispatched step whose command no worker claimed at
 // its attempt ($4), with a new dispatch timer ($5 ms), and, when $6 is not
 // null, writes its command again ($6-$9: subject, message id, payload,
-// hand-off, and $10 its headers). The saga's version stays: the command
-// is the one still on its way. It returns whether the step was there and
+// hand-off, and $10 its headers). $11 says the command was found lost: the
+// second time at one attempt, the attempt is marked claimed, and its next
+// expiry is a takeover. The saga's version stays: the command is the one
+// still on its way. It returns whether the step was there and
 // the command's outbox id.
 const requeueStep = `with r as (
-  update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', updated_at = idemsaga.now()
+  update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', updated_at = idemsaga.now(),
+    claimed_attempt = case when $11 and resent_attempt = attempt then attempt else claimed_attempt end,
+    resent_attempt = case when $11 then attempt else resent_attempt end
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is null
   returning saga_id
 ), o as (
@@ -83,6 +87,13 @@ type requeuePlan struct {
 	// drops while the first copy is still there).
 	send      bool
 	msgSuffix string
+	// lost says the command left the queue unclaimed: a worker received
+	// it and died, or could not run it (its definition unknown there), or
+	// the broker lost it. Lost twice at one attempt, the attempt counts
+	// as started (requeueStep): otherwise a handler that kills its process,
+	// or a command no worker runs, would be sent again forever at one
+	// attempt.
+	lost bool
 	// timer is the new dispatch timer.
 	timer time.Duration
 	how   string
@@ -95,8 +106,10 @@ type requeuePlan struct {
 // a long queue costs a handful of looks. When the queue is younger or empty,
 // the command was delivered to a worker that died or lost it, or the
 // broker lost it: it is sent again under a new message id at the same
-// attempt (a copy a live worker still holds is absorbed by the inbox). With
-// the stream's state unknown, it is sent again under its own id.
+// attempt (a copy a live worker still holds is absorbed by the inbox); lost
+// a second time, the attempt counts as claimed. With the stream's state
+// unknown (the broker out of reach), it is sent again under its own id and
+// counts nothing: an outage spends no attempt.
 func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Time) requeuePlan {
 	switch {
 	case !known:
@@ -104,7 +117,7 @@ func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Ti
 	case b.msgs > 0 && b.oldestAge(now)+requeueMargin >= queued:
 		return requeuePlan{timer: min(max(lease, queued), max(lease, requeueTimerMax)), how: "queued"}
 	default:
-		return requeuePlan{send: true, msgSuffix: "-q" + strconv.FormatInt(queued.Milliseconds(), 10), timer: lease, how: "resent"}
+		return requeuePlan{send: true, msgSuffix: "-q" + strconv.FormatInt(queued.Milliseconds(), 10), timer: lease, how: "resent", lost: true}
 	}
 }
 
@@ -149,6 +162,6 @@ func (c *core) requeue(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, d
 			tx.Sent(outboxCommitted(*outboxID, subject.(string), msgID.(string), payload, tx.Trace()))
 		}
 		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()))
+	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()), plan.lost)
 	return plan.how, nil
 }

@@ -25,8 +25,8 @@ func TestPlanRequeue(t *testing.T) {
 		{"older messages wait: queued, the timer doubles", 12 * time.Second, stream(900, 20*time.Second), true, requeuePlan{timer: 12 * time.Second, how: "queued"}},
 		{"queued long: the timer is bounded", 5 * time.Minute, stream(900, 6*time.Minute), true, requeuePlan{timer: requeueTimerMax, how: "queued"}},
 		{"within the clocks' margin: queued", 6 * time.Second, stream(3, 5*time.Second), true, requeuePlan{timer: 6 * time.Second, how: "queued"}},
-		{"the stream is younger: lost, a new id", 6 * time.Second, stream(3, time.Second), true, requeuePlan{send: true, msgSuffix: "-q6000", timer: lease, how: "resent"}},
-		{"the stream is empty: lost", 6 * time.Second, stream(0, 0), true, requeuePlan{send: true, msgSuffix: "-q6000", timer: lease, how: "resent"}},
+		{"the stream is younger: lost, a new id", 6 * time.Second, stream(3, time.Second), true, requeuePlan{send: true, msgSuffix: "-q6000", timer: lease, how: "resent", lost: true}},
+		{"the stream is empty: lost", 6 * time.Second, stream(0, 0), true, requeuePlan{send: true, msgSuffix: "-q6000", timer: lease, how: "resent", lost: true}},
 	} {
 		require.Equal(t, c.want, planRequeue(lease, c.queued, c.b, c.known, now), c.name)
 	}

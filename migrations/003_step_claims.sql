@@ -6,4 +6,8 @@
 -- it, and so does the reaper when it finds the attempt running unmarked.
 -- The reaper takes over an expired lease only from a claimed attempt; an
 -- unclaimed one is kept at its attempt, and sent again if it was lost.
-alter table idemsaga.steps add column claimed_attempt int;
+-- resent_attempt is the attempt whose command was found lost and sent again
+-- once: lost a second time, the attempt counts as claimed, so that a handler
+-- that kills its worker, or a command no worker can run, still runs out of
+-- attempts instead of being sent again forever.
+alter table idemsaga.steps add column claimed_attempt int, add column resent_attempt int;
