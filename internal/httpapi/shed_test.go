@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,4 +139,51 @@ func shedCount(t *testing.T, reg *prometheus.Registry, definition string) float6
 		}
 	}
 	return 0
+}
+
+// TestShedStillReplaysAStartedKey: while starts are shed, a request whose
+// key started its saga already is answered as any replay (200, the same
+// body), concurrently (a request that meets another in flight gets the
+// usual 409 and, sent again, the replay); only a new key gets the 503,
+// and it writes nothing.
+func TestShedStillReplaysAStartedKey(t *testing.T) {
+	t.Parallel()
+	var shedding atomic.Bool
+	env := newEnv(t, func(c *httpapi.Config) {
+		c.ShedFunc = func(context.Context, string) error {
+			if shedding.Load() {
+				return &engine.Overload{Reason: "test", RetryAfter: time.Second}
+			}
+			return nil
+		}
+	})
+	first := env.start(t, "replay-1", `{"account":1,"amount":5}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	shedding.Store(true)
+
+	const n = 10
+	out := make([]response, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			for range 50 {
+				out[i], errs[i] = env.send(http.MethodPost, "/v1/sagas/payout", startHeaders("replay-1"), `{"account":1,"amount":5}`)
+				if errs[i] != nil || out[i].status != http.StatusConflict {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, http.StatusOK, out[i].status, "replay %d: %s", i, out[i].body)
+		require.Equal(t, "true", out[i].header.Get(httpapi.ReplayedHeader))
+		require.Equal(t, started(t, first).ID, started(t, out[i]).ID)
+	}
+	fresh := env.start(t, "replay-2", `{"account":1,"amount":5}`)
+	require.Equal(t, http.StatusServiceUnavailable, fresh.status, fresh.body)
+	require.Equal(t, 1, env.sagaCount(t), "the shed start wrote nothing")
 }

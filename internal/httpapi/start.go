@@ -69,7 +69,7 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "resolve the saga definition", "retrying with the same Idempotency-Key is safe", err, "definition", name)
 		return
 	}
-	if a.shed(ctx, w, def.Name()) {
+	if a.shed(ctx, w, def.Name(), key) {
 		return
 	}
 	input, err := def.Input(json.RawMessage(body))
@@ -208,13 +208,19 @@ func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem
 }
 
 // shed answers 503 and reports true when Config.ShedFunc refuses a start of
-// definition now; nothing is written.
-func (a *api) shed(ctx context.Context, w http.ResponseWriter, definition string) bool {
+// definition now and key started no saga yet; nothing is written.
+func (a *api) shed(ctx context.Context, w http.ResponseWriter, definition, key string) bool {
 	if a.cfg.ShedFunc == nil {
 		return false
 	}
 	err := a.cfg.ShedFunc(ctx, definition)
 	if err == nil {
+		return false
+	}
+	// A key that started its saga already is answered as always (a
+	// replay writes nothing): a 503 would tell its client, wrongly, that
+	// nothing was started.
+	if _, err := a.cfg.Client.GetByKey(ctx, definition, key); err == nil {
 		return false
 	}
 	after, why := time.Second, "the engine is overloaded"
