@@ -12,7 +12,8 @@ import (
 
 // backlog is the work waiting in the engine's stream as last read: the
 // messages no worker has been given yet (undelivered on the engine's
-// consumers) and when the oldest of them was stored. Messages delivered and
+// consumers) and when the oldest of them was stored, on this host's clock
+// (its age is measured on the broker's). Messages delivered and
 // not yet acknowledged are not counted: a worker has them, or had them and
 // died, and the lease or AckWait answers for those, not the queue. The
 // reaper and the API's load shedding share one reading.
@@ -105,6 +106,7 @@ func (s *streamBacklog) read(ctx context.Context) (backlog, error) {
 		if err != nil {
 			return backlog{}, err
 		}
+		infoAt := time.Now()
 		if info.NumPending == 0 {
 			continue
 		}
@@ -113,8 +115,10 @@ func (s *streamBacklog) read(ctx context.Context) (backlog, error) {
 		if err != nil {
 			return backlog{}, err
 		}
-		if b.oldest.IsZero() || m.Time.Before(b.oldest) {
-			b.oldest = m.Time
+		// The age on the broker's own clock (its info's time against the
+		// message's), placed on this host's: the two clocks may differ.
+		if t := infoAt.Add(-info.TimeStamp.Sub(m.Time)); b.oldest.IsZero() || t.Before(b.oldest) {
+			b.oldest = t
 		}
 	}
 	b.at = time.Now()
