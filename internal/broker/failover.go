@@ -43,8 +43,9 @@ type FailoverConfig struct {
 // group) resets the consumers to the stream's first message: everything
 // still in the work queue is delivered again now, and the workers absorb
 // what they already did (inbox, fenced attempts) and ack it. The same
-// reset follows this connection's own reconnection, since it may have
-// missed the advisories meanwhile. It returns once subscribed; the
+// reset follows this connection's own reconnection to a clustered server,
+// since it may have missed the advisories meanwhile (not to a lone server,
+// which elects no leaders). It returns once subscribed; the
 // subscription ends with ctx. Without permission to subscribe to the
 // advisories it returns an error, and failovers fall back to AckWait and
 // leases.
@@ -101,11 +102,18 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 			case subj := <-elected:
 				why = strings.TrimPrefix(subj, "$JS.EVENT.ADVISORY.")
 			case <-tick.C:
-				if n := nc.Stats().Reconnects; n != reconnects && nc.IsConnected() {
-					reconnects, why = n, "this process reconnected to NATS"
-				} else {
+				n := nc.Stats().Reconnects
+				if n == reconnects || !nc.IsConnected() {
 					continue
 				}
+				reconnects = n
+				if nc.ConnectedClusterName() == "" {
+					// A lone server elects no leaders: what it held
+					// comes back with its restart, and every process
+					// resetting after it would be a storm of duplicates.
+					continue
+				}
+				why = "this process reconnected to NATS"
 			}
 			// Elections come in bursts (the stream, then each consumer):
 			// one reset after they settle covers them all.
