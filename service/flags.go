@@ -129,7 +129,7 @@ func dbError(c *pgx.ConnConfig, err error) error {
 	case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000"):
 		return fmt.Errorf("PostgreSQL at %s refused user %q (%s): check the user and password in DATABASE_URL", at, c.User, pgErr.Code)
 	}
-	if len(c.Fallbacks) > 0 && strings.Contains(err.Error(), "read only connection") {
+	if strings.Contains(err.Error(), "read only connection") {
 		return fmt.Errorf("no server of %s accepts writes (target_session_attrs): the primary is down or a failover is under way; promote a replica, or wait for the one in progress", at)
 	}
 	var netErr net.Error

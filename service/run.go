@@ -38,8 +38,8 @@ type runCmd struct {
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
 	SubmitTokenTTL   time.Duration `name:"submit-token-ttl" default:"1h" help:"Time to live of a submit token POST /v1/tokens issues without ttl_seconds (1m to 24h); requests may ask for up to 24h."`
 	MetricsFile      string        `name:"metrics-file" hidden:"" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
-	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the stream's oldest message has waited longer than this (0: the lease grace)."`
-	ShedStreamMsgs   int           `name:"shed-stream-messages" env:"IDEMSAGA_SHED_STREAM_MESSAGES" default:"0" help:"Also answer starts 503 while more messages than this wait in the stream (0: no bound on the count)."`
+	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the oldest command no worker was given yet has waited longer than this (0: the lease grace)."`
+	ShedStreamMsgs   int           `name:"shed-stream-messages" env:"IDEMSAGA_SHED_STREAM_MESSAGES" default:"0" help:"Also answer starts 503 while more messages than this wait in the stream for a worker (0: no bound on the count)."`
 	NoShedding       bool          `name:"no-shedding" env:"IDEMSAGA_NO_SHEDDING" help:"Accept every start, however far behind the stream is."`
 }
 
@@ -86,6 +86,9 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
 	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
 	cfg.DisableRetention = r.NoRetention
+	if r.ShedOldestAge < 0 || r.ShedStreamMsgs < 0 {
+		return fmt.Errorf("--shed-oldest-age (%s) and --shed-stream-messages (%d) must not be negative: 0 takes the default (the lease grace; no bound on the count), and --no-shedding sheds nothing", r.ShedOldestAge, r.ShedStreamMsgs)
+	}
 	cfg.ShedOldestAge, cfg.ShedStreamMessages, cfg.DisableShedding = r.ShedOldestAge, r.ShedStreamMsgs, r.NoShedding
 	tp, err := newTracerProvider(ctx, name(*f.cfg), log)
 	if err != nil {
