@@ -115,14 +115,23 @@ func (s *streamBacklog) read(ctx context.Context) (backlog, error) {
 		if err != nil {
 			return backlog{}, err
 		}
-		// The age on the broker's own clock (its info's time against the
-		// message's), placed on this host's: the two clocks may differ.
-		if t := infoAt.Add(-info.TimeStamp.Sub(m.Time)); b.oldest.IsZero() || t.Before(b.oldest) {
+		if t := storedAt(m.Time, info.TimeStamp, infoAt); b.oldest.IsZero() || t.Before(b.oldest) {
 			b.oldest = t
 		}
 	}
 	b.at = time.Now()
 	return b, nil
+}
+
+// storedAt places a message stored at stored (broker clock) on this host's
+// clock, by its age at the broker's time serverNow, read here at localNow:
+// the two clocks may differ. A server that does not tell its time (before
+// nats-server 2.10) leaves the stored time as it is.
+func storedAt(stored, serverNow, localNow time.Time) time.Time {
+	if serverNow.IsZero() {
+		return stored
+	}
+	return localNow.Add(-serverNow.Sub(stored))
 }
 
 // Overload is the error of a start shed because the engine's stream holds

@@ -74,3 +74,15 @@ func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
 	require.Equal(t, uint64(4), b.msgs, "3 commands and 1 reply wait for a worker")
 	require.WithinDuration(t, stored[2], b.oldest, 100*time.Millisecond, "the oldest waiting is the third command, not the ones delivered")
 }
+
+// TestStoredAtAcrossClocks: a message's age is taken on the broker's clock,
+// whatever this host's says; a server that does not tell its time leaves
+// the stored time alone.
+func TestStoredAtAcrossClocks(t *testing.T) {
+	t.Parallel()
+	local := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	brokerNow := local.Add(-time.Hour) // the broker's clock an hour behind
+	stored := brokerNow.Add(-7 * time.Second)
+	require.Equal(t, local.Add(-7*time.Second), storedAt(stored, brokerNow, local))
+	require.Equal(t, stored, storedAt(stored, time.Time{}, local))
+}
