@@ -22,7 +22,8 @@ import (
 // TestQueueingSpendsNoAttempt holds back two engines' step workers (their
 // consumer paused) while hundreds of first commands wait in the stream for
 // many leases, with the reapers running. Released, every step completes at
-// attempt 1: no lease was taken over and no command sent twice.
+// attempt 1: no lease was taken over and no command queued in the stream
+// sent twice.
 func TestQueueingSpendsNoAttempt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -94,7 +95,12 @@ from idemsaga.steps st left join idemsaga.step_attempts a using (saga_id, step, 
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where step = 'deduct' and claimed_attempt = 1`).Scan(&marked))
 	require.Equal(t, n, marked, "every first command, delivered late, restarted its lease at its claim")
 	require.Zero(t, sum("idemsaga_lease_takeovers_total", nil), "no lease taken over")
-	require.Zero(t, sum("idemsaga_commands_requeued_total", map[string]string{"how": "resent"}), "no queued command sent twice")
+	// A command a worker already pulled into its buffer (twice its step
+	// concurrency) or handed to a handler waiting for a slot is no longer
+	// queued; if its lease runs out there it is sent again once, and the
+	// inbox absorbs the copy. The 300 queued in the stream are not.
+	require.LessOrEqual(t, sum("idemsaga_commands_requeued_total", map[string]string{"how": "resent"}), float64(2*3*4),
+		"no command queued in the stream sent twice; at most those held in the workers' buffers")
 }
 
 // TestExpiredLeaseIsTakenOverOnlyFromAClaim expires the leases of steps no
