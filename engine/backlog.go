@@ -173,10 +173,10 @@ func (e *Engine) ShedStart(ctx context.Context, definition string) error {
 	var o *Overload
 	switch {
 	case e.cfg.ShedOldestAge > 0 && age > e.cfg.ShedOldestAge:
-		o = &Overload{Reason: fmt.Sprintf("the oldest message has waited longer than %s", e.cfg.ShedOldestAge),
+		o = &Overload{Reason: fmt.Sprintf("the oldest command no worker was given yet has waited longer than %s", e.cfg.ShedOldestAge),
 			RetryAfter: age - e.cfg.ShedOldestAge}
 	case e.cfg.ShedStreamMessages > 0 && b.msgs > uint64(e.cfg.ShedStreamMessages):
-		o = &Overload{Reason: fmt.Sprintf("more than %d messages wait in the stream", e.cfg.ShedStreamMessages), RetryAfter: time.Second}
+		o = &Overload{Reason: fmt.Sprintf("more than %d messages wait for a worker", e.cfg.ShedStreamMessages), RetryAfter: time.Second}
 	default:
 		return nil
 	}

@@ -101,7 +101,7 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 		p := r.problem(t)
 		require.Equal(t, httpapi.ProblemOverloaded, p.Type)
 		require.Contains(t, p.Detail, "nothing was written")
-		require.Contains(t, p.Detail, "more than 5 messages wait in the stream")
+		require.Contains(t, p.Detail, "more than 5 messages wait for a worker")
 		after, err := strconv.Atoi(r.header.Get("Retry-After"))
 		require.NoError(t, err, "Retry-After is whole seconds")
 		require.GreaterOrEqual(t, after, 1)

@@ -226,7 +226,7 @@ func (a *api) shed(ctx context.Context, w http.ResponseWriter, definition, key s
 	after, why := time.Second, "the engine is overloaded"
 	var o *engine.Overload
 	if errors.As(err, &o) {
-		after, why = o.RetryAfter, fmt.Sprintf("%s: %d messages wait in its stream, the oldest for %s", o.Reason, o.Messages, o.OldestAge.Round(100*time.Millisecond))
+		after, why = o.RetryAfter, fmt.Sprintf("%s (%d waiting for a worker now, the oldest for %s)", o.Reason, o.Messages, o.OldestAge.Round(100*time.Millisecond))
 	}
 	secs := max(int(after.Round(time.Second)/time.Second), 1)
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
