@@ -81,3 +81,49 @@ func TestFailoverRedeliversWhatTheLostLeaderHeld(t *testing.T) {
 	cluster.Restart(leader)
 	cluster.WaitStreamLeader("F", 30*time.Second)
 }
+
+// TestNoResetAfterALoneServerRestarts: a lone server elects no leaders, and
+// what it held comes back with it, so a reconnection to it resets nothing.
+// Every process resetting after its restart would redeliver everything in
+// flight once per process. The message delivered and not acked before the
+// restart stays with its ack wait, not delivered again.
+func TestNoResetAfterALoneServerRestarts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv := testenv.StartNATS(t, dir, -1)
+	addr := srv.Addr().String()
+	nc := testenv.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "L", Subjects: []string{"l.>"}})
+	require.NoError(t, err)
+	c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{Durable: "work", Filter: "l.>", AckWait: 2 * time.Minute, MaxAckPending: 100})
+	require.NoError(t, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	require.NoError(t, broker.RedeliverOnFailover(watchCtx, nc, js, broker.FailoverConfig{
+		Stream: "L", Consumers: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}))
+	_, err = js.Publish(ctx, "l.x", []byte("held"))
+	require.NoError(t, err)
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	require.Equal(t, 1, n, "delivered, not acked")
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	testenv.StartNATSAt(t, dir, addr)
+	require.Eventually(t, func() bool { return nc.Stats().Reconnects > 0 && nc.IsConnected() }, 20*time.Second, 20*time.Millisecond)
+	// The watcher looks at reconnections every second and a reset waits
+	// 500 ms for others: past two looks, a reset would have redelivered.
+	batch, err = c.Fetch(1, jetstream.FetchMaxWait(3*time.Second))
+	require.NoError(t, err)
+	for m := range batch.Messages() {
+		t.Fatalf("message %q delivered again after a lone server's restart", m.Data())
+	}
+}
