@@ -38,16 +38,23 @@ func newTracerProvider(ctx context.Context, serviceName string, log *slog.Logger
 	if !tracingWanted(os.Getenv) {
 		return nil, nil
 	}
+	sampler := strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER"))
+	if sampler != "" && !knownSamplers[sampler] {
+		return nil, fmt.Errorf("tracing: OTEL_TRACES_SAMPLER=%q is not a sampler: use one of always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off, parentbased_traceidratio", sampler)
+	}
+	if sampler == "" {
+		sampler = "parentbased_always_on"
+	}
 	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: the OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_* environment does not make an exporter (unset them, or set OTEL_SDK_DISABLED=true, to run without tracing): %w", err)
+		return nil, fmt.Errorf("tracing: the OTEL_TRACES_EXPORTER (%q) / OTEL_EXPORTER_OTLP_* environment does not make an exporter (otlp and console are; unset them, or set OTEL_SDK_DISABLED=true, to run without tracing): %w", os.Getenv("OTEL_TRACES_EXPORTER"), err)
 	}
 	res, err := traceResource(ctx, serviceName)
 	if err != nil {
 		_ = exp.Shutdown(ctx)
 		return nil, fmt.Errorf("tracing: OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME is malformed (give key=value pairs separated by commas): %w", err)
 	}
-	log.Info("tracing on", "exporter", exporterName(), "sampler", os.Getenv("OTEL_TRACES_SAMPLER"))
+	log.Info("tracing on", "exporter", exporterName(), "sampler", sampler)
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
 }
 
@@ -58,6 +65,13 @@ func traceResource(ctx context.Context, serviceName string) (*resource.Resource,
 	return resource.New(ctx,
 		resource.WithAttributes(attribute.String("service.name", serviceName)),
 		resource.WithFromEnv(), resource.WithTelemetrySDK())
+}
+
+// knownSamplers are the OTEL_TRACES_SAMPLER values the SDK understands; it
+// would only log another and take its default.
+var knownSamplers = map[string]bool{
+	"always_on": true, "always_off": true, "traceidratio": true,
+	"parentbased_always_on": true, "parentbased_always_off": true, "parentbased_traceidratio": true,
 }
 
 func exporterName() string {

@@ -64,6 +64,12 @@ func TestTracerProviderFromEnvironment(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
 	_, err = newTracerProvider(ctx, "worker", log)
 	require.ErrorContains(t, err, "OTEL_SDK_DISABLED=true")
+	require.ErrorContains(t, err, `"carrier-pigeon"`, "the error names the value")
+
+	t.Setenv("OTEL_TRACES_EXPORTER", "console")
+	t.Setenv("OTEL_TRACES_SAMPLER", "bogus")
+	_, err = newTracerProvider(ctx, "worker", log)
+	require.ErrorContains(t, err, `OTEL_TRACES_SAMPLER="bogus" is not a sampler`)
 }
 
 func resourceOf(t *testing.T) []attribute.KeyValue {

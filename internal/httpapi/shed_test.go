@@ -145,7 +145,7 @@ func shedCount(t *testing.T, reg *prometheus.Registry, definition string) float6
 // key started its saga already is answered as any replay (200, the same
 // body), concurrently (a request that meets another in flight gets the
 // usual 409 and, sent again, the replay); only a new key gets the 503,
-// and it writes nothing.
+// and it writes nothing; invalid input still gets its 400.
 func TestShedStillReplaysAStartedKey(t *testing.T) {
 	t.Parallel()
 	var shedding atomic.Bool
@@ -185,5 +185,7 @@ func TestShedStillReplaysAStartedKey(t *testing.T) {
 	}
 	fresh := env.start(t, "replay-2", `{"account":1,"amount":5}`)
 	require.Equal(t, http.StatusServiceUnavailable, fresh.status, fresh.body)
+	bad := env.start(t, "replay-3", `{"account":1,"amount":"five"}`)
+	require.Equal(t, http.StatusBadRequest, bad.status, "invalid input is refused as such under shedding too: %s", bad.body)
 	require.Equal(t, 1, env.sagaCount(t), "the shed start wrote nothing")
 }

@@ -69,9 +69,6 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "resolve the saga definition", "retrying with the same Idempotency-Key is safe", err, "definition", name)
 		return
 	}
-	if a.shed(ctx, w, def.Name(), key) {
-		return
-	}
 	input, err := def.Input(json.RawMessage(body))
 	if errors.Is(err, saga.ErrInvalidInput) {
 		writeProblem(w, invalidInput(err))
@@ -79,6 +76,11 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		a.internal(w, r, "check the saga input", "retrying with the same Idempotency-Key is safe", err, "definition", name)
+		return
+	}
+	// After the input's check: a request that can never start is told
+	// so, not told to come back later.
+	if a.shed(ctx, w, def.Name(), key) {
 		return
 	}
 	// Settings and definitions are checked once per client, on the pool:
