@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
@@ -117,4 +118,16 @@ func newReplyWorker(t testing.TB, pool *pgxpool.Pool, prefix string, recent int,
 
 func (w replyWorker) Handle(ctx context.Context, cmd wire.Command) (wire.Reply, error) {
 	return w.r.Handle(ctx, cmd, false)
+}
+
+// waitState waits up to 30 s for saga id to end, requires it ended in
+// want, and returns it.
+func waitState(t testing.TB, cl *engine.Client, id uuid.UUID, want saga.State) *saga.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sg, err := cl.Wait(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, want, sg.State)
+	return sg
 }

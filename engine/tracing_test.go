@@ -284,11 +284,7 @@ func TestTracingCompensation(t *testing.T) {
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, withTracer(p.tp))
 	res, err := e.Client().Start(ctx, def, "k", map[string]int{})
 	require.NoError(t, err)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	sg, err := e.Client().Wait(wctx, res.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.StateCompensated, sg.State)
+	waitState(t, e.Client(), res.ID, saga.StateCompensated)
 
 	all := waitSpans(t, func(all []spanOf) bool { return len(named(sagaSpans(all, res.ID), tracing.SpanCompensation)) >= 2 }, p)
 	ss := sagaSpans(all, res.ID)
@@ -439,11 +435,7 @@ func TestTracingDuplicateAndRedeliveredCommands(t *testing.T) {
 	cl := tracedClient(t, pool, stream, starter, def)
 	res, err := cl.Start(ctx, def, "k", map[string]int{})
 	require.NoError(t, err)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	sg, err := e.Client().Wait(wctx, res.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.State("shipped"), sg.State)
+	waitState(t, e.Client(), res.ID, "shipped")
 	require.Equal(t, 1, faults.Fired(attempt.DeliverTwice))
 	require.Equal(t, 1, faults.Fired(attempt.CrashAfterCommit))
 
@@ -494,18 +486,12 @@ func TestTracingRepairContinuesTheSagasTrace(t *testing.T) {
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, withTracer(p.tp))
 	res, err := e.Client().Start(ctx, def, "k", map[string]int{})
 	require.NoError(t, err)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	sg, err := e.Client().Wait(wctx, res.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.StateFailed, sg.State)
+	waitState(t, e.Client(), res.ID, saga.StateFailed)
 
 	undoFails.Delete("on")
 	_, err = e.Client().Retry(ctx, res.ID, engine.Repair{Key: "r1", Reason: "warehouse back", By: "test"})
 	require.NoError(t, err)
-	sg, err = e.Client().Wait(wctx, res.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.StateCompensated, sg.State)
+	waitState(t, e.Client(), res.ID, saga.StateCompensated)
 
 	all := waitSpans(t, func(all []spanOf) bool {
 		ok := 0
