@@ -133,9 +133,7 @@ func (t *Tracer) StartAttempt(ctx context.Context, carrier map[string]string, a 
 	if a.Phase == "compensate" {
 		name = SpanCompensation
 	}
-	ctx = t.extract(ctx, carrier)
-	ctx, s := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(a.attributes()...))
-	return ctx, Span{s}
+	return t.startFrom(ctx, carrier, name, trace.SpanKindConsumer, a.attributes()...)
 }
 
 // StartReply starts the span of the orchestrator's handling of a reply to
@@ -145,9 +143,7 @@ func (t *Tracer) StartReply(ctx context.Context, carrier map[string]string, a At
 	if t == nil {
 		return ctx, Span{}
 	}
-	ctx = t.extract(ctx, carrier)
-	ctx, s := t.tracer.Start(ctx, SpanReply, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(a.attributes()...))
-	return ctx, Span{s}
+	return t.startFrom(ctx, carrier, SpanReply, trace.SpanKindConsumer, a.attributes()...)
 }
 
 // StartRedispatch starts the span of the reaper's handling of attempt a
@@ -157,9 +153,7 @@ func (t *Tracer) StartRedispatch(ctx context.Context, carrier map[string]string,
 	if t == nil {
 		return ctx, Span{}
 	}
-	ctx = t.extract(ctx, carrier)
-	ctx, s := t.tracer.Start(ctx, SpanRedispatch, trace.WithAttributes(a.attributes()...))
-	return ctx, Span{s}
+	return t.startFrom(ctx, carrier, SpanRedispatch, trace.SpanKindInternal, a.attributes()...)
 }
 
 // StartRepair starts the span of an operator's repair of a saga, or of a
@@ -169,9 +163,14 @@ func (t *Tracer) StartRepair(ctx context.Context, carrier map[string]string, sag
 	if t == nil {
 		return ctx, Span{}
 	}
-	ctx = t.extract(ctx, carrier)
-	ctx, s := t.tracer.Start(ctx, SpanRepair, trace.WithAttributes(AttrSagaID.String(sagaID.String()),
-		AttrDefinition.String(definition), AttrReason.String(what)))
+	return t.startFrom(ctx, carrier, SpanRepair, trace.SpanKindInternal,
+		AttrSagaID.String(sagaID.String()), AttrDefinition.String(definition), AttrReason.String(what))
+}
+
+// startFrom starts span name, a child of the trace context in carrier, or
+// of ctx's span when carrier holds none.
+func (t *Tracer) startFrom(ctx context.Context, carrier map[string]string, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, Span) {
+	ctx, s := t.tracer.Start(t.extract(ctx, carrier), name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	return ctx, Span{s}
 }
 
