@@ -119,10 +119,23 @@ func newEngineEnv(t *testing.T) *env {
 func engineEnvWith(t *testing.T, defs ...*saga.Definition) *env {
 	t.Helper()
 	pool := testenv.DB(t)
+	e, _ := runEngine(t, pool, "HTTPAPI", defs, nil)
+	return serve(t, pool, e.Client())
+}
+
+// runEngine deploys and starts an engine of defs on pool, with an
+// in-process JetStream and a stream named after prefix of its own, stopped
+// when the test ends; edit, if set, changes its Config first. It returns
+// the engine and the Config it runs with.
+func runEngine(t *testing.T, pool *pgxpool.Pool, prefix string, defs []*saga.Definition, edit func(*engine.Config)) (*engine.Engine, engine.Config) {
+	t.Helper()
 	_, nc := testenv.NATS(t)
-	stream := testenv.Name("HTTPAPI")
+	stream := testenv.Name(prefix)
 	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
 		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger()}
+	if edit != nil {
+		edit(&cfg)
+	}
 	e, err := engine.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, engine.Deploy(context.Background(), cfg))
@@ -132,7 +145,7 @@ func engineEnvWith(t *testing.T, defs ...*saga.Definition) *env {
 		defer cancel()
 		require.NoError(t, e.Stop(ctx))
 	})
-	return serve(t, pool, e.Client())
+	return e, cfg
 }
 
 type response struct {

@@ -30,22 +30,11 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	stream := testenv.Name("SHED")
-	prefix := "t." + stream
 	reg := prometheus.NewRegistry()
-	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{payout}, Stream: stream, SubjectPrefix: prefix,
-		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond,
-		ShedStreamMessages: 5, Logger: quietLogger(), Registerer: reg}
-	e, err := engine.New(cfg)
-	require.NoError(t, err)
-	require.NoError(t, engine.Deploy(ctx, cfg))
-	require.NoError(t, e.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(sctx))
+	e, cfg := runEngine(t, pool, "SHED", []*saga.Definition{payout}, func(c *engine.Config) {
+		c.ShedStreamMessages, c.Registerer = 5, reg
 	})
+	nc, stream, prefix := cfg.NATS, cfg.Stream, cfg.SubjectPrefix
 	env := serve(t, pool, e.Client(), func(c *httpapi.Config) { c.ShedFunc = e.ShedStart })
 	tok := env.issued(t, "payout")
 

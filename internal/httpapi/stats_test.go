@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -22,20 +21,8 @@ import (
 func statsEnv(t *testing.T) *env {
 	t.Helper()
 	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	stream := testenv.Name("STATS")
 	reg := prometheus.NewRegistry()
-	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{payout}, Stream: stream, SubjectPrefix: "t." + stream,
-		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quietLogger(), Registerer: reg}
-	e, err := engine.New(cfg)
-	require.NoError(t, err)
-	require.NoError(t, engine.Deploy(context.Background(), cfg))
-	require.NoError(t, e.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, e.Stop(ctx))
-	})
+	e, _ := runEngine(t, pool, "STATS", []*saga.Definition{payout}, func(c *engine.Config) { c.Registerer = reg })
 	return serve(t, pool, e.Client(), func(c *httpapi.Config) { c.Gatherer = reg })
 }
 
