@@ -201,6 +201,22 @@ export async function api(method, path, opts) {
 
 // newKey makes the Idempotency-Key of one repair intent: printable ASCII,
 // unique, sent again unchanged when the same request is resent.
+// viewGet reads path for the view numbered seq: its data, or null when
+// the read failed (the error is shown in errors) or another view has
+// taken the page meanwhile.
+export async function viewGet(path, seq, errors) {
+  let data;
+  try {
+    ({data} = await api('GET', path));
+  } catch (e) {
+    if (seq === view.seq) errors.replaceChildren(errorBox(e));
+    return null;
+  }
+  if (seq !== view.seq) return null;
+  errors.replaceChildren();
+  return data;
+}
+
 export function newKey(op) {
   const b = new Uint8Array(12);
   crypto.getRandomValues(b);

@@ -1,5 +1,5 @@
 // Live figures: GET /v1/stats every second, rates over the last seconds.
-import {NEEDS_PERSON, api, errorBox, every, fmtDuration, fmtNum, fmtPct, h, show, svg, view} from './common.js';
+import {NEEDS_PERSON, every, fmtDuration, fmtNum, fmtPct, h, show, svg, view, viewGet} from './common.js';
 
 const STATS_POLL_MS = 1000;
 const RATE_WINDOW_MS = 5000;
@@ -38,16 +38,8 @@ export function liveView() {
           outcomes))));
 
   const poll = async () => {
-    let data;
-    try {
-      ({data} = await api('GET', 'v1/stats'));
-    } catch (e) {
-      if (seq !== view.seq) return;
-      errors.replaceChildren(errorBox(e));
-      return;
-    }
-    if (seq !== view.seq) return;
-    errors.replaceChildren();
+    const data = await viewGet('v1/stats', seq, errors);
+    if (data === null) return;
     addSample(data);
     renderLive({cards, spark, layers, outcomes, note});
   };

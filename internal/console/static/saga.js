@@ -1,7 +1,7 @@
 // One saga: its facts, the repair buttons, the timeline of its attempts,
 // repairs and callbacks, its steps, input and results.
-import {NEEDS_PERSON, api, compactJSON, errorBox, every, fmtDuration, fmtTime, fmtAgo, h, newKey, outcomeClass, prettyJSON,
-  problemText, show, stateBadge, stateInfo, statusClass, view} from './common.js';
+import {NEEDS_PERSON, api, compactJSON, every, fmtDuration, fmtTime, fmtAgo, h, newKey, outcomeClass, prettyJSON,
+  problemText, show, stateBadge, stateInfo, statusClass, view, viewGet} from './common.js';
 
 const SAGA_REFRESH_MS = 1000;
 
@@ -24,16 +24,8 @@ export function sagaView(id) {
   show(h('p', null, h('a', {href: '#/sagas'}, '← sagas')), errors, head, repair.el, body);
   let last = '';
   const load = async () => {
-    let data;
-    try {
-      ({data} = await api('GET', 'v1/sagas/' + encodeURIComponent(id)));
-    } catch (e) {
-      if (seq !== view.seq) return;
-      errors.replaceChildren(errorBox(e));
-      return;
-    }
-    if (seq !== view.seq) return;
-    errors.replaceChildren();
+    const data = await viewGet('v1/sagas/' + encodeURIComponent(id), seq, errors);
+    if (data === null) return;
     // Re-render only what changed, so that a reader's selection holds.
     const text = JSON.stringify(data);
     if (text === last) return;

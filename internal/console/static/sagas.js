@@ -1,5 +1,5 @@
 // The sagas list: filters, counts by state, one page of sagas.
-import {NEEDS_PERSON, api, errorBox, every, fmtAgo, fmtNum, fmtTime, h, session, show, stateBadge, view} from './common.js';
+import {NEEDS_PERSON, every, fmtAgo, fmtNum, fmtTime, h, session, show, stateBadge, view, viewGet} from './common.js';
 
 const LIST_REFRESH_MS = 5000;
 
@@ -66,16 +66,8 @@ export function listView(params) {
     if (definition) q.set('definition', definition);
     if (stateFilter) q.set('state', stateFilter);
     if (cursor) q.set('cursor', cursor);
-    let data;
-    try {
-      ({data} = await api('GET', 'v1/sagas?' + q));
-    } catch (e) {
-      if (seq !== view.seq) return;
-      errors.replaceChildren(errorBox(e));
-      return;
-    }
-    if (seq !== view.seq) return;
-    errors.replaceChildren();
+    const data = await viewGet('v1/sagas?' + q, seq, errors);
+    if (data === null) return;
     renderCounts(counts, data.counts || {}, stateFilter, go, definition);
     table.replaceChildren(...data.sagas.map(sagaRow));
     if (data.sagas.length === 0) {
