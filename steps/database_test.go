@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -12,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -115,46 +115,116 @@ func preparedStatements(t *testing.T, pool *pgxpool.Pool) int {
 	return n - 1 // not this query's own
 }
 
-// TestRedeliveryOfAnAttemptNotCommitted: a redelivery that finds nothing in
-// the inbox (the first delivery failed, or its process died before the
-// commit) runs the attempt as any delivery does, one round trip later (the
-// read), and takes effect once.
-func TestRedeliveryOfAnAttemptNotCommitted(t *testing.T) {
+// TestAFailedAttemptDoesNotRunAgain: an attempt whose handler failed
+// (a retry) records that in the inbox under its key, with the rollback of
+// its writes. Delivered again (a lost ack, the relay's copy of a command
+// run at once, a resend), the same attempt answers from the inbox in one
+// read and its handler does not run again; the next attempt claims the key
+// and takes effect once.
+func TestAFailedAttemptDoesNotRunAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, trips, shared := tracedEffectsDB(t)
-	var calls atomic.Int32
+	runs := map[int]int{}
+	var mu sync.Mutex
 	def := saga.MustNew("again", saga.Step{
 		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			mu.Lock()
+			runs[sc.Attempt]++
+			mu.Unlock()
 			if err := writeEffect(ctx, sc); err != nil {
 				return nil, err
 			}
-			if calls.Add(1) == 2 {
-				return nil, errors.New("the first delivery of the measured command fails")
+			if sc.Attempt == 1 {
+				return nil, errors.New("the first attempt fails")
 			}
 			return json.RawMessage(`{"n":1}`), nil
 		},
 	})
-	w := newWorker(t, pool, def)
-	_, err := w.HandleRedelivered(ctx, command(newSaga(t, shared, "again"), "again", "write", saga.PhaseForward, 1, 1)) // warms the statements
-	require.NoError(t, err)
-	cmd := command(newSaga(t, shared, "again"), "again", "write", saga.PhaseForward, 1, 1)
+	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
+	id := newSaga(t, shared, "again")
+	cmd := command(id, "again", "write", saga.PhaseForward, 1, 1)
 	reply, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, reply.Outcome, "the first delivery failed and committed nothing of the step")
+	require.False(t, reply.Duplicate)
+	outcome, attempt, _ := inbox(t, shared, id, cmd.Key)
+	require.Equal(t, []any{"retry", 1}, []any{outcome, attempt}, "the key records that attempt 1 ended")
+	require.Zero(t, countEffects(t, shared), "its write rolled back")
 
 	trips.Reset()
-	reply, err = w.HandleRedelivered(ctx, cmd)
+	again, err := w.HandleRedelivered(ctx, cmd)
 	require.NoError(t, err)
-	require.False(t, reply.Duplicate)
-	require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
-	require.JSONEq(t, `{"n":1}`, string(reply.Result))
-	require.Equal(t, []int32{2, 2}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches (the claim, the outcome), statements alone (the read, the handler's)")
-	require.Contains(t, trips.SentAlone()[0], "select i.outcome")
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects where saga_id = $1`, pguuid.Of(cmd.SagaID)).Scan(&n))
-	require.Equal(t, 1, n, "one effect")
+	require.True(t, again.Duplicate)
+	require.Equal(t, wire.OutcomeRetry, again.Outcome)
+	require.Equal(t, []int32{0, 1}, []int32{trips.Batches.Load(), trips.Alone.Load()}, "batches, statements alone (the read): %q", trips.SentAlone())
+	again, err = w.Handle(ctx, cmd) // a copy that claims without reading first
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, wire.OutcomeRetry, again.Outcome)
+	mu.Lock()
+	require.Equal(t, map[int]int{1: 1}, runs, "attempt 1's handler ran once")
+	mu.Unlock()
+
+	next, err := w.Handle(ctx, command(id, "again", "write", saga.PhaseForward, 2, 1))
+	require.NoError(t, err)
+	require.False(t, next.Duplicate)
+	require.Equal(t, wire.OutcomeSucceeded, next.Outcome)
+	require.JSONEq(t, `{"n":1}`, string(next.Result))
+	outcome, attempt, _ = inbox(t, shared, id, cmd.Key)
+	require.Equal(t, []any{"succeeded", 2}, []any{outcome, attempt})
+	late, err := w.HandleRedelivered(ctx, cmd) // attempt 1 once more, after attempt 2 succeeded
+	require.NoError(t, err)
+	require.True(t, late.Duplicate)
+	require.Equal(t, wire.OutcomeSucceeded, late.Outcome)
+	require.Equal(t, 1, countEffects(t, shared), "one effect")
+	mu.Lock()
+	require.Equal(t, map[int]int{1: 1, 2: 1}, runs, "each attempt's handler ran once")
+	mu.Unlock()
+	requireNoOpenTransaction(t, shared)
+}
+
+// TestFailingAttemptDeliveredConcurrently delivers one command from 32
+// goroutines at once to a worker that remembers nothing, its handler
+// failing after a write (a retry): the deliveries that waited on the key
+// while the first ran find its failure recorded when it lets the key go,
+// so the handler runs once, one reply is fresh, and nothing takes effect.
+func TestFailingAttemptDeliveredConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := effectsDB(t)
+	var runs atomic.Int32
+	def := saga.MustNew("failing", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			runs.Add(1)
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("the other bank is down")
+		},
+	})
+	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
+	id := newSaga(t, pool, "failing")
+	cmd := command(id, "failing", "write", saga.PhaseForward, 1, 1)
+	replies := handleAtOnce(t, w, cmd, 32)
+	fresh := 0
+	for _, r := range replies {
+		require.Equal(t, wire.OutcomeRetry, r.Outcome)
+		if !r.Duplicate {
+			fresh++
+			require.Equal(t, "the other bank is down", r.Error)
+		}
+	}
+	require.Equal(t, 1, fresh, "one delivery recorded the failure")
+	require.Equal(t, int32(1), runs.Load(), "the handler ran once")
+	require.Zero(t, countEffects(t, pool))
+	outcome, attempt, _ := inbox(t, pool, id, cmd.Key)
+	require.Equal(t, []any{"retry", 1}, []any{outcome, attempt})
+	var replyRows int
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.outbox`).Scan(&replyRows))
+	require.Equal(t, 1, replyRows, "one reply")
+	requireNoOpenTransaction(t, pool)
 }
 
 // TestDuplicateThatWaitedOnTheClaim: a second delivery that reaches the
@@ -209,13 +279,23 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 }
 
 // TestRefusedConcurrently delivers one command from 32 goroutines at
-// once, to a worker that remembers nothing, its handler refusing every
-// time after a write: one delivery records the failure, every other
+// once, to a worker that remembers nothing, its handler refusing after a
+// write: it runs once, one delivery records the failure, every other
 // answers with it; no effect.
 func TestRefusedConcurrently(t *testing.T) {
 	t.Parallel()
 	pool := effectsDB(t)
-	def := writes("refused", 1, nil, saga.Permanent(errors.New("account closed")))
+	var runs atomic.Int32
+	def := saga.MustNew("refused", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			runs.Add(1)
+			if err := writeEffect(ctx, sc); err != nil {
+				return nil, err
+			}
+			return nil, saga.Permanent(errors.New("account closed"))
+		},
+	})
 	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
 	id := newSaga(t, pool, "refused")
 	replies := handleAtOnce(t, w, command(id, "refused", "write", saga.PhaseForward, 1, 1), 32)
@@ -228,6 +308,7 @@ func TestRefusedConcurrently(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, fresh, "one delivery recorded the failure")
+	require.Equal(t, int32(1), runs.Load(), "the handler ran once")
 	require.Zero(t, countEffects(t, pool))
 	outcome, _, _ := inbox(t, pool, id, saga.StepKey(id, "write", saga.PhaseForward))
 	require.Equal(t, "failed", outcome)

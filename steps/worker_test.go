@@ -120,8 +120,9 @@ func TestSameCommandConcurrently(t *testing.T) {
 	require.Equal(t, 1, perAttempt["r-"+saga.MessageID(saga.StepKey(id, transfer.StepDeduct, saga.PhaseForward), winner)+"-succeeded"])
 }
 
-// TestHandlerErrorRollsBackInbox: a failing attempt leaves neither its
-// business write nor its inbox row, so the next attempt does the work.
+// TestHandlerErrorRollsBackInbox: a failing attempt leaves no business
+// write, and its key records only that the attempt ended (retry), so the
+// next attempt claims it and does the work.
 func TestHandlerErrorRollsBackInbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -148,9 +149,10 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r.Outcome)
 	require.Contains(t, r.Error, "downstream timed out")
-	var inbox int
-	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.inbox`).Scan(&inbox))
-	require.Zero(t, inbox, "the inbox row rolled back with the handler's write")
+	var outcome string
+	var attempt int
+	require.NoError(t, pool.QueryRow(ctx, `select outcome, attempt from idemsaga.inbox`).Scan(&outcome, &attempt))
+	require.Equal(t, []any{"retry", 1}, []any{outcome, attempt}, "the key records the attempt's end, not an effect")
 	require.Equal(t, int64(100), balance(t, pool, 1))
 
 	r, err = w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 2, map[string]int{}))
@@ -248,8 +250,9 @@ func TestUnknownDefinitionIsNotAcked(t *testing.T) {
 // TestRememberedAttemptSkipsTheDatabase: a worker that answered an attempt
 // answers another delivery of it from memory, with the same outcome and
 // nothing written; a worker that does not remember (Recent -1) finds the
-// same answer in the inbox. A retryable failure is not remembered: its
-// redelivery runs the handler again.
+// same answer in the inbox. A retryable failure ends its attempt too: its
+// redelivery is answered from memory, and the handler does not run again;
+// the next attempt runs it.
 func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -288,8 +291,8 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.outbox`).Scan(&outbox))
 	require.Equal(t, 1, outbox, "one reply, written by the first delivery")
 
-	// A retryable failure, then a success on the redelivery of the same
-	// attempt: the handler runs twice.
+	// A retryable failure, then its redelivery: a duplicate; then the next
+	// attempt succeeds.
 	var runs atomic.Int32
 	flaky, err := saga.New("flaky", saga.Step{Kind: saga.DatabaseStep, Name: "s", Reaches: "done", Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 		if runs.Add(1) == 1 {
@@ -305,8 +308,14 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.Equal(t, wire.OutcomeRetry, r1.Outcome)
 	r2, err := fw.Handle(ctx, fc)
 	require.NoError(t, err)
-	require.Equal(t, wire.OutcomeSucceeded, r2.Outcome)
-	require.False(t, r2.Duplicate)
+	require.Equal(t, wire.OutcomeRetry, r2.Outcome)
+	require.True(t, r2.Duplicate)
+	require.Equal(t, int32(1), runs.Load())
+	fc.Attempt = 2
+	r3, err := fw.Handle(ctx, fc)
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeSucceeded, r3.Outcome)
+	require.False(t, r3.Duplicate)
 	require.Equal(t, int32(2), runs.Load())
 }
 

@@ -38,6 +38,7 @@ func queueClaim(tx *Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, at
 		tx.Exec(fenceForward, nil, pguuid.Of(sagaID), fwdKey, step)
 		tx.Queue(readStored, cl.fwd.scan(nil), pguuid.Of(sagaID), fwdKey)
 	}
+	tx.Exec(savepointClaim, nil)
 	return cl
 }
 

@@ -62,9 +62,10 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 
 	if cl == nil {
 		if a.plan.ReadFirst {
-			// What the inbox holds is final for a database step: a row is
-			// there only once its attempt committed. Nothing there, and the
-			// claim decides, as for any delivery.
+			// A database step's inbox row is there only once an attempt
+			// committed: a final outcome answers, and so does the end of
+			// this attempt or a later one. Anything else, and the claim
+			// decides, as for any delivery.
 			st, found, err := readStoredOn(actx, c, cmd.SagaID, cmd.Key)
 			if err != nil {
 				return a.replyBase(), err
@@ -73,11 +74,18 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 				if err := a.checkKind(st); err != nil {
 					return a.replyBase(), err
 				}
-				return a.answerStored(actx, c, st, false)
+				if st.final() {
+					return a.answerStored(actx, c, st, false)
+				}
+				if st.endedAt(cmd.Attempt) {
+					return a.ended(st)
+				}
 			}
 		}
-		cl = queueClaim(tx, cmd.SagaID, cmd.Key, cmd.Step, cmd.Phase, cmd.Attempt, a.policy)
+		// The command's own row goes before the claim's savepoint: a
+		// failure rolled back to it keeps the row consumed.
 		a.consume(tx)
+		cl = queueClaim(tx, cmd.SagaID, cmd.Key, cmd.Step, cmd.Phase, cmd.Attempt, a.policy)
 		if err := tx.Flush(actx); err != nil {
 			return a.replyBase(), err
 		}
@@ -101,16 +109,22 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 			return a.replyBase(), fmt.Errorf("read what the inbox holds for a key already claimed: %w", err)
 		}
 		a.committed(end, nil, nil)
-		if !found && paused {
-			return a.held()
-		}
-		if !found {
-			return a.sagaGone()
-		}
 		if err := a.checkKind(st); err != nil {
 			return a.replyBase(), err
 		}
-		return a.answerStored(actx, c, st, false)
+		switch {
+		case found && st.final():
+			return a.answerStored(actx, c, st, false)
+		case found && st.endedAt(cmd.Attempt):
+			return a.ended(st)
+		case paused:
+			return a.held()
+		case !found:
+			return a.sagaGone()
+		}
+		// An earlier attempt's end that this claim did not take: the key
+		// moved between the claim and the read.
+		return a.replyBase(), fmt.Errorf("the key of step %q held attempt %d's end (%s), which attempt %d could not claim; it is delivered again", cmd.Step, st.attempt, st.outcome, cmd.Attempt)
 	}
 	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
 		return a.replyBase(), err
@@ -129,10 +143,9 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	if herr == nil {
 		return a.commitSuccess(actx, tx, result)
 	}
-	// The handler failed: nothing it or the claim wrote survives.
-	conn := a.conn
-	a.conn = nil
-	return a.recordFailure(ctx, conn, herr)
+	// The handler failed: nothing it wrote survives, and the claim's
+	// transaction records why.
+	return a.recordFailure(ctx, tx, herr)
 }
 
 // runHandler runs the handler, or, for a compensation whose forward step
@@ -171,12 +184,17 @@ func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wir
 	return reply, nil
 }
 
-// recordFailure records a failed handler's outcome once its transaction
-// rolled back, under a fresh context (the attempt's may have expired, and
-// the outcome must still be recorded). A failure for good, or a last
-// attempt's, goes into the inbox under the key and onto the saga when the
-// plan allows; a retry is a reply alone. conn is released here.
-func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr error) (wire.Reply, error) {
+// recordFailure records a failed handler's outcome under a fresh context
+// (the attempt's may have expired, and the outcome must still be
+// recorded): in the claim's transaction tx, rolled back to the claim's
+// savepoint, so that the key goes from claimed to its failure without
+// ever looking free; or, when that transaction is gone (its connection
+// broke, the handler ended it), in a transaction of its own. A failure for
+// good, or a last attempt's, is stored under the key as failed and goes
+// onto the saga when the plan allows; a retry is stored as the attempt's
+// end (retry), which a later delivery of the same attempt finds, and
+// answered with a reply.
+func (a *attempt) recordFailure(ctx context.Context, tx *Tx, herr error) (wire.Reply, error) {
 	reply := a.replyBase()
 	reply.Error = herr.Error()
 	if d, ok := saga.RetryDelay(herr); ok {
@@ -191,23 +209,35 @@ func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr er
 	switch {
 	case m != nil:
 		// Failed for good (attempts exhausted, maybe): the move says why.
-		w.lead, w.move = leadFailure, m
+		w.move = m
 		reply.Outcome, reply.Error = wire.OutcomeFailed, m.StepError
 	case o.Status == wire.OutcomeFailed:
-		w.lead = leadFailure
 		reply.Outcome = wire.OutcomeFailed
 	default:
 		reply.Outcome = wire.OutcomeRetry
 	}
+	w.inboxOutcome = "failed"
+	if reply.Outcome == wire.OutcomeRetry {
+		w.inboxOutcome = "retry"
+	}
 	w.errText = reply.Error
 	msg, err := a.replyMessage(reply)
 	if err != nil {
-		conn.Release()
 		return reply, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	var out written
+	if c := a.conn.Conn(); !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
+		w.lead = leadFailure
+		tx.Exec(rollbackToClaim, nil)
+		if out, err = a.commitWrite(rctx, tx, w, msg); err == nil {
+			return a.failureRecorded(rctx, w, m, &out, reply)
+		}
+		// The claim's transaction ended without the record: nothing of
+		// it stays, and the failure is recorded alone.
+	}
+	w.lead = leadFailureAlone
 	send := func(c *pgx.Conn) error {
 		tx := Implicit(c)
 		if c.PgConn().TxStatus() != 'I' {
@@ -218,38 +248,48 @@ func (a *attempt) recordFailure(ctx context.Context, conn *pgxpool.Conn, herr er
 		out, err = a.commitWrite(rctx, tx, w, msg)
 		return err
 	}
-	err = send(conn.Conn())
-	if err != nil && (conn.Conn().IsClosed() || conn.Conn().PgConn().TxStatus() != 'I') {
-		// The connection broke (a statement cut by the attempt's timeout,
-		// a restarted server): give it back first (the pool closes it), so
-		// that a pool whose connections all broke at once does not wait on
-		// itself, and record the failure on another one.
-		conn.Release()
-		conn = nil
-		err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error { return send(c.Conn()) })
+	if c := a.conn.Conn(); !c.IsClosed() {
+		err = send(c)
+		if err == nil {
+			return a.failureRecorded(rctx, w, m, &out, reply)
+		}
+		if !c.IsClosed() && c.PgConn().TxStatus() == 'I' {
+			return reply, fmt.Errorf("record the failure (%s): %w", reply.Error, err)
+		}
 	}
-	if conn != nil {
-		defer conn.Release()
-	}
-	if err != nil {
+	// The connection broke (a statement cut by the attempt's timeout, a
+	// restarted server): give it back first (the pool closes it), so that
+	// a pool whose connections all broke at once does not wait on itself,
+	// and record the failure on another one.
+	tx.Rollback(rctx)
+	a.conn.Release()
+	a.conn = nil
+	if err := a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error { return send(c.Conn()) }); err != nil {
 		return reply, fmt.Errorf("record the failure (%s): %w", reply.Error, err)
 	}
-	if w.lead == leadFailure && !out.led {
-		// An outcome was stored under the key meanwhile (or the handler
-		// committed the claim itself): that one stands.
-		if conn != nil {
-			return a.answerConflict(rctx, conn.Conn(), w)
+	return a.failureRecorded(rctx, w, m, &out, reply)
+}
+
+// failureRecorded finishes recordFailure once w's statement committed: an
+// outcome stored under the key meanwhile (or the claim the handler
+// committed itself) answers instead of the failure.
+func (a *attempt) failureRecorded(ctx context.Context, w write, m *Move, out *written, reply wire.Reply) (wire.Reply, error) {
+	if !out.led {
+		if a.conn != nil {
+			return a.answerConflict(ctx, a.conn.Conn(), w)
 		}
 		var reply wire.Reply
-		err := a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
+		err := a.r.cfg.Pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 			var err error
-			reply, err = a.answerConflict(rctx, c.Conn(), w)
+			reply, err = a.answerConflict(ctx, c.Conn(), w)
 			return err
 		})
 		return reply, err
 	}
-	a.stored = w.lead == leadFailure
-	a.afterMove(m, &out)
+	// The inbox holds the attempt's end, final or not: another delivery
+	// of it answers from memory.
+	a.stored = true
+	a.afterMove(m, out)
 	return reply, nil
 }
 

@@ -80,10 +80,17 @@ const (
 	// inbox row. Its result goes to the step's row with the move, or to
 	// the inbox row with a reply.
 	leadNone lead = iota
-	// leadFailure inserts the inbox row of a database step's failure (its
-	// transaction rolled back with the claim); an outcome stored meanwhile
-	// stands, and the statement then writes nothing.
+	// leadFailure records a database step's failure (inboxOutcome: failed,
+	// or retry for an attempt that ended without effect) in the
+	// transaction that ends its claim, rolled back to the claim's
+	// savepoint: the claim's own row, held since, takes the outcome.
 	leadFailure
+	// leadFailureAlone records a database step's failure in a transaction
+	// of its own, after the claim's ended without it (its connection broke,
+	// or the handler ended the transaction): the key's row is inserted, or
+	// taken from an earlier attempt's retry; an outcome stored meanwhile
+	// stands, and the statement then writes nothing.
+	leadFailureAlone
 	// leadExternal moves an external attempt's inbox row from started to
 	// its outcome, fenced by the attempt: an attempt given up or taken
 	// over meanwhile writes nothing.
@@ -250,13 +257,22 @@ func (w write) build(b *stmtBuilder, sh shape) {
 	case leadFailure:
 		cte()
 		b.f(`i as (
-  insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome, error)
-  select s.id, %s, %s, %s::text, %s::int, 'failed', %s::text
+  update idemsaga.inbox set outcome = %s::text, error = %s::text, result = null
+  where saga_id = %s and step_key = %s and attempt = %s::int and outcome = 'succeeded'
+  returning 1
+)`, b.p(w.inboxOutcome), b.p(w.errText), sagaP, key(), b.p(w.attempt))
+		gate = "exists (select from i)"
+	case leadFailureAlone:
+		cte()
+		b.f(`i as (
+  insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome, error)
+  select s.id, %s, %s, %s::text, %s::int, %s::text, %s::text
   from idemsaga.sagas s
   where s.id = %s and pg_advisory_xact_lock_shared(%d, %s) is not null
-  on conflict (saga_id, step_key) do nothing
+  on conflict (saga_id, step_key) do update set attempt = excluded.attempt, outcome = excluded.outcome, error = excluded.error, result = null
+    where x.outcome = 'retry' and x.attempt < excluded.attempt
   returning 1
-)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.errText), sagaP, lockClass, b.p(lockID(w.key)))
+)`, key(), b.p(w.step), b.p(string(w.phase)), b.p(w.attempt), b.p(w.inboxOutcome), b.p(w.errText), sagaP, lockClass, b.p(lockID(w.key)))
 		gate = "exists (select from i)"
 	case leadExternal:
 		cte()

@@ -18,9 +18,11 @@ var (
 	// claimTx is a database step's claim, sent after BEGIN: the inbox row
 	// goes in first, before any business write, so a concurrent duplicate
 	// waits on the key and then finds the committed outcome; if the
-	// attempt rolls back, so does the row. A key held already (or a saga
-	// gone) inserts nothing and returns no row; the caller then reads what
-	// the inbox holds (readStored). The claim takes its key's advisory lock
+	// attempt rolls back, so does the row. The key is taken from nothing,
+	// or from an earlier attempt that ended without effect (retry); a key
+	// that holds this attempt's end, a later attempt or a final outcome
+	// (or a saga gone) is left as it is and returns no row: the caller then
+	// reads what the inbox holds (readStored). The claim takes its key's advisory lock
 	// shared for the whole attempt (see lockClass), and bounds how long
 	// the transaction may sit idle ($7): a stalled process must not hold
 	// the key forever. Both are filters on the saga's row, so they hold
@@ -28,13 +30,22 @@ var (
 	// subquery and a CTE's count: a plain INSERT starts fewer executor
 	// nodes, 27,000 instructions less per step under callgrind
 	// (bench/pg-instructions.sh).
-	claimTx = fmt.Sprintf(`insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome)
+	claimTx = fmt.Sprintf(`insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'succeeded'
 from idemsaga.sagas s
 where s.id = $1 and `+NotPaused+` and pg_advisory_xact_lock_shared(%d, $6) is not null
   and set_config('idle_in_transaction_session_timeout', $7, true) is not null
-on conflict (saga_id, step_key) do nothing
+on conflict (saga_id, step_key) do update set attempt = excluded.attempt, outcome = 'succeeded', error = null, result = null
+  where x.outcome = 'retry' and x.attempt < excluded.attempt
 returning 1`, lockClass)
+
+	// savepointClaim follows a database step's claim: a handler that fails
+	// rolls back to it (rollbackToClaim), undoing its writes and keeping
+	// the claim, and its failure is recorded in the same transaction. The
+	// key is never seen free between the two, so a delivery that waited on
+	// it finds the failure and does not run the handler again.
+	savepointClaim  = "savepoint idemsaga_claim"
+	rollbackToClaim = "rollback to savepoint idemsaga_claim"
 
 	// claimCall is an external attempt's claim, in a transaction of its
 	// own committed before the call: the key's row becomes started at this

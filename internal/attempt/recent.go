@@ -85,8 +85,9 @@ func (rn *Runner) await(ctx context.Context, cmd wire.Command) (a answer, ok boo
 			}, nil
 		}
 		r.mu.Unlock()
-		// The run ends with an answer remembered, or none (a retryable
-		// failure, an error): then this delivery runs the attempt itself.
+		// The run ends with an answer remembered, or none (an error that
+		// left nothing committed, an external call's retry): then this
+		// delivery goes to the inbox, which decides.
 		select {
 		case <-wait:
 		case <-ctx.Done():
@@ -95,7 +96,8 @@ func (rn *Runner) await(ctx context.Context, cmd wire.Command) (a answer, ok boo
 	}
 }
 
-// remember keeps an answered attempt whose outcome the inbox holds.
+// remember keeps an answered attempt whose outcome (or, for a database
+// step, whose end) the inbox holds.
 func (rn *Runner) remember(cmd wire.Command, reply wire.Reply, stored bool) {
 	if rn.recent == nil || !stored || len(reply.Result)+len(reply.Error) > maxRemembered {
 		return

@@ -122,6 +122,8 @@ type Runner struct {
 	serving     bool
 	serveCtx    context.Context
 	offers      sync.WaitGroup
+	// inHand counts the commands the runner holds (InHand).
+	inHand atomic.Int64
 }
 
 // New returns a runner.
@@ -181,7 +183,8 @@ type attempt struct {
 	// What the attempt leaves to do after its commit.
 	sent  []outbox.Committed
 	after func()
-	// stored is set when the inbox holds this attempt's final outcome.
+	// stored is set when the inbox holds this attempt's final outcome, or
+	// a database step attempt's end (retry).
 	stored bool
 	// conflict is set when the claim met the key's row.
 	conflict bool
@@ -220,12 +223,16 @@ type attempt struct {
 // command before (JetStream's NumDelivered above 1). An error means
 // nothing was committed and the command should be delivered again.
 func (r *Runner) Handle(ctx context.Context, cmd wire.Command, redelivered bool) (wire.Reply, error) {
+	r.inHand.Add(1)
+	defer r.inHand.Add(-1)
 	reply, _, err := r.run(ctx, cmd, redelivered, 0, nil, true)
 	return reply, err
 }
 
-// Busy returns how many commands the runner has in hand in its slots.
-func (r *Runner) Busy() int { return len(r.slots) }
+// InHand returns how many commands the runner holds: delivered and not yet
+// answered (waiting for a slot included), run at once with the steps they
+// lead to, or run by hand.
+func (r *Runner) InHand() int { return int(r.inHand.Load()) }
 
 // Serving is closed once Serve takes offers.
 func (r *Runner) Serving() <-chan struct{} { return r.servingCh }
@@ -253,7 +260,9 @@ func (r *Runner) Offer(c outbox.Committed) bool {
 	default:
 		return false
 	}
+	r.inHand.Add(1)
 	r.offers.Go(func() {
+		defer r.inHand.Add(-1)
 		defer func() { <-r.slots }()
 		r.runEager(context.WithoutCancel(r.serveCtx), &c, nil)
 	})
@@ -433,6 +442,8 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 
 // HandleMsg runs one command message and acks it after its commit.
 func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
+	r.inHand.Add(1)
+	defer r.inHand.Add(-1)
 	cmd, err := wire.DecodeCommand(msg.Data())
 	if err != nil {
 		r.cfg.Logger.Error("step worker: dropping undecodable command", "subject", msg.Subject(), "error", err)
@@ -461,6 +472,12 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 		var unknown *UnknownError
 		if errors.As(err, &unknown) {
 			r.unknownCommand(ctx, msg, cmd, unknown.Reason)
+			return
+		}
+		if errors.Is(err, ErrCrashed) {
+			// The test kit's crash: delivered again, as after its ack
+			// wait, at once (the kit's clock does not move the broker's).
+			_ = msg.Nak()
 			return
 		}
 		if err != nil {

@@ -27,6 +27,11 @@ func (st stored) final() bool {
 	return st.outcome == "succeeded" || st.outcome == "failed" || st.outcome == "tombstone"
 }
 
+// endedAt reports a key that holds the end of attempt n, or of a later
+// attempt, without a final outcome (retry): a delivery of attempt n does
+// not run it again.
+func (st stored) endedAt(n int) bool { return st.outcome == "retry" && st.attempt >= n }
+
 // undo reports whether a compensation must run for a forward step whose
 // key holds st (after fenceForward): it succeeded, or some attempt of it
 // had an unknown outcome.
@@ -122,6 +127,21 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 	return reply, nil
 }
 
+// ended answers a delivery of an attempt of a database step that ended,
+// its end stored under the key (retry), or a later attempt's: the handler
+// does not run again, nothing is written, and the delivery is dropped. The
+// attempt's reply was written with its end.
+func (a *attempt) ended(st stored) (wire.Reply, error) {
+	a.dropped = true
+	reply := a.replyBase()
+	reply.Outcome, reply.Duplicate = wire.OutcomeRetry, true
+	reply.Error = st.errText
+	if st.attempt != a.cmd.Attempt {
+		reply.Error = fmt.Sprintf("attempt %d of the step ended before this delivery of attempt %d", st.attempt, a.cmd.Attempt)
+	}
+	return reply, nil
+}
+
 // held answers a command of a paused saga (or of a saga whose definition
 // is paused): no attempt starts, nothing is written, and the delivery is
 // dropped. The step's row keeps its attempt; resuming the saga sends the
@@ -161,7 +181,7 @@ func (a *attempt) sagaGone() (wire.Reply, error) {
 // writes (a step whose kind changed between builds, with attempts of both
 // in flight).
 func (a *attempt) checkKind(st stored) error {
-	if a.step.Kind == saga.DatabaseStep && (st.outcome == "started" || st.outcome == "retry" || st.outcome == "waiting") {
+	if a.step.Kind == saga.DatabaseStep && (st.outcome == "started" || st.outcome == "waiting" || st.unknown) {
 		return fmt.Errorf("step %q is a database step, but its key's inbox row says %q, as an external step's does; deploy one definition to every worker", a.cmd.Step, st.outcome)
 	}
 	return nil
