@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -306,8 +307,10 @@ type Engine struct {
 	stepRunner lifecycle.Runner
 	runner     lifecycle.Runner
 
-	// dups are the copies of commands the test kit delivers.
-	dups sync.WaitGroup
+	// dups are the copies of commands the test kit delivers, dupsInHand
+	// how many of them run.
+	dups       sync.WaitGroup
+	dupsInHand atomic.Int64
 
 	mu      sync.Mutex
 	started bool
@@ -315,7 +318,7 @@ type Engine struct {
 
 func init() {
 	testhook.NewEngine = func(cfg any, faults *attempt.Faults) (any, error) { return newEngine(cfg.(Config), faults) }
-	testhook.Busy = func(e any) int { return e.(*Engine).steps.Busy() }
+	testhook.InHand = func(e any) int { e2 := e.(*Engine); return e2.steps.InHand() + int(e2.dupsInHand.Load()) }
 }
 
 // New returns an engine; Start runs it.
@@ -399,7 +402,9 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 			return nil, fmt.Errorf("idemsaga: %w", err)
 		}
 		faults.Duplicate = func(cmd wire.Command) {
+			e.dupsInHand.Add(1)
 			e.dups.Go(func() {
+				defer e.dupsInHand.Add(-1)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				_, _ = dup.Handle(ctx, cmd, false)

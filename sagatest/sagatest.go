@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -71,7 +72,11 @@ type Env struct {
 	cfg    Config
 	faults *attempt.Faults
 	url    string
+	js     jetstream.JetStream
 }
+
+// kitStream is the stream of the kit's engine.
+const kitStream = "SAGATEST"
 
 // T is what the kit needs of a test: *testing.T and *testing.B have it.
 type T interface {
@@ -116,10 +121,15 @@ func New(t T, cfg Config) *Env {
 		}
 	}
 	env.NATS = startNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatalf("sagatest: %v", err)
+	}
+	env.js = js
 
 	ecfg := engine.Config{
 		Pool: env.Pool, NATS: env.NATS, Definitions: cfg.Definitions,
-		Stream: "SAGATEST", SubjectPrefix: "sagatest", LeaseGrace: cfg.LeaseGrace,
+		Stream: kitStream, SubjectPrefix: "sagatest", LeaseGrace: cfg.LeaseGrace,
 		ReapInterval: 5 * time.Millisecond, RelayPollInterval: 5 * time.Millisecond, RelayHandOff: 50 * time.Millisecond,
 		Logger: cfg.Logger, Registerer: cfg.Registerer,
 		// Retention runs when the test says (Env.Clean), not behind it.
@@ -219,41 +229,6 @@ from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// skip moves the clock to the next moment saga id waits for, while the
-// engine runs no handler: a retry's due time; once the saga has been
-// quiet for a while, the lease of an attempt nobody is running; and once
-// it has been quiet for longer, the deadline of a callback step that
-// waits for a callback (which another goroutine of the test may still be
-// sending). It reports whether it moved.
-func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, quiet time.Duration) bool {
-	t.Helper()
-	// Never while a handler runs: moving the clock past its lease would
-	// have the reaper run it again beside it.
-	if testhook.Busy(e.Engine) > 0 {
-		return false
-	}
-	leases, waits := quiet > 200*time.Millisecond, quiet > time.Second
-	var wait *time.Duration
-	err := e.Pool.QueryRow(ctx, `select min(due) - idemsaga.now() from (
-  select next_attempt_at as due from idemsaga.steps where saga_id = $1 and status = 'retrying'
-  union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status = 'dispatched' and $2
-    and not exists (select 1 from idemsaga.outbox where saga_id = $1 and published_at is null)
-  union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status = 'waiting' and $3
-) d`, id, leases, waits).Scan(&wait)
-	if err != nil {
-		t.Fatalf("sagatest: read what saga %s waits for: %v", id, err)
-	}
-	if wait == nil || *wait <= 0 {
-		return false
-	}
-	if err := e.Clock.Advance(ctx, *wait+time.Millisecond); err != nil {
-		t.Fatalf("sagatest: %v", err)
-	}
-	return true
 }
 
 // Clean runs the engine's retention once, on the test clock: move the

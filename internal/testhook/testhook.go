@@ -9,6 +9,7 @@ var (
 	// NewEngine builds an engine (*engine.Engine) from its Config, with
 	// faults armed by the test kit.
 	NewEngine func(cfg any, faults *attempt.Faults) (any, error)
-	// Busy returns the step commands an engine has in hand.
-	Busy func(engine any) int
+	// InHand returns the step commands an engine holds: delivered and
+	// not yet answered, run at once, or copies the kit delivers.
+	InHand func(engine any) int
 )
