@@ -77,6 +77,49 @@ func TestBackoffsTakeNoWallTime(t *testing.T) {
 	t.Logf("5 attempts, %s of backoff skipped in %s of wall time", skipped, wall)
 }
 
+// TestFailingStepDeliveredTwiceRunsOncePerAttempt: every attempt of a
+// database step that fails twice, then succeeds, is delivered twice at
+// once, the copy to a runner that shares nothing with the first. The
+// copies wait on the key while the first runs, and find its end when it
+// lets the key go: each attempt's handler runs once, its failure decides
+// the retry, and the effect is written once.
+func TestFailingStepDeliveredTwiceRunsOncePerAttempt(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	runs := map[int]int{}
+	def := saga.MustNew("twice", saga.Step{
+		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
+		Retry: saga.RetryPolicy{MaxAttempts: 5, InitialBackoff: time.Second, Jitter: -1},
+		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+			mu.Lock()
+			runs[sc.Attempt]++
+			mu.Unlock()
+			if _, err := sc.Tx.Exec(ctx, `insert into effects (step_key) values ($1)`, sc.Key); err != nil {
+				return nil, err
+			}
+			if sc.Attempt <= 2 {
+				return nil, errors.New("not yet")
+			}
+			return nil, nil
+		},
+	})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}, Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `create table effects (step_key uuid primary key)`)
+		return err
+	}})
+	env.Inject(sagatest.Fault{Kind: sagatest.DeliverTwice, Step: "write", Times: 3})
+	sg := env.Run(t, def, "twice-1", map[string]int{"n": 1})
+	require.Equal(t, saga.State("written"), sg.State)
+	require.Equal(t, 3, env.Fired(sagatest.DeliverTwice))
+	mu.Lock()
+	require.Equal(t, map[int]int{1: 1, 2: 1, 3: 1}, runs, "each attempt's handler ran once")
+	mu.Unlock()
+	require.Len(t, sg.Attempts, 3)
+	var n int
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `select count(*) from effects`).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
 func chargeDefinition(l *ledger, kind saga.StepKind) *saga.Definition {
 	return saga.MustNew("pay",
 		saga.Step{Name: "charge", Reaches: "charged", Kind: kind, Retry: saga.RetryPolicy{Timeout: 20 * time.Second},
