@@ -168,7 +168,7 @@ func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wir
 	reply := a.replyBase()
 	reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 	w := write{lead: leadNone, fence: fenceGuess, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt,
-		result: result, handOff: a.handOff()}
+		result: result, handOff: a.handOff(), proof: "succeeded"}
 	m := a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
 	w.move = m
 	msg, err := a.replyMessage(reply)
@@ -220,6 +220,7 @@ func (a *attempt) recordFailure(ctx context.Context, tx *Tx, herr error) (wire.R
 	if reply.Outcome == wire.OutcomeRetry {
 		w.inboxOutcome = "retry"
 	}
+	w.proof = w.inboxOutcome
 	w.errText = reply.Error
 	msg, err := a.replyMessage(reply)
 	if err != nil {

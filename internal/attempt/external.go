@@ -145,6 +145,7 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wi
 	if d, ok := saga.RetryDelay(herr); ok {
 		reply.RetryAfterMillis = d.Milliseconds()
 	}
+	w.proof = w.inboxOutcome
 	msg, err := a.replyMessage(reply)
 	if err != nil {
 		return reply, err

@@ -130,6 +130,12 @@ type write struct {
 	result       json.RawMessage
 	errText      string
 
+	// proof is the outcome the inbox holds for the key at attempt once
+	// this write committed, and not before: what tells whether a COMMIT
+	// whose answer was lost committed (resolve). Empty: the write leaves
+	// no such mark, and a lost answer counts as not committed.
+	proof string
+
 	move *Move
 	// eager leaves out the outbox row of the step the move dispatches:
 	// this process runs it at once, and its step row's lease is its

@@ -576,16 +576,37 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 	var out written
 	w.queue(tx, &out)
 	a.consume(tx)
+	var err error
 	if a.chainable(w) && !tx.implicit {
-		if err := a.commitAndClaim(ctx, tx, w, &out); err != nil {
+		err = a.commitAndClaim(ctx, tx, w, &out)
+	} else {
+		err = tx.Commit(ctx)
+	}
+	conn := tx.Conn()
+	if err != nil {
+		if !inDoubt(err) {
 			return out, err
 		}
-	} else if err := tx.Commit(ctx); err != nil {
-		return out, err
+		// The COMMIT's answer was lost: ask the database what happened.
+		resolved, ok := a.resolve(ctx, w, w.reply)
+		if !ok {
+			return out, err
+		}
+		a.r.cfg.Logger.Info("step worker: the commit of an attempt's outcome lost its answer and is found committed; going on",
+			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "error", err)
+		out = resolved
+		tx.sent = committedRows(w, w.reply, out)
+		conn = nil
 	}
 	a.committed(tx, &out, w.move)
 	if w.move != nil && out.led && !out.moved && reply != nil {
-		if err := a.writeReply(ctx, tx.Conn(), reply); err != nil {
+		var err error
+		if conn != nil {
+			err = a.writeReply(ctx, conn, reply)
+		} else {
+			err = a.r.cfg.Pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error { return a.writeReply(ctx, c.Conn(), reply) })
+		}
+		if err != nil {
 			a.r.cfg.Logger.Warn("step worker: the outcome is recorded, but its reply could not be written; the step's next attempt will find the outcome",
 				"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "error", err)
 		}

@@ -1,0 +1,98 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// TestCommitWhoseAnswerIsLost: a step's COMMIT waits for a synchronous
+// standby that never answers, and its connection is cut there, as a
+// primary that crashes after its commit reached the standby would cut it:
+// PostgreSQL keeps the commit, the step worker sees its connection break.
+// The worker asks the database whether its outcome committed, finds it
+// did, and runs the next step, whose command only it held, at once: the
+// saga finishes although its leases are an hour long, with the next step
+// dispatched once and nothing sent again, and the step that lost its
+// answer ran once.
+func TestCommitWhoseAnswerIsLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.StartPGPrimary(t)
+	url := srv.CreateDB("indoubt")
+	srv.Exec("alter system set synchronous_standby_names = 'nobody'")
+	srv.Exec("select pg_reload_conf()")
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	// The engine's own commits do not wait for the standby; the one the
+	// step asks for does.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "local"
+	cfg.MaxConns = 6
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `create table effects (step text primary key)`)
+	require.NoError(t, err)
+
+	var runs atomic.Int32
+	effect := func(ctx context.Context, sc *saga.StepContext) error {
+		_, err := sc.Tx.Exec(ctx, `insert into effects (step) values ($1)`, sc.Step)
+		return err
+	}
+	def := saga.MustNew("indoubt",
+		saga.Step{Name: "one", Reaches: "oned", Kind: saga.DatabaseStep,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				runs.Add(1)
+				if _, err := sc.Tx.Exec(ctx, `set local synchronous_commit = on`); err != nil {
+					return nil, err
+				}
+				return nil, effect(ctx, sc)
+			}},
+		saga.Step{Name: "two", Reaches: "twoed", Kind: saga.DatabaseStep,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				return nil, effect(ctx, sc)
+			}},
+	)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("INDOUBT")
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.LeaseGrace = time.Hour })
+
+	res, err := e.Client().Start(ctx, def, "in-doubt-1", map[string]int{"n": 1})
+	require.NoError(t, err)
+	// Cut the step's connection while its COMMIT waits for the standby.
+	admin, err := pgx.Connect(ctx, srv.URL("postgres"))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	require.Eventually(t, func() bool {
+		var cut bool
+		err := admin.QueryRow(ctx, `select coalesce(bool_or(pg_terminate_backend(pid)), false) from pg_stat_activity
+where datname = 'indoubt' and wait_event = 'SyncRep'`).Scan(&cut)
+		return err == nil && cut
+	}, 30*time.Second, 5*time.Millisecond, "the step's COMMIT waits for the standby")
+
+	var state string
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `select state from idemsaga.sagas where id = $1 and finished_at is not null`, pguuid.Of(res.ID)).Scan(&state)
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the saga finishes without waiting for a lease of an hour")
+	require.Equal(t, "twoed", state)
+	var steps, resent, beyond int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*), count(resent_attempt), count(*) filter (where attempt > 1) from idemsaga.steps where saga_id = $1`,
+		pguuid.Of(res.ID)).Scan(&steps, &resent, &beyond))
+	require.Equal(t, []int{2, 0, 0}, []int{steps, resent, beyond}, "two steps, none sent again, none past attempt 1")
+	var effects int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects`).Scan(&effects))
+	require.Equal(t, 2, effects)
+	require.Equal(t, int32(1), runs.Load(), "the step whose answer was lost ran once")
+}
