@@ -218,6 +218,9 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium makes scratch folders (org.chromium.Chromium.*) in
+		// TMPDIR and leaves them behind; these land in the test's own.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1360, 1000),
 	)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)

@@ -27,7 +27,15 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	// The two binaries are removed once the package's tests end.
+	testenv.AfterTests(func() {
+		if build.dir != "" {
+			_ = os.RemoveAll(build.dir)
+		}
+	})
+	testenv.Main(m)
+}
 
 var build struct {
 	once       sync.Once
@@ -37,7 +45,8 @@ var build struct {
 	buildLines string
 }
 
-// binaries builds the user's two binaries once per test process.
+// binaries builds the user's two binaries once per test process, into a
+// folder TestMain removes.
 func binaries(t *testing.T) (shop, admin string) {
 	t.Helper()
 	build.once.Do(func() {
@@ -55,7 +64,6 @@ func binaries(t *testing.T) (shop, admin string) {
 		}
 	})
 	require.NoError(t, build.err)
-	t.Cleanup(func() {}) // the binaries stay for the process; removed by the OS's temp cleanup
 	return build.shop, build.adm
 }
 

@@ -120,15 +120,26 @@ func template(ctx context.Context) (string, error) {
 	return templateName, templateErr
 }
 
-// Main runs a package's tests, drops the template database, and fails the
-// run when goroutines leak. Call it from TestMain: testenv.Main(m), with
-// the migrators of the tables the tests need besides the engine's
-// (testenv.Main(m, transfer.Migrate)).
+// afterTests are what Main runs once the tests ended (AfterTests).
+var afterTests []func()
+
+// AfterTests adds f to what Main runs once every test of the process
+// ended, before it looks for leaked goroutines: removing a folder the
+// tests shared, for example. Call it from TestMain before Main.
+func AfterTests(f func()) { afterTests = append(afterTests, f) }
+
+// Main runs a package's tests, drops the template database, runs what
+// AfterTests added, and fails the run when goroutines leak. Call it from
+// TestMain: testenv.Main(m), with the migrators of the tables the tests
+// need besides the engine's (testenv.Main(m, transfer.Migrate)).
 func Main(m *testing.M, migrate ...Migrator) {
 	WithTables(migrate...)
 	ignore := goleak.IgnoreCurrent()
 	code := m.Run()
 	Cleanup()
+	for _, f := range afterTests {
+		f()
+	}
 	if code == 0 {
 		if err := goleak.Find(ignore); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
