@@ -11,7 +11,10 @@ WORKER_PKG := ./cmd/worker
 # lets every local user in as postgres: not for shared or production machines).
 # The console's browser test drives Debian's headless Chromium
 # (/usr/bin/chromium); scripts/ensure-chromium.sh installs it when missing.
+# scripts/prerequisites.sh first finds every package missing and installs
+# them in one apt-get run, or names them all at once.
 test:
+	GO="$(GO)" ./scripts/prerequisites.sh test
 	GO="$(GO)" ./scripts/ensure-cc.sh
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
@@ -23,6 +26,7 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 demo:
+	./scripts/prerequisites.sh demo
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) demo
 

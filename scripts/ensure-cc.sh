@@ -17,7 +17,14 @@
 #   be 0.
 # It never changes CGO_ENABLED or CC: when either is set to something that
 # cannot work, it says so and stops.
+#
+# With --check (scripts/prerequisites.sh) it installs nothing: it prints
+# nothing when the compiler works, prints "gcc libc6-dev<TAB>why" when
+# installing them is what is needed, and fails as above otherwise.
 set -euo pipefail
+
+CHECK=""
+[ "${1-}" = --check ] && CHECK=1
 
 GO=${GO:-go}
 
@@ -118,6 +125,10 @@ gcc | cc | /usr/bin/gcc | /usr/bin/cc) ;;
 esac
 if [ "$(uname -s)" = Darwin ] || ! have apt-get; then
 	die "go test -race needs cgo and a C compiler, but $CC_ERR; install one: $(install_cmd). $KEEP"
+fi
+if [ -n "$CHECK" ]; then
+	printf 'gcc libc6-dev\t%s\n' "$CC_ERR"
+	exit 0
 fi
 if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
 	die "go test -race needs cgo and a C compiler, but $CC_ERR, and installing one needs root (no sudo here); run as root: $(install_cmd). $KEEP"

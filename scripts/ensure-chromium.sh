@@ -13,7 +13,16 @@
 # - Otherwise it prints the command to run and exits 1.
 # Browser downloads (Puppeteer's, Playwright's) are not used: the package
 # comes from the distribution's own mirror.
+#
+# With --check (scripts/prerequisites.sh) it installs nothing: it prints
+# nothing when the browser is there, prints "chromium<TAB>why" when
+# installing the package is what is needed, and fails as above otherwise.
+# IDEMSAGA_TEST_ROOT (the scripts' tests only) stands for / in
+# /usr/bin/chromium.
 set -euo pipefail
+
+CHECK=""
+[ "${1-}" = --check ] && CHECK=1
 
 say() { echo "ensure-chromium: $*" >&2; }
 die() { echo "ensure-chromium: $*" >&2; exit 1; }
@@ -23,12 +32,16 @@ if [ -n "${IDEMSAGA_CHROMIUM-}" ]; then
 	[ -x "$IDEMSAGA_CHROMIUM" ] && exit 0
 	die "IDEMSAGA_CHROMIUM is $IDEMSAGA_CHROMIUM, which is not an executable file; point it at a Chromium or Chrome binary, or unset it to use Debian's /usr/bin/chromium"
 fi
-CHROMIUM=/usr/bin/chromium
+CHROMIUM=${IDEMSAGA_TEST_ROOT-}/usr/bin/chromium
 [ -x "$CHROMIUM" ] && exit 0
 
 INSTALL="apt-get install -y --no-install-recommends chromium"
 if ! have apt-get; then
 	die "the console's browser test needs Chromium at $CHROMIUM, and this system has no apt-get; install Chromium or Chrome and set IDEMSAGA_CHROMIUM to its binary (on Debian: $INSTALL)"
+fi
+if [ -n "$CHECK" ]; then
+	printf 'chromium\tthere is no browser at %s\n' "$CHROMIUM"
+	exit 0
 fi
 
 SUDO=""

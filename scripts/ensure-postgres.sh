@@ -28,10 +28,21 @@
 # every local process. Use it only on a machine of your own, a throwaway VM
 # or a CI runner; never on a shared or production machine (set DATABASE_URL
 # to a server of your own there instead).
+#
+# With --check (scripts/prerequisites.sh) it changes nothing: it prints
+# nothing when no package is missing (a server answers, one is installed,
+# or DATABASE_URL points elsewhere), prints "postgresql<TAB>why" when
+# installing the package is what is needed, and fails when that would not
+# help. For the scripts' tests only, IDEMSAGA_TEST_ROOT stands for / in
+# /usr/lib/postgresql and IDEMSAGA_TEST_PG_PORT for the port.
 set -euo pipefail
 
+CHECK=""
+[ "${1-}" = --check ] && CHECK=1
+
 HOST=127.0.0.1
-PORT=5432
+PORT=${IDEMSAGA_TEST_PG_PORT:-5432}
+PGLIB=${IDEMSAGA_TEST_ROOT-}/usr/lib/postgresql
 WAIT_SECONDS=30
 MARK_BEGIN='# idemsaga: trust local connections (added by scripts/ensure-postgres.sh)'
 MARK_END='# idemsaga: end'
@@ -127,6 +138,7 @@ libpq_url() {
 if [ -n "${DATABASE_URL:-}" ]; then
 	db_host=$(url_host "$DATABASE_URL")
 	if ! is_local_host "$db_host"; then
+		[ -z "$CHECK" ] || exit 0 # nothing to install here; checked without --check
 		if ! have psql; then
 			say "DATABASE_URL points at $db_host; psql is not installed, so it was not checked"
 			exit 0
@@ -177,9 +189,9 @@ need_root() {
 # Highest PostgreSQL server version installed, empty if none.
 installed_version() {
 	local d v best=""
-	for d in /usr/lib/postgresql/*/bin/postgres; do
+	for d in "$PGLIB"/*/bin/postgres; do
 		[ -x "$d" ] || continue
-		v=${d#/usr/lib/postgresql/}
+		v=${d#"$PGLIB"/}
 		v=${v%%/*}
 		if [ -z "$best" ] || [ "$(printf '%s\n%s\n' "$best" "$v" | sort -V | tail -n1)" = "$v" ]; then
 			best=$v
@@ -315,6 +327,13 @@ wait_ready() {
 
 # 1. Install the server if there is none.
 fresh=""
+if [ -n "$CHECK" ]; then
+	if [ -z "$(installed_version)" ]; then
+		have apt-get || die "PostgreSQL is not installed and apt-get is missing; install PostgreSQL and run it at $HOST:$PORT (user postgres, trust auth), or set DATABASE_URL"
+		printf 'postgresql\tnothing answers at %s:%s and no PostgreSQL server is installed\n' "$HOST" "$PORT"
+	fi
+	exit 0
+fi
 if [ -z "$(installed_version)" ]; then
 	have apt-get || die "PostgreSQL is not installed and apt-get is missing; install PostgreSQL and run it at $HOST:$PORT (user postgres, trust auth), or set DATABASE_URL"
 	need_root "to install PostgreSQL"
