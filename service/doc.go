@@ -16,7 +16,8 @@
 //	           reaper, cleaner) and, on --http-addr, the HTTP API under /v1,
 //	           the web console under /ui/ (its data from /v1, behind the
 //	           same tokens), /metrics, /healthz and /readyz; SIGINT or
-//	           SIGTERM drains it
+//	           SIGTERM drains it. --embedded-nats DIR runs JetStream in the
+//	           process, on 127.0.0.1, for a single machine
 //	migrate    the engine's tables and the service's (Config.Migrations);
 //	           records the deployment's shared settings and definitions
 //	start      start a saga from JSON input, with its idempotency key

@@ -89,5 +89,5 @@ func natsConnectError(shown, msg string, authErr bool) error {
 	case strings.Contains(lower, "x509") || strings.Contains(lower, "tls") || strings.Contains(lower, "certificate"):
 		return fmt.Errorf("TLS with NATS at %s failed (%s): check --nats-tls-ca (the CA that signed the server's certificate), a tls:// URL whose host the certificate names, and --nats-tls-cert/--nats-tls-key when the server requires client certificates", shown, msg)
 	}
-	return fmt.Errorf("cannot reach NATS at %s (%s): start nats-server with JetStream (nats-server -js) or set NATS_URL", shown, msg)
+	return fmt.Errorf("cannot reach NATS at %s (%s): start nats-server with JetStream (nats-server -js) or set NATS_URL; on a single machine, run --embedded-nats DIR needs no server", shown, msg)
 }

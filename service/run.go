@@ -10,8 +10,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/alecthomas/kong"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,12 +44,17 @@ type runCmd struct {
 	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the oldest command no worker was given yet has waited longer than this (0: the lease grace)."`
 	ShedStreamMsgs   int           `name:"shed-stream-messages" env:"IDEMSAGA_SHED_STREAM_MESSAGES" default:"0" help:"Also answer starts 503 while more messages than this wait in the stream for a worker (0: no bound on the count)."`
 	NoShedding       bool          `name:"no-shedding" env:"IDEMSAGA_NO_SHEDDING" help:"Accept every start, however far behind the stream is."`
+	EmbeddedNATS     string        `name:"embedded-nats" env:"IDEMSAGA_EMBEDDED_NATS" type:"path" default:"" placeholder:"DIR" help:"Run a NATS server with JetStream inside this process, on 127.0.0.1, storing in DIR (created when missing; one process per folder), instead of connecting to --nats-url: for a single machine. Its URL is logged; other processes on the machine connect to it with NATS_URL. It stops after the drain. Admin commands need no NATS."`
+	EmbeddedNATSPort int           `name:"embedded-nats-port" env:"IDEMSAGA_EMBEDDED_NATS_PORT" default:"0" help:"Port of --embedded-nats on 127.0.0.1; 0 picks a free one (logged). Fix one for other processes' NATS_URL."`
 }
 
-func (r *runCmd) Run(ctx context.Context, f *Flags) error {
+func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	log := f.Logger()
 	if len(f.defs) == 0 {
 		return fmt.Errorf("%s has no saga definitions to run: give service.Config its Definitions (this binary can start, show and repair sagas, not run their steps)", name(*f.cfg))
+	}
+	if err := r.checkEmbeddedNATS(f, kctx); err != nil {
+		return err
 	}
 	var tokens *httpapi.Tokens
 	if r.APITokensFile != "" {
@@ -74,11 +82,29 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	if err := f.checkMigrated(ctx, pool); err != nil {
 		return err
 	}
+	stopNATS := func() {}
+	if r.EmbeddedNATS != "" {
+		srv, err := startEmbeddedNATS(r.EmbeddedNATS, r.EmbeddedNATSPort, log)
+		if err != nil {
+			return err
+		}
+		stopNATS = sync.OnceFunc(func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			log.Info("embedded NATS stopped")
+		})
+		// After the connection's close, deferred below.
+		defer stopNATS()
+		f.NATSURL = srv.ClientURL()
+		log.Info("embedded NATS with JetStream running; other processes on this machine connect with NATS_URL", "url", f.NATSURL, "store", r.EmbeddedNATS)
+	}
 	nc, err := f.ConnectNATS(hostPID(name(*f.cfg)))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
 	reg := prometheus.NewRegistry()
 	cfg := f.EngineConfig(pool)
 	cfg.NATS, cfg.Logger, cfg.Registerer = nc, log, reg
@@ -150,9 +176,60 @@ func (r *runCmd) Run(ctx context.Context, f *Flags) error {
 	}
 	if err := nc.Drain(); err != nil {
 		log.Warn("nats drain", "error", err)
+	} else if r.EmbeddedNATS != "" {
+		// The server goes with this process: let the drain end first.
+		select {
+		case <-closed:
+		case <-sctx.Done():
+			log.Warn("nats drain did not end before --drain-timeout")
+		}
 	}
+	stopNATS()
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// checkEmbeddedNATS refuses --embedded-nats with a NATS server named
+// (--nats-url or NATS_URL) or the flags that secure a connection to one:
+// the embedded server listens on 127.0.0.1 only, without authentication
+// or TLS.
+func (r *runCmd) checkEmbeddedNATS(f *Flags, kctx *kong.Context) error {
+	if r.EmbeddedNATS == "" {
+		if r.EmbeddedNATSPort != 0 {
+			return fmt.Errorf("--embedded-nats-port %d is the port of --embedded-nats, which is not given: give --embedded-nats DIR too, or drop --embedded-nats-port", r.EmbeddedNATSPort)
+		}
+		return nil
+	}
+	if os.Getenv("NATS_URL") != "" || flagGiven(kctx, "nats-url") {
+		shown, _ := redactURLs(f.NATSURL)
+		return fmt.Errorf("--embedded-nats (IDEMSAGA_EMBEDDED_NATS) runs a NATS server in this process, and --nats-url or NATS_URL (%s) names another: give one of them (unset NATS_URL, or drop --embedded-nats)", shown)
+	}
+	for _, sec := range []struct{ flag, value string }{
+		{"--nats-creds", f.NATSCreds}, {"--nats-nkey", f.NATSNKey},
+		{"--nats-tls-cert", f.NATSCert}, {"--nats-tls-key", f.NATSKey}, {"--nats-tls-ca", f.NATSCA},
+	} {
+		if sec.value != "" {
+			return fmt.Errorf("--embedded-nats runs a NATS server on 127.0.0.1 without authentication or TLS, and %s is for a server that has them: drop %s (or its environment variable), or connect to that server with --nats-url instead", sec.flag, sec.flag)
+		}
+	}
+	if r.EmbeddedNATSPort < 0 || r.EmbeddedNATSPort > 65535 {
+		return fmt.Errorf("--embedded-nats-port %d is not a port: give one from 1 to 65535, or 0 for a free one", r.EmbeddedNATSPort)
+	}
+	return nil
+}
+
+// flagGiven reports whether the command line (not the environment or a
+// default) gave the flag.
+func flagGiven(kctx *kong.Context, name string) bool {
+	if kctx == nil {
+		return false
+	}
+	for _, p := range kctx.Path {
+		if p.Flag != nil && p.Flag.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // loopback reports whether addr (host:port) listens on loopback only.
