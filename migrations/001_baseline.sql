@@ -47,12 +47,13 @@ create domain idemsaga.step_status as text
 
 -- What the inbox holds for a step key. Final: succeeded, failed (a
 -- permanent failure, or attempts exhausted), tombstone (given up or
--- fenced by a compensation: no later delivery may take effect). Not final,
--- for external steps only: started (the attempt in "attempt" claimed its
--- call and recorded no outcome yet: it is calling, or its process died)
--- and retry (that attempt ended without effect, or with an unknown
--- outcome; another attempt may start); for callback steps, waiting (the
--- attempt's request was accepted; its callback decides).
+-- fenced by a compensation: no later delivery may take effect). Not final:
+-- retry (the attempt in "attempt" ended without effect, or, for an
+-- external step, with an unknown outcome; a later attempt may start, that
+-- one never runs again); for external steps, started (that attempt
+-- claimed its call and recorded no outcome yet: it is calling, or its
+-- process died); for callback steps, waiting (the attempt's request was
+-- accepted; its callback decides).
 create domain idemsaga.inbox_outcome as text
     constraint inbox_outcome_known check (value in ('started', 'retry', 'waiting', 'succeeded', 'failed', 'tombstone'));
 

@@ -26,10 +26,13 @@
 // idemsaga.now(), on the database, never with a worker's clock. The kit
 // replaces that function in its own database with the database's clock
 // plus an offset (Clock.Advance). Wait moves the offset whenever the saga
-// only waits for time: to a retry's due time at once, and to an
-// attempt's lease once the engine has held no command for a moment (the
-// attempt's worker died), and to a callback step's deadline once the saga
-// has been quiet for a second (no callback is coming). A test completes a
+// only waits for time: to a retry's due time at once, to an attempt's
+// lease once the saga has been quiet for a moment (the attempt's worker
+// died), and to a callback step's deadline once it has been quiet for a
+// second (no callback is coming). It moves it only while nothing is on its
+// way in the engine (a command or reply unpublished, in the stream, in a
+// worker's hands, or being written), so a lease never runs out under a
+// command that waits for a busy worker. Clock.Advance moves it at once. A test completes a
 // callback step with Env.Client.Complete, before Wait or from another
 // goroutine; a callback sent before the step waits is kept for it.
 // Handlers' own timeouts (RetryPolicy.Timeout) stay on wall time.
