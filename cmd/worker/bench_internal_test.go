@@ -40,9 +40,23 @@ func TestPgbenchCeilingIsOneTransactionPerRun(t *testing.T) {
 	tps, err := pgbenchCeiling(ctx, pool, dsn, 2, seconds)
 	require.NoError(t, err)
 	require.Positive(t, tps)
-	// pgbench's backends report their counts as they exit; the setup's
-	// few statements and the estimate of runs from TPS leave some slack.
-	perRun := (commits() - before) / (tps * seconds)
+	// pgbench's backends report their counts as they exit, which may be
+	// after pgbench itself did: wait until none is left and the count
+	// holds still. The setup's few statements and the estimate of runs
+	// from TPS leave some slack.
+	var after float64
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_stat_activity where datname = $1 and application_name = 'pgbench'`, db).Scan(&left))
+		if left > 0 {
+			return false
+		}
+		now := commits()
+		settled := now == after
+		after = now
+		return settled
+	}, 30*time.Second, 200*time.Millisecond, "pgbench's backends exited and reported their commits")
+	perRun := (after - before) / (tps * seconds)
 	require.InDelta(t, 1.0, perRun, 0.3, "commits per pgbench run (%.0f TPS)", tps)
 }
 
