@@ -138,19 +138,9 @@ if [ "$SUDO" = "sudo -n" ] && ! sudo -n true 2>/dev/null; then
 fi
 
 say "go test -race needs cgo and a C compiler, but $CC_ERR; installing gcc and libc6-dev with apt-get"
-apt_install() {
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev >&2
-}
-failed="apt-get install gcc libc6-dev failed; install them by hand: $(install_cmd). $KEEP"
-lists=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -print -quit 2>/dev/null || true)
-if [ -z "$lists" ]; then
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-elif ! apt_install; then
-	say "apt-get install failed; running apt-get update and trying again"
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-fi
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
+apt_get_install gcc libc6-dev || die "apt-get install gcc libc6-dev failed; install them by hand: $(install_cmd). $KEEP"
 
 read_cc
 cgo=$("$GO" env CGO_ENABLED)

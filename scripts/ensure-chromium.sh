@@ -60,18 +60,8 @@ fi
 as_root() { $SUDO "$@"; }
 
 say "the console's browser test needs Chromium at $CHROMIUM; installing Debian's chromium package with apt-get"
-apt_install() {
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >&2
-}
-failed="apt-get could not install chromium; install it by hand (as root: apt-get update && $INSTALL), or set IDEMSAGA_CHROMIUM to a Chromium or Chrome binary"
-lists=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -print -quit 2>/dev/null || true)
-if [ -z "$lists" ]; then
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-elif ! apt_install; then
-	say "apt-get install failed; running apt-get update and trying again"
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-fi
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
+apt_get_install chromium || die "apt-get could not install chromium; install it by hand (as root: apt-get update && $INSTALL), or set IDEMSAGA_CHROMIUM to a Chromium or Chrome binary"
 [ -x "$CHROMIUM" ] || die "apt-get installed chromium, but $CHROMIUM is still missing (on Ubuntu the package only installs a snap); install Debian's or Google's build and set IDEMSAGA_CHROMIUM to its binary"
 say "installed chromium with apt-get (--no-install-recommends); the console's browser test can run"

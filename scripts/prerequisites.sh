@@ -167,18 +167,8 @@ fi
 
 say "make $WHAT needs packages this machine lacks; installing them with one apt-get run:"
 describe
-apt_install() {
-	# shellcheck disable=SC2086 # one package per word
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $pkgs >&2
-}
-failed="apt-get could not install $pkgs; install them by hand (as root: apt-get update && $INSTALL)"
-lists=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -print -quit 2>/dev/null || true)
-if [ -z "$lists" ]; then
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-elif ! apt_install; then
-	say "apt-get install failed; running apt-get update and trying again"
-	as_root apt-get update -q >&2 || say "apt-get update failed; trying to install anyway"
-	apt_install || die "$failed"
-fi
+# shellcheck source=scripts/apt.sh
+. "$DIR/apt.sh"
+# shellcheck disable=SC2086 # one package per word
+apt_get_install $pkgs || die "apt-get could not install $pkgs; install them by hand (as root: apt-get update && $INSTALL)"
 say "installed $pkgs with apt-get (--no-install-recommends)"
