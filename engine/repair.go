@@ -74,7 +74,8 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 		fn = cl.retryFn(ctx)
 	case "cancel":
 		fx := &effects{}
-		fn, after = cl.c.cancelFn(ctx, operatorCancel(r), &fx), func() { cl.c.emit(fx) }
+		rop.notDone = new(string)
+		fn, after = cl.c.cancelFn(ctx, operatorCancel(r), &fx, rop.notDone), func() { cl.c.emit(fx) }
 	case "skip":
 		var err error
 		if rop, err = skipOp(s, r); err != nil {
@@ -266,18 +267,21 @@ func operatorCancel(r Repair) string {
 // saga's deadline (cancelLate).
 func (c *core) cancel(ctx context.Context, id uuid.UUID, r Repair, msg string) (RepairResult, error) {
 	fx := &effects{}
-	return c.recorded(ctx, id, repairOp{name: "cancel", r: r}, c.cancelFn(ctx, msg, &fx), func() { c.emit(fx) })
+	op := repairOp{name: "cancel", r: r, notDone: new(string)}
+	return c.recorded(ctx, id, op, c.cancelFn(ctx, msg, &fx, op.notDone), func() { c.emit(fx) })
 }
 
 // cancelFn is Cancel's work on a saga locked in tx, with msg the saga's
-// error. *fx is replaced on every try, so that only the committed one's
-// effects are emitted.
-func (c *core) cancelFn(ctx context.Context, msg string, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
+// error; *notDone receives the parked step a cancel of a parked saga takes
+// as not done. *fx is replaced on every try, so that only the committed
+// one's effects are emitted.
+func (c *core) cancelFn(ctx context.Context, msg string, fx **effects, notDone *string) func(tx *attempt.Tx, sg *saga.Instance) error {
 	return func(tx *attempt.Tx, sg *saga.Instance) error {
 		*fx = &effects{}
+		*notDone = ""
 		id := sg.ID
 		if sg.State == saga.StateParked {
-			return c.cancelParked(ctx, tx, sg, msg, *fx)
+			return c.cancelParked(ctx, tx, sg, msg, *fx, notDone)
 		}
 		if sg.Finished() || sg.State == saga.StateCompensating {
 			return fmt.Errorf("%w: saga %s is %q; only a running saga that is not compensating, or a parked one, can be cancelled", ErrStateForbids, id, sg.State)
@@ -365,8 +369,9 @@ func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptN
 	return c.compensate(m, after, def, plan)
 }
 
-// cancelParked compensates the steps before a parked saga's step.
-func (c *core) cancelParked(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, msg string, fx *effects) error {
+// cancelParked compensates the steps before a parked saga's step, which it
+// names in *notDone: taken as not done.
+func (c *core) cancelParked(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, msg string, fx *effects, notDone *string) error {
 	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return err
@@ -378,6 +383,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	if err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: find its parked step: %w", sg.ID, err)
 	}
+	*notDone = step
 	plan, _ := compensation.Plan(def, idx, compensation.NotDone)
 	to := saga.StateCompensating
 	if len(plan) == 0 {
@@ -525,6 +531,9 @@ type repairOp struct {
 	// the record; the repair's work sets *phase to its phase.
 	step  string
 	phase *saga.Phase
+	// notDone, if set, receives from the repair's work the forward step
+	// it takes as not done (a cancel of a parked saga), for the record.
+	notDone *string
 	// dryRun runs the repair in a transaction that is rolled back: the
 	// result says what it would do, and nothing is written or sent.
 	dryRun bool
@@ -594,6 +603,9 @@ func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(
 		if op.step != "" && op.phase != nil {
 			p := string(*op.phase)
 			step, phase = &op.step, &p
+		} else if op.notDone != nil && *op.notDone != "" {
+			p := string(saga.PhaseForward)
+			step, phase = op.notDone, &p
 		}
 		// Queued after the repair's own writes: it reads the state they
 		// leave.

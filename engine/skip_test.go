@@ -571,3 +571,28 @@ func TestReconcileChecksRepairs(t *testing.T) {
 		"saga " + other.ID.String() + ": closed with no close recorded in its repairs",
 	}, got)
 }
+
+// TestCancelParkedStepTakenAsNotDone: a person found that the parked
+// charge did not go through and cancels the saga. The saga compensates
+// what came before it (nothing here), ends compensated, and reconcile
+// reads the operator's word: the possibly-done charge, never compensated,
+// is no difference.
+func TestCancelParkedStepTakenAsNotDone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := &otherSystem{}
+	def := payDef(o)
+	env := payEnv(t, def)
+	sg := parked(t, env, def, "p-cancel")
+
+	res, err := env.Client.Cancel(ctx, sg.ID, engine.Repair{Key: "ticket-12", Reason: "the bank shows no charge", By: "ann"})
+	require.NoError(t, err)
+	require.Equal(t, saga.StateCompensated, res.State)
+	done := env.Wait(t, sg.ID)
+	require.Equal(t, saga.StateCompensated, done.State)
+	require.Len(t, done.Repairs, 1)
+	require.Equal(t, "cancel", done.Repairs[0].Operation)
+	require.Equal(t, "charge", done.Repairs[0].Step, "the cancel names the step it took as not done")
+	require.Equal(t, saga.PhaseForward, done.Repairs[0].Phase)
+	noDifferences(t, env.Pool, def)
+}
