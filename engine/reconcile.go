@@ -66,8 +66,9 @@ func (d Difference) String() string {
 //     (each step key's effect is recorded once, by the inbox's primary key);
 //   - no saga ended compensated while a possibly-done step (an attempt's
 //     outcome at another system was unknown) was not compensated: that
-//     step may have taken effect and is still there, unless an operator's
-//     cancel of the parked saga took it as not done (its repair names it);
+//     step may have taken effect and is still there, unless an operator
+//     took it as not done (a cancel of the parked saga, whose repair names
+//     it) or as done (a skip) and it has nothing to undo;
 //   - the outbox is drained or draining: no row unpublished for longer than
 //     staleAfter after it became the relay's (its hand-off passed), none
 //     the broker refused;
@@ -96,9 +97,17 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	}
 	finals := map[string]string{}
 	lengths := map[string]int{}
+	// Steps an operator may skip on a parked saga that have nothing to
+	// undo: "name@version/step".
+	var noUndo []string
 	for _, d := range defs {
 		finals[d.Ref()] = string(d.FinalState())
 		lengths[d.Ref()] = d.Len()
+		for i := range d.Len() {
+			if d.Step(i).Compensate == nil {
+				noUndo = append(noUndo, d.Ref()+"/"+d.Step(i).Name)
+			}
+		}
 	}
 	var diffs []Difference
 	add := func(rows pgx.Rows, format string) error {
@@ -167,7 +176,8 @@ left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.
 where s.state = 'compensated'
   and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
   and c.status is distinct from 'succeeded'
-  and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.operation = 'cancel' and r.step = st.step and r.phase = 'forward')`, nil},
+  and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
+    or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, []any{noUndo}},
 		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + attempt.NotPaused, []any{stale}},
 		{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
