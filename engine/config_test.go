@@ -60,7 +60,7 @@ func TestEngineRefusesUnmigratedDatabase(t *testing.T) {
 	require.NoError(t, err)
 	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{transfer.Definition}, Logger: quietLogger()})
 	require.NoError(t, err)
-	require.ErrorContains(t, e.Start(ctx), "run `worker migrate` first")
+	require.ErrorContains(t, e.Start(ctx), "apply the migrations first")
 	require.NoError(t, e.Stop(ctx), "stopping an engine that never started is fine")
 }
 

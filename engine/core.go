@@ -301,8 +301,8 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 		if possibly {
 			how = " (it may have taken effect: an attempt's outcome is unknown)"
 		}
-		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `worker retry %s`, "+
-			"or, having undone the step by hand, go on with the next compensation with `worker skip %s --step %s`, or close the saga as handled with `worker close %s`", step.Name, key, how, reason, sg.ID, sg.ID, step.Name, sg.ID)
+		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `retry %s`, "+
+			"or, having undone the step by hand, go on with the next compensation with `skip %s --step %s`, or close the saga as handled with `close %s`", step.Name, key, how, reason, sg.ID, sg.ID, step.Name, sg.ID)
 		finish(m, string(saga.StateFailed))
 		return m, nil
 	}
@@ -314,9 +314,9 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 		m, _ := moveFrom(sg, saga.StateParked, step.Name, phase, attemptNo)
 		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, true
 		m.Error = fmt.Sprintf("step %q may have taken effect at the other system (an attempt's outcome is unknown; its key is %s) and has no compensation, so nothing was undone: %s; "+
-			"check the other system under that key, then retry the step with `worker retry %s` (the same key: the other system answers with what it did), "+
-			"or, if it did take effect, go on with `worker skip %s --step %s --result JSON` (its result), "+
-			"or, if it did not, compensate the steps before it with `worker cancel %s`, or close the saga as handled with `worker close %s`", step.Name, key, reason, sg.ID, sg.ID, step.Name, sg.ID, sg.ID)
+			"check the other system under that key, then retry the step with `retry %s` (the same key: the other system answers with what it did), "+
+			"or, if it did take effect, go on with `skip %s --step %s --result JSON` (its result), "+
+			"or, if it did not, compensate the steps before it with `cancel %s`, or close the saga as handled with `close %s`", step.Name, key, reason, sg.ID, sg.ID, step.Name, sg.ID, sg.ID)
 		finish(m, string(saga.StateParked))
 		return m, nil
 	}

@@ -46,7 +46,7 @@ func pauseFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error 
 			return fmt.Errorf("idemsaga: pause saga %s: %w", id, err)
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("%w: saga %s is paused already; resume it with `worker resume %s`", ErrStateForbids, id, id)
+			return fmt.Errorf("%w: saga %s is paused already; resume it with `resume %s`", ErrStateForbids, id, id)
 		}
 		return nil
 	}
@@ -205,7 +205,7 @@ on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
 			if err := tx.QueryRow(ctx, `select paused_at, requested_by, reason from idemsaga.paused_definitions where definition = $1`, definition).Scan(&since, &by, &why); err != nil {
 				return res, fmt.Errorf("idemsaga: pause definition %q: %w", definition, err)
 			}
-			return res, fmt.Errorf("%w: definition %q is paused already, since %s by %q (%s); resume it with `worker resume --definition %s`",
+			return res, fmt.Errorf("%w: definition %q is paused already, since %s by %q (%s); resume it with `resume --definition %s`",
 				ErrStateForbids, definition, since.Format(time.RFC3339), by, why, definition)
 		}
 		if err := tx.QueryRow(ctx, `select count(*) from idemsaga.sagas where definition = $1 and finished_at is null`, definition).Scan(&res.Sagas); err != nil {

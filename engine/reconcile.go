@@ -40,7 +40,7 @@ const deadLetterDetail = `'dead letter ' || d.id || ' (' || d.step || '/' || d.p
   case when exists (select 1 from idemsaga.workers w
     where d.definition || '@' || d.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
   then '; a live worker runs its version and sends it again at its next heartbeat'
-  else '; no live worker runs ' || d.definition || ' version ' || d.definition_version || ': start one with its code, or resend or drop it with ` + "`worker dead-letters`" + `' end`
+  else '; no live worker runs ' || d.definition || ' version ' || d.definition_version || ': start one with its code, or resend or drop it with ` + "`dead-letters`" + `' end`
 
 func (d Difference) String() string {
 	if d.SagaID != nil {
@@ -193,7 +193,7 @@ from idemsaga.sagas s where s.finished_at is null and not exists (
   select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, nil},
 		{"running with a command parked: %s", `select d.saga_id, ` + deadLetterDetail + `
 from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
-		{"finished, but a command of it is still parked: %s; drop it with `worker dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `
+		{"finished, but a command of it is still parked: %s; drop it with `dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `
 from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},

@@ -116,7 +116,7 @@ func (cl *Client) retryFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Ins
 		case saga.StateParked:
 			phase = saga.PhaseForward
 		case saga.StateClosed:
-			return fmt.Errorf("%w: saga %s was closed as handled by an operator (its repairs: `worker show %s`); nothing runs for it any more", ErrStateForbids, id, id)
+			return fmt.Errorf("%w: saga %s was closed as handled by an operator (its repairs: `show %s`); nothing runs for it any more", ErrStateForbids, id, id)
 		case saga.StateCompensated:
 			return fmt.Errorf("%w: saga %s is compensated: a step failed and every completed step was undone, so no step runs again under its key "+
 				"(its undo may already have reached other systems); to do the business again, start a new saga with a new key", ErrStateForbids, id)
@@ -131,7 +131,7 @@ func (cl *Client) retryFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Ins
 		err = tx.Conn().QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
 where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(id), string(phase)).Scan(&step, &idx, &attemptNo)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: saga %s is %s without a failed %s step to resume; inspect it with `worker show %s`", ErrStateForbids, id, sg.State, phase, id)
+			return fmt.Errorf("%w: saga %s is %s without a failed %s step to resume; inspect it with `show %s`", ErrStateForbids, id, sg.State, phase, id)
 		}
 		if err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
@@ -197,7 +197,7 @@ func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, 
 		return fmt.Errorf("idemsaga: retry saga %s: %w", sg.ID, err)
 	}
 	if paused {
-		return fmt.Errorf("%w: saga %s is paused (itself or with its definition; `worker show %s` says which); resume it, and its step in flight is sent again at the attempt it had",
+		return fmt.Errorf("%w: saga %s is paused (itself or with its definition; `show %s` says which); resume it, and its step in flight is sent again at the attempt it had",
 			ErrStateForbids, sg.ID, sg.ID)
 	}
 	var step, phase, status string
@@ -205,7 +205,7 @@ func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, 
 	var lease *time.Time
 	err := tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: saga %s is %s with no step in flight; `worker reconcile` reports why", ErrStateForbids, sg.ID, sg.State)
+		return fmt.Errorf("%w: saga %s is %s with no step in flight; `reconcile` reports why", ErrStateForbids, sg.ID, sg.State)
 	}
 	if err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: find its step in flight: %w", sg.ID, err)
@@ -219,7 +219,7 @@ func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, 
 			until = lease.UTC().Format(time.RFC3339)
 		}
 		return fmt.Errorf("%w: saga %s: step %q sent its request and waits for the other system's callback until %s; a retry would send the request again. "+
-			"Complete it with the callback, skip it with the result the other system gave (`worker skip %s --step %s`), or cancel the saga",
+			"Complete it with the callback, skip it with the result the other system gave (`skip %s --step %s`), or cancel the saga",
 			ErrStateForbids, sg.ID, step, until, sg.ID, step)
 	}
 	if saga.StepStatus(status) == saga.StepDispatched {

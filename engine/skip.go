@@ -63,7 +63,7 @@ func (cl *Client) Skip(ctx context.Context, id uuid.UUID, s SkipStep, r Repair) 
 // skipOp checks a skip's request and returns it as recorded.
 func skipOp(s SkipStep, r Repair) (repairOp, error) {
 	if s.Step == "" {
-		return repairOp{}, fmt.Errorf("%w: name the step to skip (`worker show` lists the saga's steps)", ErrStateForbids)
+		return repairOp{}, fmt.Errorf("%w: name the step to skip (`show` lists the saga's steps)", ErrStateForbids)
 	}
 	res, err := checkResult(s.Result)
 	if err != nil {
@@ -124,13 +124,13 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 			err = tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(id)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `worker show %s`", ErrStateForbids, id, sg.State, id)
+			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `show %s`", ErrStateForbids, id, sg.State, id)
 		}
 		if err != nil {
 			return fmt.Errorf("idemsaga: skip a step of saga %s: %w", id, err)
 		}
 		if step != s.Step {
-			return fmt.Errorf("%w: saga %s is at step %q (%s), not %q; nothing was skipped: check it with `worker show %s`", ErrStateForbids, id, step, phase, s.Step, id)
+			return fmt.Errorf("%w: saga %s is at step %q (%s), not %q; nothing was skipped: check it with `show %s`", ErrStateForbids, id, step, phase, s.Step, id)
 		}
 		if idx >= def.Len() || def.Step(idx).Name != step {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: definition %q has no such step at %d; deploy the same definition everywhere", step, id, sg.Definition, idx)
@@ -223,9 +223,9 @@ func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg 
 		switch {
 		case sg.State == saga.StateFailed || sg.State == saga.StateParked:
 		case sg.State == saga.StateClosed:
-			return fmt.Errorf("%w: saga %s is already closed (its repairs: `worker show %s`)", ErrStateForbids, sg.ID, sg.ID)
+			return fmt.Errorf("%w: saga %s is already closed (its repairs: `show %s`)", ErrStateForbids, sg.ID, sg.ID)
 		case !sg.Finished():
-			return fmt.Errorf("%w: saga %s is %q, running; only a failed or parked saga can be closed (cancel a running one with `worker cancel %s`)", ErrStateForbids, sg.ID, sg.State, sg.ID)
+			return fmt.Errorf("%w: saga %s is %q, running; only a failed or parked saga can be closed (cancel a running one with `cancel %s`)", ErrStateForbids, sg.ID, sg.State, sg.ID)
 		default:
 			return fmt.Errorf("%w: saga %s is %q, finished without needing a person; only a failed or parked saga can be closed", ErrStateForbids, sg.ID, sg.State)
 		}

@@ -82,8 +82,8 @@ func parked(t *testing.T, env *sagatest.Env, def *saga.Definition, key string) *
 	env.Inject(sagatest.Fault{Kind: sagatest.LoseOutcome, Step: "charge", Times: 2})
 	sg := env.Run(t, def, key, map[string]int{})
 	require.Equal(t, saga.StateParked, sg.State, sg.Error)
-	require.Contains(t, sg.Error, "worker skip "+sg.ID.String()+" --step charge")
-	require.Contains(t, sg.Error, "worker close "+sg.ID.String())
+	require.Contains(t, sg.Error, "`skip "+sg.ID.String()+" --step charge")
+	require.Contains(t, sg.Error, "`close "+sg.ID.String())
 	return sg
 }
 
@@ -368,8 +368,8 @@ func TestCloseFailedAndParked(t *testing.T) {
 	p := parked(t, env, def, "p-1")
 	f := env.Run(t, failing, "f-1", map[string]int{})
 	require.Equal(t, saga.StateFailed, f.State)
-	require.Contains(t, f.Error, "worker close "+f.ID.String())
-	require.Contains(t, f.Error, "worker skip "+f.ID.String()+" --step a")
+	require.Contains(t, f.Error, "`close "+f.ID.String())
+	require.Contains(t, f.Error, "`skip "+f.ID.String()+" --step a")
 
 	for _, id := range []uuid.UUID{p.ID, f.ID} {
 		var wg sync.WaitGroup

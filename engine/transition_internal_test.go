@@ -121,7 +121,7 @@ func TestGiveUpRule(t *testing.T) {
 		require.Equal(t, "parked", m.Outcome)
 		require.Nil(t, m.Next, "nothing is compensated")
 		require.Contains(t, m.Error, saga.StepKey(id, "notify", saga.PhaseForward).String())
-		require.Contains(t, m.Error, "worker retry")
+		require.Contains(t, m.Error, "`retry ")
 	})
 	t.Run("notify refused: charge and reserve are compensated", func(t *testing.T) {
 		m, err := c.failureMove(at("charged", 6), def, 2, saga.PhaseForward, 1, "refused", compensation.NotDone)

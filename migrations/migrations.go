@@ -34,7 +34,7 @@ const lockKey = 0x1de5a6a
 // one commented baseline each (none of those was released).
 func ahead(schema string, have, want int32) error {
 	return fmt.Errorf("schema %s is at version %d, and this build knows %d: it was migrated by a newer build (run that one), "+
-		"or by a build from before the baseline migration (drop schema %s cascade, or use a fresh database, then run `worker migrate`)", schema, have, want, schema)
+		"or by a build from before the baseline migration (drop schema %s cascade, or use a fresh database, then apply the migrations with the runtime's `migrate` command)", schema, have, want, schema)
 }
 
 // Migrate applies every engine migration not yet applied.
@@ -76,7 +76,7 @@ func current(ctx context.Context, conn *pgx.Conn, schema string) (int32, error) 
 
 // Check reads the engine migration version the database has (have) and
 // the one this build needs (want). It fails when the two differ: a
-// database behind needs `worker migrate`; one ahead was migrated by
+// database behind needs `migrate`; one ahead was migrated by
 // another build.
 func Check(ctx context.Context, conn *pgx.Conn) (have, want int32, err error) {
 	return CheckApplied(ctx, conn, Schema, files)
@@ -98,7 +98,7 @@ func CheckApplied(ctx context.Context, conn *pgx.Conn, schema string, fsys fs.FS
 		return have, want, ahead(schema, have, want)
 	}
 	if have < want {
-		return have, want, fmt.Errorf("database schema %s is at version %d, this build needs %d: run `worker migrate` first", schema, have, want)
+		return have, want, fmt.Errorf("database schema %s is at version %d, this build needs %d: apply the migrations first (the runtime's `migrate` command, or migrations.Migrate)", schema, have, want)
 	}
 	return have, want, nil
 }

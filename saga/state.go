@@ -23,10 +23,10 @@ const (
 	// up while possibly done (an attempt's outcome at another system is
 	// unknown) and has no compensation, so nothing was undone. The saga's
 	// error names the step and its key: check the other system under that
-	// key, then retry the step (Client.Retry, `worker retry`), skip it
-	// with its result if it did take effect (Client.Skip, `worker skip`),
+	// key, then retry the step (Client.Retry, or the runtime's `retry` command), skip it
+	// with its result if it did take effect (Client.Skip, `skip`),
 	// cancel the saga if it did not (Client.Cancel), or close the saga as
-	// handled (Client.Close, `worker close`).
+	// handled (Client.Close, `close`).
 	StateParked State = "parked"
 	// StateClosed is terminal: an operator closed a failed or parked saga
 	// as handled (Client.Close), with who and why in its repairs. Nothing

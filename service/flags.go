@@ -258,7 +258,7 @@ func (f *Flags) checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func (f *Flags) migrateHint(err error) error {
-	return errors.New(strings.ReplaceAll(err.Error(), "`worker migrate`", "`"+name(*f.cfg)+" migrate`"))
+	return errors.New(strings.ReplaceAll(err.Error(), "`migrate`", "`"+name(*f.cfg)+" migrate`"))
 }
 
 // hostPID names this process in client names.

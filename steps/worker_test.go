@@ -338,7 +338,7 @@ func TestStartRefusesADatabaseBehindItsMigrations(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
-	require.ErrorContains(t, w.Start(ctx), "run `worker migrate` first")
+	require.ErrorContains(t, w.Start(ctx), "apply the migrations first")
 	require.NoError(t, w.Stop(ctx), "stopping a worker that never started is fine")
 	_, err = js.Stream(ctx, "BEHIND")
 	require.ErrorIs(t, err, jetstream.ErrStreamNotFound, "nothing consumed: the worker did not even create its stream")

@@ -339,7 +339,7 @@ func TestPossiblyDoneWithoutCompensationParks(t *testing.T) {
 	charge := v.step(sg, order.StepCharge, saga.PhaseForward)
 	require.True(t, charge.PossiblyDone)
 	require.Contains(t, sg.Error, charge.Key.String())
-	require.Contains(t, sg.Error, "worker retry")
+	require.Contains(t, sg.Error, "`retry "+sg.ID.String()+"`")
 	for _, s := range sg.Steps {
 		require.NotEqual(t, saga.PhaseCompensate, s.Phase, "nothing is compensated")
 	}

@@ -33,7 +33,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // CheckMigrated fails when the database lacks the transfer tables of this
-// build, saying to run `worker migrate`.
+// build, saying to apply the migrations.
 func CheckMigrated(ctx context.Context, conn *pgx.Conn) error {
 	sub, err := fsSub(migrationFiles, "migrations")
 	if err != nil {

@@ -188,10 +188,10 @@ func TestCheckMigrated(t *testing.T) {
 	require.NoError(t, transfer.CheckMigrated(ctx, conn.Conn()))
 	_, err = conn.Exec(ctx, `update transfer.schema_version set version = version - 1`)
 	require.NoError(t, err)
-	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "run `worker migrate` first")
+	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "apply the migrations first")
 	_, err = conn.Exec(ctx, `drop schema transfer cascade`)
 	require.NoError(t, err)
-	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "run `worker migrate` first")
+	require.ErrorContains(t, transfer.CheckMigrated(ctx, conn.Conn()), "apply the migrations first")
 	require.NoError(t, transfer.Migrate(ctx, conn.Conn()))
 	require.NoError(t, transfer.CheckMigrated(ctx, conn.Conn()))
 }

@@ -159,7 +159,7 @@ func (r *Runner) unknownCommand(ctx context.Context, msg jetstream.Msg, cmd wire
 		return
 	default:
 		r.cfg.Metrics.DeadLettersParked.WithLabelValues(cmd.Definition).Inc()
-		log.Warn("step worker: parked a command no worker that received it could run; a worker that runs its version sends it again when it runs, or see `worker dead-letters list`",
+		log.Warn("step worker: parked a command no worker that received it could run; a worker that runs its version sends it again when it runs, or see `dead-letters list`",
 			"reason", reason, "deliveries", delivered, "dead_letter", id)
 	}
 	_ = msg.Ack()

@@ -19,7 +19,7 @@ var ErrInvariant = errors.New("idemsaga: an engine invariant is broken (a bug; n
 
 // ErrNotMigrated is returned when a statement names a table or function
 // the database lacks.
-var ErrNotMigrated = errors.New("idemsaga: the database lacks the engine's tables or functions; run `worker migrate`")
+var ErrNotMigrated = errors.New("idemsaga: the database lacks the engine's tables or functions; apply the migrations (the runtime's `migrate` command, or migrations.Migrate)")
 
 // Interpret translates the driver's errors the engine reasons about into
 // its own, keeping the driver's error in the chain: it is the one place
