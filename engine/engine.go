@@ -486,8 +486,8 @@ func (e *Engine) handleCommand(ctx context.Context, cmd wire.Command) (wire.Repl
 	return e.steps.Handle(ctx, cmd, false)
 }
 
-// ReapOnce runs one pass of the reaper; exposed for tools and tests.
-func (e *Engine) ReapOnce(ctx context.Context) (int, error) {
+// reapOnce runs one pass of the reaper.
+func (e *Engine) reapOnce(ctx context.Context) (int, error) {
 	return e.c.ReapOnce(ctx, ReapBatchDefault)
 }
 

@@ -19,6 +19,9 @@ func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) 
 	return e.applyReply(ctx, r)
 }
 
+// ReapOnce runs one pass of the reaper, as its loop does.
+func (e *Engine) ReapOnce(ctx context.Context) (int, error) { return e.reapOnce(ctx) }
+
 // WithDeadLetters shortens the engine's dead-letter bound for tests: a
 // command its step workers cannot run is parked after deliveries, with
 // waits of backoff between them.

@@ -8,14 +8,13 @@
 // broker's acks, and deletes (or marks) the rows in the same transaction as
 // the claim.
 //
-// A writer that knows when its transaction commits can do better: it
-// queues its rows with QueueHandedOff, and right after the commit hands
-// them to Relay.Publish, which publishes them at once and deletes the
-// acknowledged ones in batches, with no claim. The relay's sweep leaves
-// such a row alone until its hand-off has passed, then publishes it if it
-// is still there: after a crash between the commit and the publish, or a
-// publish the broker did not acknowledge. The engine and the step workers
-// write their commands and replies this way.
+// The engine does better with its own commands and replies: it writes
+// each row with a hand-off (publish_after), and right after the commit
+// hands the rows to Relay.Publish, which publishes them at once and
+// deletes the acknowledged ones in batches, with no claim. The relay's
+// sweep leaves such a row alone until its hand-off has passed, then
+// publishes it if it is still there: after a crash between the commit and
+// the publish, or a publish the broker did not acknowledge.
 //
 // Guarantees: a committed row is published at least once. A relay that
 // crashes after publishing and before deleting publishes the row again;

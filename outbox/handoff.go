@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/idemsaga/idemsaga/internal/pguuid"
 )
 
 // Defaults of the hand-off.
@@ -41,30 +37,6 @@ type Committed struct {
 	MsgID   string
 	Payload []byte
 	Headers map[string]string
-}
-
-// QueueHandedOff adds the insert of m to b, for a writer that publishes the
-// row itself once the transaction running b commits (Relay.Publish). The
-// relay's sweep takes the row over only after handOff, if it is still
-// there. done receives the row when b runs; hand it to Publish after the
-// commit, never before: an uncommitted row must not reach the broker.
-func QueueHandedOff(b *pgx.Batch, m Message, handOff time.Duration, done func(Committed)) error {
-	h, err := m.encodedHeaders(0)
-	if err != nil {
-		return err
-	}
-	if handOff <= 0 {
-		return fmt.Errorf("outbox: hand-off of message %s is %s; give a positive duration, such as HandOffDefault", m.MsgID, handOff)
-	}
-	b.Queue(insertHandedOff, m.Subject, m.MsgID, m.Payload, h, pguuid.OrNull(m.SagaID), handOff.Milliseconds()).QueryRow(func(row pgx.Row) error {
-		var id int64
-		if err := row.Scan(&id); err != nil {
-			return fmt.Errorf("outbox: insert %s: %w", m.MsgID, err)
-		}
-		done(Committed{ID: id, Subject: m.Subject, MsgID: m.MsgID, Payload: m.Payload, Headers: maps.Clone(m.Headers)})
-		return nil
-	})
-	return nil
 }
 
 // inflight is a row published by Publish whose ack is awaited.

@@ -59,20 +59,6 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return nil
 }
 
-// Queue adds the insert of msgs to b, so they go to PostgreSQL in the same
-// round trip as the caller's other statements. Like Write, the rows are
-// published if and only if the transaction that runs b commits.
-func Queue(b *pgx.Batch, msgs ...Message) error {
-	for i, m := range msgs {
-		h, err := m.encodedHeaders(i)
-		if err != nil {
-			return err
-		}
-		b.Queue(insertOne, m.Subject, m.MsgID, m.Payload, h, pguuid.OrNull(m.SagaID))
-	}
-	return nil
-}
-
 // encodedHeaders checks the i-th message of a write and returns its
 // headers as JSON (nil when it has none).
 func (m Message) encodedHeaders(i int) ([]byte, error) {

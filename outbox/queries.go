@@ -6,14 +6,6 @@ const (
 	insertMany = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id)
 select * from unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])`
 
-	// insertHandedOff inserts a row its writer publishes itself after
-	// commit; the relay takes it over once publish_after passes. The
-	// hand-off counts from the statement (clock_timestamp), not from the
-	// transaction's start: a step's handler may have run for many seconds
-	// before its reply is written.
-	insertHandedOff = `insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id, publish_after)
-values ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond') returning id`
-
 	// claimBatch takes unpublished rows by state, skipping rows another
 	// relay holds and rows their writer is still publishing itself. Never
 	// "id > last seen": ids commit out of order. The hand-off is wall
