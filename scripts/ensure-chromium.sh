@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure the browser the console's end-to-end test drives
-# (internal/console, headless Chromium through chromedp) is installed:
+# (service/internal/console, headless Chromium through chromedp) is installed:
 # Debian's `chromium` package at /usr/bin/chromium, or the binary that
 # IDEMSAGA_CHROMIUM names.
 #

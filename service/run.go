@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/internal/console"
-	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/service/internal/console"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 )
 
 type runCmd struct {

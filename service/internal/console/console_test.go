@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/internal/console"
+	"github.com/idemsaga/idemsaga/service/internal/console"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 

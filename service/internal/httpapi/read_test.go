@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 	"github.com/idemsaga/idemsaga/saga"
 )
 

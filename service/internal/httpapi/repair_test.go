@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 	"github.com/idemsaga/idemsaga/saga"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/internal/httpapi"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 )
 
 // TestPauseRoutes pauses and resumes a saga and its definition over
