@@ -43,14 +43,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 }
 
-func TestEngineRunsOnce(t *testing.T) {
-	t.Parallel()
-	pool := testenv.DB(t)
-	_, nc := testenv.NATS(t)
-	e := startEngine(t, pool, nc, testenv.Name("ONCE"), []*saga.Definition{transferDef(t)})
-	require.ErrorContains(t, e.Start(context.Background()), "already started")
-}
-
 func TestEngineRefusesUnmigratedDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

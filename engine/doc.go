@@ -10,6 +10,17 @@
 //	defer e.Stop(context.Background())
 //	res, err := e.Client().Start(ctx, def, "order-1234", order)
 //
+// # Lifecycle
+//
+// Start runs the engine until Stop, StopAndCancel, or the end of the
+// context it was given. Stop drains: nothing new is fetched, the work in
+// hand finishes, what was committed is published; a Stop whose context
+// ends first returns its error while the drain goes on. StopAndCancel
+// cancels the work in hand first: each attempt cut short records what it
+// knows (an external call's outcome is then unknown, and its next attempt
+// runs under the same key). Stopped is closed once the engine stopped; a
+// stopped engine can be started again.
+//
 // # Guarantees
 //
 //   - Start: one saga per (definition, key), adjudicated by a unique

@@ -312,9 +312,30 @@ type Engine struct {
 	dups       sync.WaitGroup
 	dupsInHand atomic.Int64
 
-	mu      sync.Mutex
-	started bool
+	mu sync.Mutex
+	// run is the current run (Start to the end of its stop), nil while
+	// the engine is stopped.
+	run *run
+	// stopped is closed once the last run has stopped (Stopped).
+	stopped chan struct{}
 }
+
+// run is one run of an engine, from Start to the end of its stop.
+type run struct {
+	// cancelWork cancels the work in hand (StopAndCancel, or the end of
+	// Start's context).
+	cancelWork context.CancelFunc
+	// unwatch stops watching Start's context.
+	unwatch func() bool
+	// stopOnce begins the stop once; done is closed when it ended.
+	stopOnce sync.Once
+	done     chan struct{}
+	// err is what the stop's parts reported, set before done closes.
+	err error
+}
+
+// closedChan is what Stopped returns for an engine that never ran.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 func init() {
 	testhook.NewEngine = func(cfg any, faults *attempt.Faults) (any, error) { return newEngine(cfg.(Config), faults) }
@@ -493,13 +514,15 @@ func (e *Engine) reapOnce(ctx context.Context) (int, error) {
 
 // Start checks the database (reachable, migrated) and the broker, creates
 // the stream and durable consumers if missing, and runs everything in the
-// background until Stop. It returns at once. An engine runs once: Start
-// after Stop returns an error; build a new engine instead.
+// background until Stop, StopAndCancel, or the end of ctx (which stops as
+// StopAndCancel does: pass context.WithoutCancel(ctx) to keep the engine
+// running past it). It returns once the engine takes work. A stopped
+// engine can be started again.
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.started {
-		return errors.New("idemsaga: engine already started; an engine runs once, build a new one with engine.New")
+	if e.run != nil {
+		return errors.New("idemsaga: engine already started (or still stopping): call Stop, and wait for Stopped, before starting it again")
 	}
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
@@ -523,46 +546,59 @@ func (e *Engine) Start(ctx context.Context) error {
 	if _, err := e.consumerFunc("_steps", e.subjects.AllCommands())(ctx); err != nil {
 		return err
 	}
-	e.started = true
-	if err := e.relay.Start(ctx); err != nil {
+	// The work in hand (handlers, replies being applied) runs under work:
+	// a graceful stop lets it finish, a hard one cancels it.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	r := &run{cancelWork: cancelWork, done: make(chan struct{})}
+	e.run, e.stopped = r, make(chan struct{})
+	fail := func(err error) error {
+		e.mu.Unlock()
+		_ = e.StopAndCancel(context.Background())
+		e.mu.Lock()
 		return err
 	}
+	if err := e.relay.Start(work); err != nil {
+		return fail(err)
+	}
 	if e.cleaner != nil {
-		if err := e.cleaner.Start(ctx); err != nil {
-			_ = e.relay.Stop(ctx)
-			return err
+		if err := e.cleaner.Start(work); err != nil {
+			return fail(err)
 		}
 	}
 	commands := e.consumerFunc("_steps", e.subjects.AllCommands())
-	if err := e.stepRunner.Start(ctx, func(ctx context.Context) {
-		broker.Pool(ctx, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
+	if err := e.stepRunner.Start(work, func(ctx context.Context) {
+		broker.Pool(ctx, work, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
 	}, func(ctx context.Context) {
 		// Commands this process commits run here at once when a slot is
 		// free, rather than through the broker.
-		e.steps.Serve(ctx)
+		e.steps.Serve(ctx, work)
 	}); err != nil {
-		return err
+		return fail(err)
 	}
 	// Starts that return after Start are run here from the first one.
 	select {
 	case <-e.steps.Serving():
 	case <-ctx.Done():
-		e.mu.Unlock()
-		_ = e.Stop(context.WithoutCancel(ctx))
-		e.mu.Lock()
-		return fmt.Errorf("idemsaga: start: %w", ctx.Err())
+		return fail(fmt.Errorf("idemsaga: start: %w", ctx.Err()))
 	}
 	// Recorded as a worker of its versions before Start returns; parked
 	// commands of those versions go out again now.
 	e.beat(ctx)
-	return e.runner.Start(ctx,
+	if err := e.runner.Start(work,
 		func(ctx context.Context) {
-			broker.Pool(ctx, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
+			broker.Pool(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
 		},
 		e.reapLoop,
 		e.heartbeat,
 		e.watchFailovers,
-	)
+	); err != nil {
+		return fail(err)
+	}
+	r.unwatch = context.AfterFunc(ctx, func() {
+		e.cfg.Logger.Info("engine: the context Start was given ended; stopping and cancelling the work in hand")
+		_ = e.StopAndCancel(context.Background())
+	})
+	return nil
 }
 
 func (e *Engine) reapLoop(ctx context.Context) {
@@ -586,17 +622,61 @@ func (e *Engine) reapLoop(ctx context.Context) {
 	}
 }
 
-// Stop drains: consumers stop fetching and finish the messages in hand,
-// then the reaper stops, then the relay publishes what was committed and
-// stops. Work not finished by ctx's deadline is left to lease expiry.
-// Calling Stop twice is fine.
+// Stop drains and stops: consumers stop fetching and finish the messages
+// in hand, then the reaper stops, then the relay publishes what was
+// committed and stops. If ctx ends first, Stop returns its error while the
+// drain goes on (Stopped says when it ends; StopAndCancel cancels the work
+// in hand). Calling Stop again, or on an engine not running, is fine.
 func (e *Engine) Stop(ctx context.Context) error {
+	return e.stop(ctx, false)
+}
+
+// StopAndCancel stops as Stop does, and first cancels the work in hand:
+// the contexts of running handlers end, and each attempt records what it
+// knows (an external call cut short is unknown, and runs again under its
+// key). It still waits for the handlers to return; if ctx ends first, it
+// returns its error while the stop goes on.
+func (e *Engine) StopAndCancel(ctx context.Context) error {
+	return e.stop(ctx, true)
+}
+
+// Stopped returns a channel closed once the engine has stopped: at once
+// for an engine not running, or once the stop of the running one ended,
+// whatever the contexts given to Stop.
+func (e *Engine) Stopped() <-chan struct{} {
 	e.mu.Lock()
-	started := e.started
+	defer e.mu.Unlock()
+	if e.stopped == nil {
+		return closedChan
+	}
+	return e.stopped
+}
+
+func (e *Engine) stop(ctx context.Context, cancel bool) error {
+	e.mu.Lock()
+	r := e.run
 	e.mu.Unlock()
-	if !started {
+	if r == nil {
 		return nil
 	}
+	if cancel {
+		r.cancelWork()
+	}
+	r.stopOnce.Do(func() { go e.stopRun(r) })
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return fmt.Errorf("idemsaga: stop did not finish in time; the engine goes on draining (Stopped says when it ends; StopAndCancel cancels the work in hand): %w", ctx.Err())
+	}
+}
+
+// stopRun stops run r to its end, then marks the engine stopped.
+func (e *Engine) stopRun(r *run) {
+	if r.unwatch != nil {
+		r.unwatch()
+	}
+	ctx := context.Background()
 	var errs []error
 	if e.cleaner != nil {
 		errs = append(errs, e.cleaner.Stop(ctx))
@@ -605,13 +685,14 @@ func (e *Engine) Stop(ctx context.Context) error {
 	errs = append(errs, e.stepRunner.Stop(ctx))
 	errs = append(errs, e.runner.Stop(ctx))
 	if e.relay.Running() {
-		if _, err := e.relay.RelayOnce(ctx); err != nil && ctx.Err() == nil {
+		if _, err := e.relay.RelayOnce(ctx); err != nil {
 			e.cfg.Logger.Warn("relay: final flush failed; rows stay in the outbox for the next relay", "error", err)
 		}
 	}
 	e.dups.Wait()
 	errs = append(errs, e.relay.Stop(ctx))
-	// Each part that ran out of time says so alike: say it once.
+	r.cancelWork()
+	// Each part that failed alike says so once.
 	seen := map[string]bool{}
 	var distinct []error
 	for _, err := range errs {
@@ -620,7 +701,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 			distinct = append(distinct, err)
 		}
 	}
-	return errors.Join(distinct...)
+	r.err = errors.Join(distinct...)
+	e.mu.Lock()
+	e.run = nil
+	close(e.stopped)
+	e.mu.Unlock()
+	close(r.done)
 }
 
 // checkMigrated fails when the database's schema is not this build's.

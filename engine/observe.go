@@ -136,9 +136,9 @@ func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
 // missing.
 func (e *Engine) Ready(ctx context.Context) error {
 	e.mu.Lock()
-	started := e.started
+	running := e.run != nil
 	e.mu.Unlock()
-	if !started {
+	if !running {
 		return errors.New("engine not started")
 	}
 	if err := e.cfg.Pool.Ping(ctx); err != nil {

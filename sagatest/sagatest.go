@@ -143,7 +143,8 @@ func New(t T, cfg Config) *Env {
 		t.Fatalf("sagatest: %v", err)
 	}
 	env.Engine = e.(*engine.Engine)
-	if err := env.Engine.Start(ctx); err != nil {
+	// The engine runs until the test ends, past New's own deadline.
+	if err := env.Engine.Start(context.WithoutCancel(ctx)); err != nil {
 		t.Fatalf("sagatest: start the engine: %v", err)
 	}
 	env.Client = env.Engine.Client()

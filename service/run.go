@@ -139,7 +139,9 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 		stopMetrics := writeMetricsEvery(reg, r.MetricsFile, 500*time.Millisecond)
 		defer stopMetrics()
 	}
-	if err := e.Start(ctx); err != nil {
+	// The signal that ends ctx drains the engine (below); Start's context
+	// must not stop it at once.
+	if err := e.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	var ops *opsServer
@@ -172,7 +174,14 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 		}
 	}
 	if err := e.Stop(sctx); err != nil {
-		return fmt.Errorf("drain: %w", err)
+		// What still runs past the drain is cancelled: each attempt
+		// records what it knows, rather than leave it to its lease.
+		log.Warn("drain: work still in hand after --drain-timeout; cancelling it", "drain_timeout", r.DrainTimeout)
+		cctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+		defer cancel()
+		if err := e.StopAndCancel(cctx); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
 	}
 	if err := nc.Drain(); err != nil {
 		log.Warn("nats drain", "error", err)
@@ -188,6 +197,10 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	log.Info("stopped cleanly")
 	return nil
 }
+
+// cancelTimeout bounds the wait for the work StopAndCancel cancels, after
+// the drain ran out: handlers that honour their context return at once.
+const cancelTimeout = 10 * time.Second
 
 // checkEmbeddedNATS refuses --embedded-nats with a NATS server named
 // (--nats-url or NATS_URL) or the flags that secure a connection to one:

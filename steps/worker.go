@@ -187,7 +187,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	return w.life.Start(ctx, func(ctx context.Context) {
-		broker.Pool(ctx, w.cfg.Logger, consumer, w.cfg.Concurrency, w.runner.HandleMsg)
+		broker.Pool(ctx, context.WithoutCancel(ctx), w.cfg.Logger, consumer, w.cfg.Concurrency, w.runner.HandleMsg)
 	})
 }
 

@@ -266,7 +266,7 @@ func TestRunRefusesTransferTablesBehindTheirMigrations(t *testing.T) {
 	r := worker(t, []string{"DATABASE_URL=" + dbURL, "NATS_URL=nats://127.0.0.1:1"}, "run", "--http-addr", "127.0.0.1:0")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "schema transfer")
-	require.Contains(t, r.stderr, "run `worker migrate` first")
+	require.Contains(t, r.stderr, "apply the migrations first (the runtime's `worker migrate` command")
 
 	// With --migrate (here from nothing: the version alone cannot be
 	// lowered and applied again) the check passes, and the run goes on to

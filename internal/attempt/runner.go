@@ -120,7 +120,7 @@ type Runner struct {
 	servingCh   chan struct{}
 	servingOnce sync.Once
 	serving     bool
-	serveCtx    context.Context
+	work        context.Context
 	offers      sync.WaitGroup
 	// inHand counts the commands the runner holds (InHand).
 	inHand atomic.Int64
@@ -264,16 +264,18 @@ func (r *Runner) Offer(c outbox.Committed) bool {
 	r.offers.Go(func() {
 		defer r.inHand.Add(-1)
 		defer func() { <-r.slots }()
-		r.runEager(context.WithoutCancel(r.serveCtx), &c, nil)
+		r.runEager(r.work, &c, nil)
 	})
 	return true
 }
 
 // Serve takes offered commands (Offer) until ctx ends, then waits for
-// those in hand.
-func (r *Runner) Serve(ctx context.Context) {
+// those in hand; they run under work, which outlives ctx (cancelling it
+// cancels them). A runner that drained serves again.
+func (r *Runner) Serve(ctx, work context.Context) {
 	r.serveMu.Lock()
-	r.serving, r.serveCtx = true, ctx
+	r.serving, r.work = true, work
+	r.draining.Store(false)
 	r.serveMu.Unlock()
 	r.servingOnce.Do(func() { close(r.servingCh) })
 	<-ctx.Done()

@@ -224,17 +224,18 @@ type HandlerFunc func(ctx context.Context, msg jetstream.Msg)
 type ConsumerFunc func(ctx context.Context) (jetstream.Consumer, error)
 
 // Pool runs concurrency handlers on a consumer until ctx ends, then drains:
-// messages already fetched are handled, none are fetched anew. When the
-// consumer stops for any other reason (the connection closed, the consumer
-// was deleted), Pool gets the consumer again and resumes; it never gives up
-// while ctx lives.
-func Pool(ctx context.Context, log *slog.Logger, consumer ConsumerFunc, concurrency int, handle HandlerFunc) {
+// messages already fetched are handled, none are fetched anew. Handlers run
+// under work, which outlives ctx: cancelling it cancels the work in hand.
+// When the consumer stops for any other reason (the connection closed, the
+// consumer was deleted), Pool gets the consumer again and resumes; it never
+// gives up while ctx lives.
+func Pool(ctx, work context.Context, log *slog.Logger, consumer ConsumerFunc, concurrency int, handle HandlerFunc) {
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		c, err := consumer(ctx)
 		if err == nil {
 			began := time.Now()
-			err = runPool(ctx, c, concurrency, handle)
+			err = runPool(ctx, work, c, concurrency, handle)
 			if err == nil || time.Since(began) > 10*time.Second {
 				// It ran: a later loss (the next failover) resumes
 				// quickly again.
@@ -259,7 +260,7 @@ func Pool(ctx context.Context, log *slog.Logger, consumer ConsumerFunc, concurre
 
 // runPool consumes until the iterator closes. It returns nil when it
 // closed because ctx ended, or the error that closed it.
-func runPool(ctx context.Context, c jetstream.Consumer, concurrency int, handle HandlerFunc) error {
+func runPool(ctx, work context.Context, c jetstream.Consumer, concurrency int, handle HandlerFunc) error {
 	// Short pull expiry and heartbeats: a consumer the server lost (a
 	// restart without storage) shows up as missing heartbeats within
 	// seconds, and Pool recreates it.
@@ -274,7 +275,7 @@ func runPool(ctx context.Context, c jetstream.Consumer, concurrency int, handle 
 	for range concurrency {
 		wg.Go(func() {
 			for m := range msgs {
-				handle(context.WithoutCancel(ctx), m)
+				handle(work, m)
 			}
 		})
 	}

@@ -86,7 +86,7 @@ func TestPoolResumesAfterTheConsumerIsDeleted(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		broker.Pool(runCtx, slog.New(slog.NewTextHandler(io.Discard, nil)), get, 2, func(ctx context.Context, m jetstream.Msg) {
+		broker.Pool(runCtx, context.WithoutCancel(runCtx), slog.New(slog.NewTextHandler(io.Discard, nil)), get, 2, func(ctx context.Context, m jetstream.Msg) {
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			if m.DoubleAck(actx) == nil {

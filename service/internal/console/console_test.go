@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/service/internal/console"
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/service/internal/console"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, migrateLedger) }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 )
 
 // TestSkipCloseAndShow: a skip replays under its key and is shown by
