@@ -162,7 +162,7 @@ const retryAfterMax = 30 * time.Second
 // also when the stream's state is unknown (the broker's health is /readyz's
 // to report). The stream is read at most once a second, whoever asks.
 func (e *Engine) ShedStart(ctx context.Context, definition string) error {
-	if e.cfg.DisableShedding {
+	if e.cfg.ShedOldestAge == NoShedding && e.cfg.ShedStreamMessages == 0 {
 		return nil
 	}
 	b, ok := e.backlog.get(ctx)

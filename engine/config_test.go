@@ -36,6 +36,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamReplicas: 7}, "Config.StreamReplicas 7 must be 1 to 5"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamStorage: "disk"}, "Config.StreamStorage"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamMaxAge: time.Minute, StreamDuplicateWindow: time.Hour}, "must not exceed StreamMaxAge"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, ShedOldestAge: -time.Second}, "Config.ShedOldestAge is -1s; use a positive duration, 0 for the lease grace, or NoShedding"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, Retention: engine.RetentionConfig{FinishedSagas: -time.Hour}}, "RetentionConfig.FinishedSagas is -1h0m0s"},
 	}
 	for _, tc := range cases {
 		_, err := engine.New(tc.cfg)
@@ -98,4 +100,32 @@ func TestStartTxUnderRepeatableRead(t *testing.T) {
 	err = <-done
 	require.ErrorIs(t, err, saga.ErrConflict)
 	require.ErrorContains(t, err, "READ COMMITTED")
+}
+
+// TestConfigWithDefaults: WithDefaults fills the zero fields with the
+// defaults the engine runs with, on a copy; special values stay.
+func TestConfigWithDefaults(t *testing.T) {
+	t.Parallel()
+	def := saga.MustNew("slow", saga.Step{Name: "s", Reaches: "done", Kind: saga.DatabaseStep,
+		Retry:   saga.RetryPolicy{Timeout: 2 * time.Minute},
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }})
+	cfg := engine.Config{Definitions: []*saga.Definition{def}, LeaseGrace: time.Minute, ShedStreamMessages: 5,
+		Retention: engine.RetentionConfig{FinishedSagas: engine.KeepForever}}
+	d := cfg.WithDefaults()
+	require.Zero(t, cfg.StepConcurrency, "the original is left alone")
+	require.Equal(t, engine.StreamDefault, d.Stream)
+	require.Equal(t, engine.SubjectPrefixDefault, d.SubjectPrefix)
+	require.Equal(t, engine.StepConcurrencyDefault, d.StepConcurrency)
+	require.Equal(t, engine.ReplyConcurrencyDefault, d.ReplyConcurrency)
+	require.Equal(t, time.Minute, d.LeaseGrace, "a value given stays")
+	require.Equal(t, time.Minute, d.ShedOldestAge, "shedding by age defaults to the lease grace")
+	require.Equal(t, 5, d.ShedStreamMessages)
+	require.Equal(t, 2*time.Minute+30*time.Second, d.AckWait, "past the longest step timeout")
+	require.Equal(t, engine.KeepForever, d.Retention.FinishedSagas, "a special value stays")
+	require.Equal(t, engine.RetentionBatchSizeDefault, d.Retention.BatchSize)
+	require.NotNil(t, d.Logger)
+	again := d.WithDefaults()
+	require.Equal(t, d, again, "defaults applied twice are the same")
+	noShed := engine.Config{ShedOldestAge: engine.NoShedding}
+	require.Equal(t, engine.NoShedding, noShed.WithDefaults().ShedOldestAge)
 }

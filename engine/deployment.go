@@ -54,6 +54,7 @@ func sharedSettings(cfg *Config, worker bool) []setting {
 // the new build, before its workers start (the runtime's `migrate` does);
 // processes already running are not stopped.
 func Deploy(ctx context.Context, cfg Config) error {
+	cfg = *cfg.WithDefaults()
 	if err := cfg.validate(false); err != nil {
 		return err
 	}

@@ -43,6 +43,10 @@ const (
 	MaxInputBytesDefault    = 256 << 10
 )
 
+// NoShedding, as Config.ShedOldestAge, sheds no start however old the
+// stream's oldest message (with ShedStreamMessages 0, none at all).
+const NoShedding time.Duration = -1
+
 // Config configures an Engine. Only Pool, NATS and Definitions are required.
 type Config struct {
 	// Pool is the PostgreSQL database holding the engine's tables (schema
@@ -121,12 +125,10 @@ type Config struct {
 	// Retention sets how long finished sagas, inbox rows and published
 	// outbox rows are kept; each engine runs a cleaner with it. Zero
 	// fields take the defaults (7 days of replay for sagas and the inbox).
+	// With FinishedSagas KeepForever and PublishedOutbox 0 or KeepForever
+	// there is nothing to delete, and no cleaner runs (expired submit
+	// tokens stay too).
 	Retention RetentionConfig
-	// DisableRetention runs no cleaner: finished sagas, inbox rows and
-	// published outbox rows that Retention.PublishedOutbox keeps stay
-	// forever. (With PublishedOutbox 0 the relay deletes published rows
-	// itself.)
-	DisableRetention bool
 	// OnFinishedFunc, if set, is called after the commit that brings a saga
 	// to a terminal state in this process (not in other processes). It
 	// must be quick; it runs on the engine's goroutines.
@@ -136,14 +138,13 @@ type Config struct {
 	// stream has waited longer than it. Defaults to LeaseGrace, the time a
 	// command is meant to wait in the queue at most: past it every new
 	// saga waits longer than the deployment was sized for and the backlog
-	// only grows, so clients are told to come back instead.
+	// only grows, so clients are told to come back instead. NoShedding (a
+	// negative value) sheds nothing by age.
 	ShedOldestAge time.Duration
 	// ShedStreamMessages, if positive, also sheds starts while more
 	// messages than it wait in the stream. Defaults to 0: no bound on the
 	// count, whose meaning depends on the throughput (the age's does not).
 	ShedStreamMessages int
-	// DisableShedding makes ShedStart accept every start.
-	DisableShedding bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -163,6 +164,69 @@ type Config struct {
 var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var subjectToken = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults (the engine applies them itself; this shows what it runs with).
+func (c *Config) WithDefaults() *Config {
+	d := *c
+	if d.RelayHandOff == 0 {
+		d.RelayHandOff = outbox.HandOffDefault
+	}
+	if d.Stream == "" {
+		d.Stream = StreamDefault
+	}
+	if d.SubjectPrefix == "" {
+		d.SubjectPrefix = SubjectPrefixDefault
+	}
+	if d.StepConcurrency == 0 {
+		d.StepConcurrency = StepConcurrencyDefault
+	}
+	if d.ReplyConcurrency == 0 {
+		d.ReplyConcurrency = ReplyConcurrencyDefault
+	}
+	if d.LeaseGrace == 0 {
+		d.LeaseGrace = LeaseGraceDefault
+	}
+	if d.ReapInterval == 0 {
+		d.ReapInterval = ReapIntervalDefault
+	}
+	if d.ShedOldestAge == 0 {
+		d.ShedOldestAge = d.LeaseGrace
+	}
+	if d.MaxInputBytes == 0 {
+		d.MaxInputBytes = MaxInputBytesDefault
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	// The broker must not redeliver a command while its handler may still
+	// be running: the copy would wait on the first's inbox row, holding a
+	// handler slot and a connection.
+	if d.AckWait == 0 {
+		d.AckWait = max(AckWaitDefault, longestTimeout(d.Definitions)+30*time.Second)
+	}
+	d.Retention = d.Retention.WithDefaults()
+	return &d
+}
+
+// longestTimeout is the longest step or compensation timeout of defs.
+func longestTimeout(defs []*saga.Definition) time.Duration {
+	var longest time.Duration
+	for _, d := range defs {
+		if d == nil {
+			continue
+		}
+		for _, st := range d.Steps() {
+			longest = max(longest, st.Retry.Timeout)
+			if st.Compensate != nil {
+				longest = max(longest, st.CompensateRetry.Timeout)
+			}
+		}
+	}
+	return longest
+}
+
+// validate checks c, defaults applied (WithDefaults); needNATS for an
+// engine, which runs steps.
 func (c *Config) validate(needNATS bool) error {
 	switch {
 	case c.Pool == nil:
@@ -175,8 +239,6 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.StepConcurrency, ReplyConcurrency and RelayBatch must not be negative")
 	case c.LeaseGrace < 0, c.ReapInterval < 0, c.AckWait < 0, c.RelayPollInterval < 0, c.RelayHandOff < 0:
 		return errors.New("idemsaga: Config.LeaseGrace, ReapInterval, AckWait, RelayPollInterval and RelayHandOff must not be negative")
-	}
-	switch {
 	case c.StreamReplicas < 0 || c.StreamReplicas > 5:
 		return fmt.Errorf("idemsaga: Config.StreamReplicas %d must be 1 to 5 (JetStream's limit), or 0 to leave an existing stream's count", c.StreamReplicas)
 	case c.StreamStorage != "" && c.StreamStorage != "file" && c.StreamStorage != "memory":
@@ -185,51 +247,18 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.StreamMaxAge and StreamDuplicateWindow must not be negative")
 	case c.StreamMaxAge > 0 && c.StreamDuplicateWindow > c.StreamMaxAge:
 		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow %s must not exceed StreamMaxAge %s (JetStream refuses it)", c.StreamDuplicateWindow, c.StreamMaxAge)
-	}
-	if c.RelayHandOff == 0 {
-		c.RelayHandOff = outbox.HandOffDefault
-	}
-	if c.Stream == "" {
-		c.Stream = StreamDefault
-	}
-	if !streamName.MatchString(c.Stream) {
+	case !streamName.MatchString(c.Stream):
 		return fmt.Errorf("idemsaga: Config.Stream %q must be letters, digits, '_' or '-'", c.Stream)
-	}
-	if c.SubjectPrefix == "" {
-		c.SubjectPrefix = SubjectPrefixDefault
-	}
-	if !subjectToken.MatchString(c.SubjectPrefix) {
+	case !subjectToken.MatchString(c.SubjectPrefix):
 		return fmt.Errorf("idemsaga: Config.SubjectPrefix %q must be dot-separated tokens of letters, digits, '_' or '-'", c.SubjectPrefix)
-	}
-	if c.StepConcurrency == 0 {
-		c.StepConcurrency = StepConcurrencyDefault
-	}
-	if c.ReplyConcurrency == 0 {
-		c.ReplyConcurrency = ReplyConcurrencyDefault
-	}
-	if c.LeaseGrace == 0 {
-		c.LeaseGrace = LeaseGraceDefault
-	}
-	if c.ReapInterval == 0 {
-		c.ReapInterval = ReapIntervalDefault
-	}
-	if c.ShedOldestAge < 0 || c.ShedStreamMessages < 0 {
-		return errors.New("idemsaga: Config.ShedOldestAge and ShedStreamMessages must not be negative; set DisableShedding to shed nothing")
-	}
-	if c.ShedOldestAge == 0 {
-		c.ShedOldestAge = c.LeaseGrace
-	}
-	if c.MaxInputBytes < 0 {
+	case c.ShedOldestAge < 0 && c.ShedOldestAge != NoShedding:
+		return fmt.Errorf("idemsaga: Config.ShedOldestAge is %s; use a positive duration, 0 for the lease grace, or NoShedding", c.ShedOldestAge)
+	case c.ShedStreamMessages < 0:
+		return errors.New("idemsaga: Config.ShedStreamMessages must not be negative; 0 puts no bound on the count")
+	case c.MaxInputBytes < 0:
 		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
 	}
-	if c.MaxInputBytes == 0 {
-		c.MaxInputBytes = MaxInputBytesDefault
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	seen := map[defKey]bool{}
-	var longest time.Duration
 	for _, d := range c.Definitions {
 		if d == nil {
 			return errors.New("idemsaga: Config.Definitions holds a nil definition")
@@ -241,23 +270,11 @@ func (c *Config) validate(needNATS bool) error {
 			return fmt.Errorf("idemsaga: Config.Definitions names %s twice; give each version of a definition once (saga.WithVersion)", d.Ref())
 		}
 		seen[keyOf(d)] = true
-		for _, st := range d.Steps() {
-			longest = max(longest, st.Retry.Timeout)
-			if st.Compensate != nil {
-				longest = max(longest, st.CompensateRetry.Timeout)
-			}
-		}
 	}
-	// The broker must not redeliver a command while its handler may still
-	// be running: the copy would wait on the first's inbox row, holding a
-	// handler slot and a connection.
-	if c.AckWait == 0 {
-		c.AckWait = max(AckWaitDefault, longest+30*time.Second)
-	}
-	if c.AckWait <= longest {
+	if longest := longestTimeout(c.Definitions); c.AckWait <= longest {
 		return fmt.Errorf("idemsaga: Config.AckWait (%s) must exceed the longest step Timeout (%s); raise it or leave it 0 for a fitting default", c.AckWait, longest)
 	}
-	return nil
+	return c.Retention.validate()
 }
 
 func newCore(cfg *Config) (*core, error) {
@@ -277,6 +294,7 @@ func newCore(cfg *Config) (*core, error) {
 // any worker. It uses Pool, Definitions, SubjectPrefix, LeaseGrace and
 // Registerer of cfg.
 func NewClient(cfg Config) (*Client, error) {
+	cfg = *cfg.WithDefaults()
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
@@ -346,6 +364,7 @@ func init() {
 func New(cfg Config) (*Engine, error) { return newEngine(cfg, nil) }
 
 func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
+	cfg = *cfg.WithDefaults()
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
@@ -381,7 +400,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	m := c.metrics
 	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
 		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
-		KeepPublished: cfg.Retention.PublishedOutbox > 0, Logger: cfg.Logger,
+		KeepPublished: cfg.Retention.PublishedOutbox != 0, Logger: cfg.Logger,
 		OnPublishFunc: func(rows, dups int, took time.Duration) {
 			m.OutboxPublished.Add(float64(rows))
 			m.Deliveries.WithLabelValues(metrics.LayerBroker).Add(float64(rows))
@@ -398,7 +417,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	// What this process commits it publishes itself, right after the
 	// commit; the relay sweeps only what that missed.
 	c.publish, c.handOff, c.publishing = e.relay.Publish, cfg.RelayHandOff, e.relay.Running
-	if !cfg.DisableRetention {
+	if cfg.Retention.cleans() {
 		if e.cleaner, err = NewCleaner(cfg.Pool, cfg.Retention, cfg.Logger); err != nil {
 			return nil, err
 		}

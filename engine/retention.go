@@ -31,6 +31,10 @@ const (
 	RetentionIntervalDefault = time.Minute
 )
 
+// KeepForever, as RetentionConfig.FinishedSagas or PublishedOutbox, keeps
+// those records forever.
+const KeepForever time.Duration = -1
+
 // markedOutboxWindow is how long the cleaner keeps rows marked published
 // when PublishedOutbox is 0: rows left by an engine that marks them (a
 // positive PublishedOutbox, or a version before the relay deleted them).
@@ -81,7 +85,8 @@ type RetentionConfig struct {
 	// FinishedSagas is how long a finished saga, its steps and its inbox
 	// rows are kept after finished_at. It is the replay window: within it a
 	// start with the same key returns the same saga; past it, the key starts
-	// a new one. At least one hour. Defaults to FinishedSagasDefault.
+	// a new one. At least one hour, or KeepForever. Defaults to
+	// FinishedSagasDefault.
 	FinishedSagas time.Duration
 	// PublishedOutbox is how long a published outbox row is kept after
 	// published_at. 0 (the default) keeps none: the relay deletes each row
@@ -91,8 +96,9 @@ type RetentionConfig struct {
 	// (broker.DuplicateWindowDefault), makes the relay mark rows published
 	// instead and the cleaner delete them past the window, so that every
 	// copy the broker may still drop as a duplicate can be traced to its
-	// row. Neither affects delivery: the row was already published, and a
-	// lost message is re-driven by its step's lease.
+	// row. KeepForever marks them and keeps them. Neither affects
+	// delivery: the row was already published, and a lost message is
+	// re-driven by its step's lease.
 	PublishedOutbox time.Duration
 	// BatchSize is the most sagas, inbox rows or outbox rows one cleaning
 	// transaction deletes (a saga's steps and inbox rows go with it), at
@@ -111,18 +117,9 @@ type RetentionConfig struct {
 	DeleteFailed bool
 }
 
-func (c *RetentionConfig) validate() error {
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"FinishedSagas", c.FinishedSagas}, {"PublishedOutbox", c.PublishedOutbox}, {"Interval", c.Interval}} {
-		if f.d < 0 {
-			return fmt.Errorf("idemsaga: RetentionConfig.%s is %s; use a positive duration, or 0 for the default", f.name, f.d)
-		}
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d; use a positive number, or 0 for %d", c.BatchSize, RetentionBatchSizeDefault)
-	}
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults.
+func (c RetentionConfig) WithDefaults() RetentionConfig {
 	if c.FinishedSagas == 0 {
 		c.FinishedSagas = FinishedSagasDefault
 	}
@@ -132,15 +129,34 @@ func (c *RetentionConfig) validate() error {
 	if c.Interval == 0 {
 		c.Interval = RetentionIntervalDefault
 	}
+	return c
+}
+
+// validate checks c, defaults applied.
+func (c RetentionConfig) validate() error {
 	switch {
-	case c.FinishedSagas < minRecordWindow:
+	case c.FinishedSagas < 0 && c.FinishedSagas != KeepForever:
+		return fmt.Errorf("idemsaga: RetentionConfig.FinishedSagas is %s; use a duration of at least %s, 0 for the default, or KeepForever", c.FinishedSagas, minRecordWindow)
+	case c.FinishedSagas >= 0 && c.FinishedSagas < minRecordWindow:
 		return fmt.Errorf("idemsaga: RetentionConfig.FinishedSagas is %s, under the %s minimum: it is the replay window, and a command delivered after it could run its step again", c.FinishedSagas, minRecordWindow)
+	case c.PublishedOutbox < 0 && c.PublishedOutbox != KeepForever:
+		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; use a positive duration, 0 to delete rows as soon as they are published, or KeepForever", c.PublishedOutbox)
 	case c.PublishedOutbox > 0 && c.PublishedOutbox <= broker.DuplicateWindowDefault:
 		return fmt.Errorf("idemsaga: RetentionConfig.PublishedOutbox is %s; it must exceed the broker's %s dedup window, or be 0 to delete rows as soon as they are published", c.PublishedOutbox, broker.DuplicateWindowDefault)
+	case c.Interval < 0:
+		return fmt.Errorf("idemsaga: RetentionConfig.Interval is %s; use a positive duration, or 0 for the default", c.Interval)
+	case c.BatchSize < 0:
+		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d; use a positive number, or 0 for %d", c.BatchSize, RetentionBatchSizeDefault)
 	case c.BatchSize > maxRetentionBatch:
 		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d, over %d; keep cleaning transactions small", c.BatchSize, maxRetentionBatch)
 	}
 	return nil
+}
+
+// cleans reports whether a cleaner of c has anything to delete: finished
+// sagas, or published rows kept for a while.
+func (c RetentionConfig) cleans() bool {
+	return c.FinishedSagas != KeepForever || c.PublishedOutbox > 0
 }
 
 // Retention SQL. Every window is a number of milliseconds compared with
@@ -229,6 +245,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg RetentionConfig, logger *slog.Logger) (*
 	if pool == nil {
 		return nil, errors.New("idemsaga: NewCleaner needs a pool: open one with pgxpool.New(ctx, DATABASE_URL)")
 	}
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -321,6 +338,9 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 // rows, together. It returns the number of sagas as its size.
 func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 	var res CleanResult
+	if c.cfg.FinishedSagas == KeepForever {
+		return res, 0, nil
+	}
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, retentionLockTimeout); err != nil {
 			return err
@@ -361,7 +381,10 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 // version before the relay deleted) once they are an hour old.
 func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	window := c.cfg.PublishedOutbox
-	if window == 0 {
+	switch window {
+	case KeepForever:
+		return CleanResult{}, 0, nil
+	case 0:
 		window = markedOutboxWindow
 	}
 	n, err := c.deleteBatch(ctx, deletePublishedOutbox, window)

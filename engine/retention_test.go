@@ -375,6 +375,7 @@ func TestRetentionConfigValidation(t *testing.T) {
 		{BatchSize: 1, Interval: time.Millisecond},
 		{BatchSize: 10_000},
 		{DeleteFailed: true},
+		{FinishedSagas: engine.KeepForever, PublishedOutbox: engine.KeepForever},
 	} {
 		_, err := engine.NewCleaner(pool, ok, nil)
 		require.NoError(t, err, "%+v", ok)

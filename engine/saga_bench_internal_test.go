@@ -62,6 +62,7 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 		cfg.TracerProvider = tp
 	}
+	cfg = *cfg.WithDefaults()
 	if err := cfg.validate(false); err != nil {
 		b.Fatal(err)
 	}

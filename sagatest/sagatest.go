@@ -133,7 +133,7 @@ func New(t T, cfg Config) *Env {
 		ReapInterval: 5 * time.Millisecond, RelayPollInterval: 5 * time.Millisecond, RelayHandOff: 50 * time.Millisecond,
 		Logger: cfg.Logger, Registerer: cfg.Registerer,
 		// Retention runs when the test says (Env.Clean), not behind it.
-		DisableRetention: true,
+		Retention: engine.RetentionConfig{FinishedSagas: engine.KeepForever},
 	}
 	if err := engine.Deploy(ctx, ecfg); err != nil {
 		t.Fatalf("sagatest: %v", err)

@@ -111,11 +111,20 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	cfg.StepConcurrency, cfg.ReplyConcurrency = r.StepConcurrency, r.ReplyConcurrency
 	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
 	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
-	cfg.DisableRetention = r.NoRetention
+	if r.NoRetention {
+		// Kept forever: finished sagas, and published rows if any are kept.
+		cfg.Retention.FinishedSagas = engine.KeepForever
+		if r.KeepPublished > 0 {
+			cfg.Retention.PublishedOutbox = engine.KeepForever
+		}
+	}
 	if r.ShedOldestAge < 0 || r.ShedStreamMsgs < 0 {
 		return fmt.Errorf("--shed-oldest-age (%s) and --shed-stream-messages (%d) must not be negative: 0 takes the default (the lease grace; no bound on the count), and --no-shedding sheds nothing", r.ShedOldestAge, r.ShedStreamMsgs)
 	}
-	cfg.ShedOldestAge, cfg.ShedStreamMessages, cfg.DisableShedding = r.ShedOldestAge, r.ShedStreamMsgs, r.NoShedding
+	cfg.ShedOldestAge, cfg.ShedStreamMessages = r.ShedOldestAge, r.ShedStreamMsgs
+	if r.NoShedding {
+		cfg.ShedOldestAge, cfg.ShedStreamMessages = engine.NoShedding, 0
+	}
 	tp, err := newTracerProvider(ctx, name(*f.cfg), log)
 	if err != nil {
 		return err

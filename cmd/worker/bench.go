@@ -198,7 +198,7 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 		regs[i] = prometheus.NewRegistry()
 		cfg.Registerer = regs[i]
 		cfg.Stream, cfg.SubjectPrefix = stream, prefix
-		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.DisableRetention = per, per, true
+		cfg.StepConcurrency, cfg.ReplyConcurrency, cfg.Retention.FinishedSagas = per, per, engine.KeepForever
 		cfg.Logger, cfg.OnFinishedFunc = newLogger("error"), onFinished
 		if viaBroker {
 			cfg.RelayPollInterval = remotePoll
