@@ -20,7 +20,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/migrations"
-	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -64,16 +63,6 @@ type Config struct {
 	// Registerer receives the worker's metrics (the engine's step
 	// metrics). Nil registers nothing.
 	Registerer prometheus.Registerer
-	// CommittedFunc, if set, is called after each commit that wrote to the
-	// outbox, to wake a relay. It is not called when PublishFunc is set.
-	CommittedFunc func()
-	// PublishFunc, if set, publishes each reply right after its commit
-	// (outbox.Relay.Publish); the relay's sweep takes a reply over only
-	// after HandOff. Without it replies are the relay's to publish at once.
-	PublishFunc func(rows ...outbox.Committed)
-	// HandOff is how long the relay leaves a reply to PublishFunc.
-	// Defaults to outbox.HandOffDefault.
-	HandOff time.Duration
 	// Recent is how many answered attempts (step key and attempt) the
 	// worker remembers, so that another delivery of one is acknowledged
 	// without a round trip to the database: a fast path in front of the
@@ -88,8 +77,9 @@ type Config struct {
 }
 
 // Worker consumes and runs step commands, and answers every outcome with a
-// reply for the orchestrator. An engine runs its own step workers, which
-// apply outcomes to their saga in the step's transaction instead.
+// reply for the orchestrator, written to the outbox, which the engines'
+// relays publish. An engine runs its own step workers, which apply
+// outcomes to their saga in the step's transaction instead.
 type Worker struct {
 	cfg      Config
 	subjects wire.Subjects
@@ -107,8 +97,6 @@ func New(cfg Config) (*Worker, error) {
 		return nil, errors.New("steps: Config.Definitions is empty; give the worker the sagas it runs")
 	case cfg.Concurrency < 0:
 		return nil, fmt.Errorf("steps: Config.Concurrency is %d; use a positive number, or 0 for %d", cfg.Concurrency, ConcurrencyDefault)
-	case cfg.HandOff < 0:
-		return nil, fmt.Errorf("steps: Config.HandOff is %s; use a positive duration, or 0 for %s", cfg.HandOff, outbox.HandOffDefault)
 	case cfg.Recent < -1:
 		return nil, fmt.Errorf("steps: Config.Recent is %d; use a positive number, 0 for %d, or -1 to remember nothing", cfg.Recent, RecentDefault)
 	}
@@ -136,9 +124,6 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Recent == 0 {
 		cfg.Recent = RecentDefault
 	}
-	if cfg.HandOff == 0 {
-		cfg.HandOff = outbox.HandOffDefault
-	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = ConcurrencyDefault
 	}
@@ -152,7 +137,7 @@ func New(cfg Config) (*Worker, error) {
 	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
 	r, err := attempt.New(attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
-		Publish: cfg.PublishFunc, HandOff: cfg.HandOff, Committed: cfg.CommittedFunc, Recent: max(cfg.Recent, 0),
+		Recent: max(cfg.Recent, 0),
 		Tracer: tracing.New(cfg.TracerProvider),
 	})
 	if err != nil {
