@@ -23,7 +23,6 @@ type gated struct {
 	entered chan struct{}
 	release chan struct{}
 	ended   chan error
-	calls   atomic.Int32
 }
 
 func newGated() *gated {
@@ -34,7 +33,6 @@ func (g *gated) definition() *saga.Definition {
 	return saga.MustNew("gated", saga.Step{Name: "call", Reaches: "called", Kind: saga.ExternalStep,
 		Retry: saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, Timeout: time.Minute},
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-			g.calls.Add(1)
 			if !g.hold.Load() {
 				return nil, nil
 			}

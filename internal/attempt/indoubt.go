@@ -27,12 +27,9 @@ import (
 // no answer from the server says it failed.
 func inDoubt(err error) bool {
 	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
-		return false
-	}
-	// The attempt's own deadline cut the COMMIT: its connection is closed,
-	// and the commit may have happened all the same.
-	return true
+	// Anything else (the connection broke, or the attempt's own deadline
+	// cut the batch) may have come after the COMMIT reached the server.
+	return err != nil && !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
 // resolveTimeout bounds how long an attempt waits for the database to
