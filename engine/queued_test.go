@@ -29,8 +29,11 @@ func TestQueueingSpendsNoAttempt(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
+	// Leases of 2.2 s: short enough to run out many times while the
+	// commands are held, long enough that no attempt runs past one on a
+	// busy machine once they are released.
 	policy := fastPolicy
-	policy.Timeout = 300 * time.Millisecond
+	policy.Timeout = 2 * time.Second
 	policy.MaxAttempts = 2
 	def, err := transfer.NewDefinition(policy)
 	require.NoError(t, err)
