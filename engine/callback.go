@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/compensation"
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -127,7 +127,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 	var res CallbackResult
 	var def *saga.Definition
 	fx := &effects{}
-	err = c.withSagaLocked(ctx, id, "complete a step of", func(tx *attempt.Tx, sg *saga.Instance) error {
+	err = c.withSagaLocked(ctx, id, "complete a step of", func(tx *store.Tx, sg *saga.Instance) error {
 		fx = &effects{}
 		res = CallbackResult{SagaID: id, Step: step, EventID: cb.EventID}
 		var err error
@@ -166,7 +166,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 // replayCallback answers an event already received from its record; an
 // event id received with another body, or for another saga's step, is
 // ErrCallbackReused.
-func (c *core) replayCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, step, eventID string, hash []byte, res *CallbackResult) (bool, error) {
+func (c *core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instance, step, eventID string, hash []byte, res *CallbackResult) (bool, error) {
 	var sagaID uuid.UUID
 	var had []byte
 	err := tx.Conn().QueryRow(ctx, selectCallback, sg.Definition, step, eventID).Scan(&sagaID, &had, &res.Outcome, &res.Detail, &res.ReceivedAt)
@@ -204,7 +204,7 @@ func (c *core) replayCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Inst
 
 // receiveCallback records a new event and does what the step's status
 // says: apply it, keep it pending, or record it as late or superseded.
-func (c *core) receiveCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, cb Callback,
+func (c *core) receiveCallback(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, cb Callback,
 	result json.RawMessage, hash []byte, res *CallbackResult, fx *effects) error {
 	step := def.Step(idx).Name
 	var status string
@@ -236,7 +236,7 @@ func (c *core) receiveCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Ins
 		}
 		res.State, res.Detail = after, describeApplied(step, cb.Error)
 		queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step, saga.PhaseForward), attemptNo, cb.Error, result)
-		attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	}
 	var inserted bool
 	tx.Queue(insertCallback, func(row pgx.Row) error {
@@ -261,8 +261,8 @@ func (c *core) receiveCallback(ctx context.Context, tx *attempt.Tx, sg *saga.Ins
 // callbackMove is the move a callback makes of a waiting step: a success
 // moves the saga on with the callback's result; a refusal fails the step
 // for good, without effect, and the saga compensates the steps before it.
-func (c *core) callbackMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, refusal string, result json.RawMessage) (saga.State, *attempt.Move, error) {
-	var m *attempt.Move
+func (c *core) callbackMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, refusal string, result json.RawMessage) (saga.State, *store.Move, error) {
+	var m *store.Move
 	var err error
 	if refusal == "" {
 		m, err = c.successMove(sg, def, idx, saga.PhaseForward, attemptNo, result)
@@ -285,7 +285,7 @@ func describeApplied(step, refusal string) string {
 // queueComplete records a callback's outcome under the step's key, fenced
 // on the key still waiting at the attempt: the inbox then holds the
 // step's final outcome, so no delivery of its command runs it again.
-func queueComplete(tx *attempt.Tx, sagaID, key uuid.UUID, attemptNo int, refusal string, result json.RawMessage) {
+func queueComplete(tx *store.Tx, sagaID, key uuid.UUID, attemptNo int, refusal string, result json.RawMessage) {
 	outcome := "succeeded"
 	if refusal != "" {
 		outcome = "failed"
@@ -302,7 +302,7 @@ func queueComplete(tx *attempt.Tx, sagaID, key uuid.UUID, attemptNo int, refusal
 // wait makes a callback step whose request was accepted wait for its
 // callback, in tx, which holds the saga's lock; a callback that came
 // first (pending) is applied at once.
-func (c *core) wait(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx, attemptNo int, fx *effects) error {
+func (c *core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx, attemptNo int, fx *effects) error {
 	step := def.Step(idx)
 	var eventID, refusal string
 	var failed bool
@@ -336,7 +336,7 @@ func (c *core) wait(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def 
 		return err
 	}
 	queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step.Name, saga.PhaseForward), attemptNo, refusal, result)
-	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	return nil
@@ -360,7 +360,7 @@ func nullTextArg(s string) any {
 // callback step with a callback kept for it is completed by that callback
 // instead: the other system's own word that the request took effect,
 // which the lost answers to the request never told.
-func (c *core) giveUpOrComplete(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
+func (c *core) giveUpOrComplete(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
 	step := def.Step(idx)
 	if step.Kind != saga.CallbackStep || phase != saga.PhaseForward {
 		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
@@ -395,7 +395,7 @@ func (c *core) giveUpOrComplete(ctx context.Context, tx *attempt.Tx, sg *saga.In
 		outcome = "failed"
 	}
 	tx.Exec(completeSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
-	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	c.log.Info("callback step given up after its attempts, completed by the callback kept for it", "saga_id", sg.ID, "step", step.Name, "event_id", eventID)

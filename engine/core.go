@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/compensation"
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -109,7 +109,7 @@ func (c *core) sent(rows []outbox.Committed) {
 // effects are observed after a transaction commits.
 type effects struct {
 	// moves holds the moves applied, with when their saga started.
-	moves   []*attempt.Move
+	moves   []*store.Move
 	created []*time.Time
 	// retries holds (definition, step, phase) of retries scheduled.
 	retries [][3]string
@@ -118,7 +118,7 @@ type effects struct {
 }
 
 // moved records a move queued on a transaction.
-func (fx *effects) moved(m *attempt.Move) *time.Time {
+func (fx *effects) moved(m *store.Move) *time.Time {
 	t := new(time.Time)
 	fx.moves, fx.created = append(fx.moves, m), append(fx.created, t)
 	return t
@@ -136,7 +136,7 @@ func (c *core) emit(fx *effects) {
 
 // Moved reports a move that committed: a saga that finished is counted,
 // timed and handed to Config.OnFinishedFunc (attempt.Mover).
-func (c *core) Moved(m *attempt.Move, created time.Time) {
+func (c *core) Moved(m *store.Move, created time.Time) {
 	if !m.Finished {
 		return
 	}
@@ -209,13 +209,13 @@ func (c *core) commandMessage(sg *saga.Instance, def *saga.Definition, idx int, 
 
 // dispatch describes attempt 1 of step idx in the given phase, its command
 // written from after, the saga as the dispatching move leaves it.
-func (c *core) dispatch(after *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (*attempt.Dispatch, error) {
+func (c *core) dispatch(after *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (*store.Dispatch, error) {
 	subject, msgID, payload, err := c.commandMessage(after, def, idx, phase, 1)
 	if err != nil {
 		return nil, err
 	}
 	name := def.Step(idx).Name
-	return &attempt.Dispatch{
+	return &store.Dispatch{
 		Step: name, Phase: phase, Index: idx, Key: saga.StepKey(after.ID, name, phase),
 		LeaseMillis: c.leaseMillis(policyOf(def, idx, phase)), Subject: subject, MsgID: msgID, Payload: payload,
 	}, nil
@@ -223,8 +223,8 @@ func (c *core) dispatch(after *saga.Instance, def *saga.Definition, idx int, pha
 
 // moveFrom starts a move of sg, as it is now, to `to`; after is sg as the
 // move leaves it, for the next command.
-func moveFrom(sg *saga.Instance, to saga.State, step string, phase saga.Phase, attemptNo int) (*attempt.Move, *saga.Instance) {
-	m := &attempt.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: to,
+func moveFrom(sg *saga.Instance, to saga.State, step string, phase saga.Phase, attemptNo int) (*store.Move, *saga.Instance) {
+	m := &store.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: to,
 		Step: step, Phase: phase, Attempt: attemptNo}
 	after := *sg
 	after.State, after.Version = to, sg.Version+1
@@ -232,14 +232,14 @@ func moveFrom(sg *saga.Instance, to saga.State, step string, phase saga.Phase, a
 }
 
 // finish marks m as finishing its saga in state to.
-func finish(m *attempt.Move, outcome string) {
+func finish(m *store.Move, outcome string) {
 	m.Finished, m.Outcome = true, outcome
 }
 
 // successMove is the move of a step's success: a forward step moves the
 // saga to its state and dispatches the next (or finishes the saga); a
 // compensation dispatches the next compensation (or ends compensated).
-func (c *core) successMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, result json.RawMessage) (*attempt.Move, error) {
+func (c *core) successMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, result json.RawMessage) (*store.Move, error) {
 	step := def.Step(idx)
 	if phase == saga.PhaseCompensate {
 		next := compensation.Next(def, idx)
@@ -287,7 +287,7 @@ func (c *core) successMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 // compensates the steps before it in reverse order, itself first when it
 // is possibly done; a possibly-done step without a compensation parks the
 // saga; a compensation that cannot finish ends the saga failed.
-func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, effect compensation.Effect) (*attempt.Move, error) {
+func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, effect compensation.Effect) (*store.Move, error) {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	possibly := effect == compensation.PossiblyDone
@@ -336,7 +336,7 @@ func (c *core) failureMove(sg *saga.Instance, def *saga.Definition, idx int, pha
 // compensate makes m start plan: with nothing to undo the saga ends
 // compensated; otherwise it is compensating and m dispatches the plan's
 // first compensation.
-func (c *core) compensate(m *attempt.Move, after *saga.Instance, def *saga.Definition, plan []int) (*attempt.Move, error) {
+func (c *core) compensate(m *store.Move, after *saga.Instance, def *saga.Definition, plan []int) (*store.Move, error) {
 	if len(plan) == 0 {
 		finish(m, string(saga.StateCompensated))
 		return m, nil
@@ -362,19 +362,19 @@ type settled struct {
 // settle fences a step's key in the inbox, in tx (which holds the saga's
 // lock): a tombstone unless the key holds a final outcome, so no delivery
 // can take effect after tx commits; and it reads what the key holds. A key
-// held by an attempt still running returns attempt.ErrBusy, without
+// held by an attempt still running returns store.ErrBusy, without
 // waiting on it: that attempt may be waiting on the saga tx holds.
-func (c *core) settle(ctx context.Context, tx *attempt.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+func (c *core) settle(ctx context.Context, tx *store.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
 	return c.settleWith(ctx, tx, settleTombstone, sagaID, step, phase)
 }
 
 // settleWith is settle with the tombstone statement given.
-func (c *core) settleWith(ctx context.Context, tx *attempt.Tx, tombstone string, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+func (c *core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
 	key := saga.StepKey(sagaID, step, phase)
 	var got bool
 	var s settled
 	tx.Queue(tombstone, func(row pgx.Row) error { return row.Scan(&got) },
-		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), attempt.LockID(key))
+		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), store.LockID(key))
 	found := true
 	tx.Queue(settleRead, func(row pgx.Row) error {
 		err := row.Scan(&s.outcome, &s.unknown, &s.result)
@@ -388,7 +388,7 @@ func (c *core) settleWith(ctx context.Context, tx *attempt.Tx, tombstone string,
 		return s, fmt.Errorf("settle step %q (%s) of saga %s through the inbox: %w", step, phase, sagaID, err)
 	}
 	if !got {
-		return s, fmt.Errorf("settle step %q (%s) of saga %s: %w", step, phase, sagaID, attempt.ErrBusy)
+		return s, fmt.Errorf("settle step %q (%s) of saga %s: %w", step, phase, sagaID, store.ErrBusy)
 	}
 	if !found {
 		return s, fmt.Errorf("settle step %q (%s) of saga %s: the inbox holds nothing for its key after the tombstone", step, phase, sagaID)
@@ -399,13 +399,13 @@ func (c *core) settleWith(ctx context.Context, tx *attempt.Tx, tombstone string,
 // giveUp settles a step the engine gives up and queues the move that
 // follows: a success found in the inbox is applied; otherwise the step
 // failed, possibly done when the inbox or the step's row says so.
-func (c *core) giveUp(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
+func (c *core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
 	step := def.Step(idx)
 	s, err := c.settle(ctx, tx, sg.ID, step.Name, phase)
 	if err != nil {
 		return err
 	}
-	var m *attempt.Move
+	var m *store.Move
 	if s.outcome == "succeeded" {
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attemptNo)
 		m, err = c.successMove(sg, def, idx, phase, attemptNo, s.result)
@@ -419,7 +419,7 @@ func (c *core) giveUp(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, de
 	if err != nil {
 		return err
 	}
-	attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	return nil
 }
 

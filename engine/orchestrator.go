@@ -15,6 +15,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -98,7 +99,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		return "", fmt.Errorf("acquire a connection: %w", err)
 	}
 	defer conn.Release()
-	tx := attempt.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
 	tx.SetTrace(c.tracer.Headers(ctx))
 
@@ -164,7 +165,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 
 // apply queues the writes of an applicable reply on tx, which holds the
 // saga's lock and read sg and st.
-func (c *core) apply(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, st stepRow, r wire.Reply, fx *effects) error {
+func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, st stepRow, r wire.Reply, fx *effects) error {
 	policy := policyOf(def, idx, r.Phase)
 	retryable := r.Outcome == wire.OutcomeRetry || r.Outcome == wire.OutcomeUnknown
 	possiblyDone := st.possiblyDone || r.Outcome == wire.OutcomeUnknown
@@ -177,7 +178,7 @@ func (c *core) apply(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def
 		if err != nil {
 			return err
 		}
-		attempt.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 		return nil
 
 	case retryable && r.Attempt < policy.MaxAttempts:
@@ -226,7 +227,7 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 	v, err := c.ApplyReply(ctx, r)
 	if err != nil {
 		lvl := c.log.Warn
-		if errors.Is(err, attempt.ErrBusy) {
+		if errors.Is(err, store.ErrBusy) {
 			lvl = c.log.Debug
 		}
 		lvl("orchestrator: reply not applied; it will be redelivered",
@@ -258,38 +259,38 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 // inbox with it. The rest goes to the orchestrator as a reply: retries,
 // and an external step's failures, which need what the inbox knows of its
 // earlier attempts.
-func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (attempt.Move, bool) {
+func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (store.Move, bool) {
 	if cmd.Version <= 0 {
-		return attempt.Move{}, false
+		return store.Move{}, false
 	}
 	def, ok := c.local(cmd.Definition, cmd.DefVersion())
 	if !ok {
-		return attempt.Move{}, false
+		return store.Move{}, false
 	}
 	idx := def.StepIndex(cmd.Step)
 	if idx < 0 {
-		return attempt.Move{}, false
+		return store.Move{}, false
 	}
 	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, DefinitionVersion: def.Version(), State: cmd.State, Version: cmd.Version,
 		Input: cmd.Input, Results: maps.Clone(cmd.Results)}
-	var m *attempt.Move
+	var m *store.Move
 	var err error
 	switch {
 	case o.Status == wire.OutcomeSucceeded:
 		m, err = c.successMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Result)
 	case kind != saga.DatabaseStep:
-		return attempt.Move{}, false
+		return store.Move{}, false
 	case o.Status == wire.OutcomeFailed:
 		m, err = c.failureMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Error, compensation.NotDone)
 	case o.Status == wire.OutcomeRetry && cmd.Attempt >= policyOf(def, idx, cmd.Phase).MaxAttempts:
 		m, err = c.failureMove(sg, def, idx, cmd.Phase, cmd.Attempt, exhausted(cmd.Attempt, o.Error), compensation.NotDone)
 	default:
-		return attempt.Move{}, false
+		return store.Move{}, false
 	}
 	if err != nil {
 		c.log.Debug("step worker: an outcome cannot be applied as its command foresaw; answering with a reply",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
-		return attempt.Move{}, false
+		return store.Move{}, false
 	}
 	m.RecordFailure = m.Status == saga.StepFailed
 	return *m, true

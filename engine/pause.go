@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -35,8 +35,8 @@ func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 }
 
 // pauseFn is Pause's work on a saga locked in tx.
-func pauseFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
+func pauseFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
 		id := sg.ID
 		if sg.Finished() {
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running saga can be paused", ErrStateForbids, id, sg.State)
@@ -67,8 +67,8 @@ func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 }
 
 // resumeFn is Resume's work on a saga locked in tx.
-func resumeFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
+func resumeFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
 		id := sg.ID
 		var since time.Time
 		err := tx.Conn().QueryRow(ctx, resumeSaga, pguuid.Of(id)).Scan(&since)

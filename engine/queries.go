@@ -3,7 +3,7 @@ package engine
 import (
 	"fmt"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/store"
 )
 
 const (
@@ -149,23 +149,23 @@ where x.outcome is null or x.outcome = 'retry'`
 	// dueRetries and expiredLeases find the work of the reaper, for the
 	// definition versions this process runs ($2, "name@version"): another
 	// definition's or version's steps are left to the workers that have
-	// its code. A paused saga's steps are neither (attempt.NotPaused), and
+	// its code. A paused saga's steps are neither (store.NotPaused), and
 	// a step to send again after a resume (resendDue) is not an expired
 	// lease.
 	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
 order by st.next_attempt_at limit $1`
 
 	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now() and st.next_attempt_at is null
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// expiredWaits finds callback steps whose wait ran out.
 	expiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'waiting' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
 order by st.lease_until limit $1`
 
 	// lockSagaOfStep locks the saga of a step first (every writer takes
@@ -192,7 +192,7 @@ var settleTombstone = fmt.Sprintf(`with l as (
   on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
   where x.outcome in ('started', 'retry', 'waiting')
 )
-select got from l`, attempt.LockClass)
+select got from l`, store.LockClass)
 
 // settleTombstoneForCancel is settleTombstone that leaves alone the claim
 // of an external attempt whose lease still runs: the call may be in
@@ -206,7 +206,7 @@ var settleTombstoneForCancel = fmt.Sprintf(`with l as (
   where x.outcome in ('retry', 'waiting') or (x.outcome = 'started' and not exists (
     select 1 from idemsaga.steps st where st.saga_id = $1 and st.key = $2 and st.status = 'dispatched' and st.lease_until > idemsaga.now()))
 )
-select got from l`, attempt.LockClass)
+select got from l`, store.LockClass)
 
 // selectAttempts is a saga's timeline: the attempts recorded in
 // step_attempts, and each step's current attempt from its own row when
@@ -233,7 +233,7 @@ const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
   and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
-  and (not $4 or (s.finished_at is null and ` + attempt.NotPaused + ` and not exists (
+  and (not $4 or (s.finished_at is null and ` + store.NotPaused + ` and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')

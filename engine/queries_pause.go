@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/idemsaga/idemsaga/internal/attempt"
+import "github.com/idemsaga/idemsaga/internal/store"
 
 // The statements of pause, resume and saga deadlines.
 const (
@@ -45,7 +45,7 @@ left join idemsaga.paused_definitions p on p.definition = s.definition where s.i
 	// definitions this process runs ($2).
 	resendDue = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.next_attempt_at is not null and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
 order by st.next_attempt_at limit $1`
 
 	// resendStep sends a step of a resumed saga again at the attempt seen
@@ -74,7 +74,7 @@ select (select id from o),
 	// nor paused ones.
 	deadlinePassed = `select s.id from idemsaga.sagas s
 where s.finished_at is null and s.deadline_at <= idemsaga.now() and s.state <> 'compensating'
-  and s.definition || '@' || s.definition_version = any($2) and ` + attempt.NotPaused + `
+  and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `
 order by s.deadline_at limit $1`
 
 	// countPaused counts the running sagas held, by definition: those

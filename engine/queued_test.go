@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/transfer"
-	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -137,7 +137,7 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 	defer func() { _ = holder.Rollback(ctx) }()
 	for i := 0; i < n; i += 2 {
 		k := saga.StepKey(ids[i], transfer.StepDeduct, saga.PhaseForward)
-		_, err := holder.Exec(ctx, `select pg_advisory_xact_lock_shared($1, $2)`, attempt.LockClass, attempt.LockID(k))
+		_, err := holder.Exec(ctx, `select pg_advisory_xact_lock_shared($1, $2)`, store.LockClass, store.LockID(k))
 		require.NoError(t, err)
 	}
 	expireAndReap := func() {

@@ -9,9 +9,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -53,7 +53,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 		})
 	}
 	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
-		return 0, fmt.Errorf("find due steps: %w", attempt.Interpret(err))
+		return 0, fmt.Errorf("find due steps: %w", store.Interpret(err))
 	}
 	moved := 0
 	var firstErr error
@@ -90,7 +90,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return false, fmt.Errorf("acquire a connection: %w", err)
 	}
 	defer conn.Release()
-	tx := attempt.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
 
 	// First round trip: lock the saga (skipping one another process
@@ -115,7 +115,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		}
 		found = err == nil
 		return err
-	}, pguuid.Of(id.saga), id.step, string(id.phase), attempt.LockID(saga.StepKey(id.saga, id.step, id.phase)))
+	}, pguuid.Of(id.saga), id.step, string(id.phase), store.LockID(saga.StepKey(id.saga, id.step, id.phase)))
 	var traced map[string]string
 	if c.tracer.Enabled() {
 		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id.saga))
@@ -150,7 +150,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// as possibly done.
 		reason := fmt.Sprintf("no callback within %s of its request (attempt %d)", step.Wait, st.attempt)
 		if err := c.giveUp(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, true, fx); err != nil {
-			if errors.Is(err, attempt.ErrBusy) {
+			if errors.Is(err, store.ErrBusy) {
 				return false, nil
 			}
 			return false, err
@@ -199,7 +199,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// give it up, or apply it if it did take effect.
 		reason := fmt.Sprintf("no reply after %d attempts; outcome unknown", st.attempt)
 		if err := c.giveUpOrComplete(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, st.possiblyDone, fx); err != nil {
-			if errors.Is(err, attempt.ErrBusy) {
+			if errors.Is(err, store.ErrBusy) {
 				return false, nil // an attempt still holds the key; decide on a later pass
 			}
 			return false, err
@@ -220,7 +220,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 // redispatch queues the next attempt of a step, fenced by the attempt seen,
 // and its command, written as the saga will be after tx (its version
 // bumped).
-func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
+func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
 	after := *sg
 	after.Version++
 	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, seenAttempt+1)
@@ -236,12 +236,12 @@ func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
 		}
 		if next == nil || outboxID == nil {
-			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
+			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, store.ErrInvariant)
 		}
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
 	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()))
+		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
 	return nil
 }
 
@@ -249,7 +249,7 @@ func (c *core) redispatch(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 // a fresh lease, and its command written as the saga will be after tx
 // (its version bumped). The message id carries that version: the broker
 // must not drop the command as a copy of the attempt's first one.
-func (c *core) resendStep(tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
+func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
 	after := *sg
 	after.Version++
 	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, attemptNo)
@@ -265,12 +265,12 @@ func (c *core) resendStep(tx *attempt.Tx, sg *saga.Instance, def *saga.Definitio
 			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
 		}
 		if outboxID == nil {
-			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, attempt.ErrInvariant)
+			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, store.ErrInvariant)
 		}
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
 	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()))
+		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
 	return nil
 }
 
@@ -302,7 +302,7 @@ func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	reason := fmt.Sprintf("its deadline of %s passed", d.Deadline())
 	res, err := c.cancel(cctx, id, Repair{Key: deadlineRepairKey, Reason: reason, By: "deadline"}, "cancelled: "+reason)
 	switch {
-	case errors.Is(err, ErrStepInFlight), errors.Is(err, attempt.ErrBusy), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, ErrStepInFlight), errors.Is(err, store.ErrBusy), errors.Is(err, context.DeadlineExceeded):
 		return false, nil // a later pass
 	case errors.Is(err, ErrStateForbids):
 		return false, nil // it finished or compensates on its own meanwhile

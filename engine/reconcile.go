@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -140,16 +140,16 @@ from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, nil},
 		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'
-  and st.next_attempt_at is null and ` + attempt.NotPaused + ``, []any{stale}},
+  and st.next_attempt_at is null and ` + store.NotPaused + ``, []any{stale}},
 		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + attempt.NotPaused + ``, []any{stale}},
+  and ` + store.NotPaused + ``, []any{stale}},
 		{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + attempt.NotPaused + ``, []any{stale}},
+  and ` + store.NotPaused + ``, []any{stale}},
 		{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + noWorker + `
 from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + attempt.NotPaused + ``, []any{stale}},
+  and ` + store.NotPaused + ``, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
@@ -179,7 +179,7 @@ where s.state = 'compensated'
   and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
     or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, []any{noUndo}},
 		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + attempt.NotPaused, []any{stale}},
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + store.NotPaused, []any{stale}},
 		{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
 from idemsaga.callbacks cb join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
 where cb.outcome = 'pending' and st.status = 'waiting'`, nil},

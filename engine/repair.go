@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/compensation"
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -67,7 +67,7 @@ var Repairs = []string{"retry", "cancel", "skip", "close", "pause", "resume"}
 // with dryRun, says what it would do and writes nothing.
 func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipStep, r Repair, dryRun bool) (RepairResult, error) {
 	rop := repairOp{name: op, r: r, dryRun: dryRun}
-	var fn func(tx *attempt.Tx, sg *saga.Instance) error
+	var fn func(tx *store.Tx, sg *saga.Instance) error
 	var after func()
 	switch op {
 	case "retry":
@@ -85,7 +85,7 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 		fx := &effects{}
 		fn, after = cl.skipFn(ctx, s, r, rop.phase, &fx), func() { cl.c.emit(fx) }
 	case "close":
-		closed := &attempt.Move{}
+		closed := &store.Move{}
 		fn, after = closeFn(ctx, closed), func() { cl.c.Moved(closed, time.Time{}) }
 	case "pause":
 		fn = pauseFn(ctx)
@@ -101,9 +101,9 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 }
 
 // retryFn is Retry's work on a saga locked in tx.
-func (cl *Client) retryFn(ctx context.Context) func(tx *attempt.Tx, sg *saga.Instance) error {
+func (cl *Client) retryFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 	c := cl.c
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
 		id := sg.ID
 		def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 		if err != nil {
@@ -173,7 +173,7 @@ update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2
 		var outboxID int64
 		if err := tx.Conn().QueryRow(ctx, `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
 values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond', $6::jsonb) returning id`,
-			subject, msgID, payload, pguuid.Of(id), c.handOffArg(), attempt.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
+			subject, msgID, payload, pguuid.Of(id), c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
 		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
@@ -183,7 +183,7 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("idemsaga: retry saga %s: %w", id, attempt.ErrInvariant)
+			return fmt.Errorf("idemsaga: retry saga %s: %w", id, store.ErrInvariant)
 		}
 		return nil
 	}
@@ -191,9 +191,9 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 
 // retryNow dispatches now the next attempt of a running saga's step that
 // waits out a retry's backoff; a step running its attempt is refused.
-func (c *core) retryNow(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition) error {
+func (c *core) retryNow(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition) error {
 	var paused bool
-	if err := tx.Conn().QueryRow(ctx, `select not (`+attempt.NotPaused+`) from idemsaga.sagas s where s.id = $1`, pguuid.Of(sg.ID)).Scan(&paused); err != nil {
+	if err := tx.Conn().QueryRow(ctx, `select not (`+store.NotPaused+`) from idemsaga.sagas s where s.id = $1`, pguuid.Of(sg.ID)).Scan(&paused); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: %w", sg.ID, err)
 	}
 	if paused {
@@ -275,8 +275,8 @@ func (c *core) cancel(ctx context.Context, id uuid.UUID, r Repair, msg string) (
 // error; *notDone receives the parked step a cancel of a parked saga takes
 // as not done. *fx is replaced on every try, so that only the committed
 // one's effects are emitted.
-func (c *core) cancelFn(ctx context.Context, msg string, fx **effects, notDone *string) func(tx *attempt.Tx, sg *saga.Instance) error {
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
+func (c *core) cancelFn(ctx context.Context, msg string, fx **effects, notDone *string) func(tx *store.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
 		*fx = &effects{}
 		*notDone = ""
 		id := sg.ID
@@ -321,7 +321,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 			}
 			return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: until}
 		}
-		var m *attempt.Move
+		var m *store.Move
 		switch {
 		case s.outcome == "succeeded" && idx == def.Len()-1:
 			// It completed the saga: apply that; there is nothing to cancel.
@@ -330,7 +330,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 				err = fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 			}
 			if m != nil {
-				attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+				store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 			}
 			return errCommitted{err}
 		case s.outcome == "succeeded":
@@ -349,7 +349,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		if err != nil {
 			return err
 		}
-		attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+		store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 		return nil
 	}
 }
@@ -357,7 +357,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 // cancelMove is the move that cancels a saga whose step idx completed
 // when it was settled: the step succeeds, and the saga compensates it and
 // the steps before it.
-func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, msg string, result []byte) (*attempt.Move, error) {
+func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, msg string, result []byte) (*store.Move, error) {
 	plan, _ := compensation.Plan(def, idx+1, compensation.NotDone)
 	to := saga.StateCompensating
 	if len(plan) == 0 {
@@ -371,7 +371,7 @@ func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptN
 
 // cancelParked compensates the steps before a parked saga's step, which it
 // names in *notDone: taken as not done.
-func (c *core) cancelParked(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, msg string, fx *effects, notDone *string) error {
+func (c *core) cancelParked(ctx context.Context, tx *store.Tx, sg *saga.Instance, msg string, fx *effects, notDone *string) error {
 	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return err
@@ -408,7 +408,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
 select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond', $10::jsonb from st returning id`,
 			pguuid.Of(sg.ID), first, plan[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
-			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
 		}
 	}
@@ -423,7 +423,7 @@ where id = $1 and version = $2 returning created_at`,
 		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
 	}
 	if len(plan) == 0 {
-		m := &attempt.Move{Saga: sg.ID, Definition: sg.Definition, To: to, Finished: true, Outcome: string(saga.StateCompensated)}
+		m := &store.Move{Saga: sg.ID, Definition: sg.Definition, To: to, Finished: true, Outcome: string(saga.StateCompensated)}
 		*fx.moved(m) = created
 	}
 	_ = step
@@ -546,7 +546,7 @@ var errDryRun = errors.New("idemsaga: dry run")
 // idemsaga.repairs in the same transaction, so that a request sent again
 // after a lost answer (a crash, a timeout) finds the first one's record
 // and changes nothing.
-func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (RepairResult, error) {
+func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (RepairResult, error) {
 	r := op.r
 	if r.Key == "" {
 		r.Key = uuid.NewString()
@@ -559,7 +559,7 @@ func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(
 	if op.dryRun {
 		after = nil
 	}
-	err := c.withSagaLocked(ctx, id, op.name, func(tx *attempt.Tx, sg *saga.Instance) error {
+	err := c.withSagaLocked(ctx, id, op.name, func(tx *store.Tx, sg *saga.Instance) error {
 		res = RepairResult{ID: id, Operation: op.name, Key: r.Key, Before: sg.State, DryRun: op.dryRun}
 		var hash []byte
 		var state string
@@ -637,10 +637,10 @@ func (e errCommitted) Unwrap() error { return e.err }
 // withSagaLocked runs fn in a transaction that holds saga id's lock, and
 // commits what it queued unless it returns an error (but an errCommitted,
 // which is returned after the commit). A key held by an attempt still
-// running (attempt.ErrBusy) is waited out, each time in a new
+// running (store.ErrBusy) is waited out, each time in a new
 // transaction, up to repairBusyWait. after, if not nil, runs after a
 // commit.
-func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) error {
+func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) error {
 	deadline := time.Now().Add(repairBusyWait)
 	// Give up waiting before the caller's own deadline, so that it hears
 	// why (a busy key, a call in flight) rather than a timeout.
@@ -651,7 +651,7 @@ func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 		err := c.lockedOnce(ctx, id, what, fn, after)
 		// A key held by a running attempt, or an external call in flight,
 		// usually ends in milliseconds.
-		if !errors.Is(err, attempt.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().Add(delay).After(deadline) {
+		if !errors.Is(err, store.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
 		select {
@@ -662,13 +662,13 @@ func (c *core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 	}
 }
 
-func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *attempt.Tx, sg *saga.Instance) error, after func()) (err error) {
+func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
 	}
 	defer conn.Release()
-	tx := attempt.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
 	var sg *saga.Instance
 	tx.Queue(selectSagaByIDLocked, func(row pgx.Row) error {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -27,7 +27,7 @@ var selectStepForReap = fmt.Sprintf(`select step_index, phase::text, status::tex
 (status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
 (status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null) as expired,
 (status = 'dispatched' and next_attempt_at is not null and next_attempt_at <= idemsaga.now()) as resend,
-exists (select 1 from idemsaga.sagas s where s.id = $1 and not (`+attempt.NotPaused+`)) as paused,
+exists (select 1 from idemsaga.sagas s where s.id = $1 and not (`+store.NotPaused+`)) as paused,
 (status = 'waiting' and lease_until < idemsaga.now()) as waited,
 case when status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null then coalesce(
   st.claimed_attempt = st.attempt and not exists (
@@ -41,7 +41,7 @@ case when status = 'dispatched' and lease_until < idemsaga.now() and next_attemp
 else false end as running,
 exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')) as answered,
 (extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms
-from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, attempt.LockClass)
+from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, store.LockClass)
 
 // markClaimed marks an attempt found running without its worker's mark as
 // claimed, with a lease from now ($5 ms): the lease of an attempt runs from
@@ -123,14 +123,14 @@ func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Ti
 
 // claimRunning restarts the lease of an attempt found running with its
 // lease run out, and marks it claimed: its next expiry is a takeover.
-func (c *core) claimRunning(tx *attempt.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
+func (c *core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
 	lease := c.leaseMillis(policyOf(def, idx, id.phase))
 	tx.Exec(markClaimed, nil, pguuid.Of(id.saga), id.step, string(id.phase), attemptNo, lease)
 }
 
 // requeue keeps step idx of sg at its attempt after its lease ran out with
 // no worker having claimed the command, as planRequeue decides.
-func (c *core) requeue(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
+func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
 	policy := policyOf(def, idx, phase)
 	lease := time.Duration(c.leaseMillis(policy)) * time.Millisecond
 	var b backlog
@@ -156,12 +156,12 @@ func (c *core) requeue(ctx context.Context, tx *attempt.Tx, sg *saga.Instance, d
 			return fmt.Errorf("keep step %q (%s) of saga %s at its attempt: %w", name, phase, sg.ID, err)
 		}
 		if !found || plan.send && outboxID == nil {
-			return fmt.Errorf("keep step %q (%s) of saga %s at its attempt: %w", name, phase, sg.ID, attempt.ErrInvariant)
+			return fmt.Errorf("keep step %q (%s) of saga %s at its attempt: %w", name, phase, sg.ID, store.ErrInvariant)
 		}
 		if outboxID != nil {
 			tx.Sent(outboxCommitted(*outboxID, subject.(string), msgID.(string), payload, tx.Trace()))
 		}
 		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffArg(), attempt.HeadersJSON(tx.Trace()), plan.lost)
+	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()), plan.lost)
 	return plan.how, nil
 }

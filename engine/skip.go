@@ -11,8 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -90,7 +90,7 @@ func checkResult(raw json.RawMessage) (json.RawMessage, error) {
 
 // skipFn is Skip's work on a saga locked in tx. *fx is replaced on every
 // try, so that only the committed one's effects are emitted.
-func (cl *Client) skipFn(ctx context.Context, s SkipStep, r Repair, skipped *saga.Phase, fx **effects) func(tx *attempt.Tx, sg *saga.Instance) error {
+func (cl *Client) skipFn(ctx context.Context, s SkipStep, r Repair, skipped *saga.Phase, fx **effects) func(tx *store.Tx, sg *saga.Instance) error {
 	c := cl.c
 	result, _ := checkResult(s.Result)
 	note := "skipped by an operator"
@@ -100,7 +100,7 @@ func (cl *Client) skipFn(ctx context.Context, s SkipStep, r Repair, skipped *sag
 	if r.Reason != "" {
 		note += ": " + r.Reason
 	}
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
 		*fx = &effects{}
 		id := sg.ID
 		def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
@@ -168,7 +168,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				if err != nil {
 					return err
 				}
-				attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+				store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 				return errCommitted{fmt.Errorf("%w: step %q of saga %s took effect before it could be skipped; its own result was applied and nothing was skipped", ErrStateForbids, step, id)}
 			}
 		} else {
@@ -184,7 +184,7 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 			}
 			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, attempt.ErrInvariant)
+				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, store.ErrInvariant)
 			}
 		}
 		// The skip is an attempt of its own, after the one it ends.
@@ -197,7 +197,7 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 			return fmt.Errorf("%w: %w", ErrStateForbids, err)
 		}
 		m.StepError = note
-		attempt.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+		store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
 		return nil
 	}
 }
@@ -216,9 +216,9 @@ func (cl *Client) Close(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 
 // closeFn is Close's work on a saga locked in tx; it fills *closed with
 // the move it made, for the metrics and Config.OnFinishedFunc.
-func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg *saga.Instance) error {
-	return func(tx *attempt.Tx, sg *saga.Instance) error {
-		*closed = attempt.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: saga.StateClosed,
+func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *saga.Instance) error {
+	return func(tx *store.Tx, sg *saga.Instance) error {
+		*closed = store.Move{Saga: sg.ID, Definition: sg.Definition, From: sg.State, Version: sg.Version, To: saga.StateClosed,
 			Finished: true, Outcome: string(saga.StateClosed)}
 		switch {
 		case sg.State == saga.StateFailed || sg.State == saga.StateParked:
@@ -237,7 +237,7 @@ func closeFn(ctx context.Context, closed *attempt.Move) func(tx *attempt.Tx, sg 
 		if inFlight {
 			// A finished saga has none (reconcile checks it): not closed
 			// over a step that could still run.
-			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, attempt.ErrInvariant)
+			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, store.ErrInvariant)
 		}
 		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = 'closed', finished_at = idemsaga.now(), version = version + 1, updated_at = idemsaga.now()
 where id = $1 and version = $2`, pguuid.Of(sg.ID), sg.Version)
@@ -245,7 +245,7 @@ where id = $1 and version = $2`, pguuid.Of(sg.ID), sg.Version)
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, attempt.ErrInvariant)
+			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, store.ErrInvariant)
 		}
 		return nil
 	}

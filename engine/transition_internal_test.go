@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -77,7 +78,7 @@ func TestGiveUpRule(t *testing.T) {
 	at := func(state saga.State, version int64) *saga.Instance {
 		return &saga.Instance{ID: id, Definition: "order", State: state, Version: version, Input: json.RawMessage(`{}`)}
 	}
-	next := func(t *testing.T, m *attempt.Move) (string, saga.Phase, wire.Command) {
+	next := func(t *testing.T, m *store.Move) (string, saga.Phase, wire.Command) {
 		t.Helper()
 		require.NotNil(t, m.Next)
 		cmd, err := wire.DecodeCommand(m.Next.Payload)
@@ -177,8 +178,8 @@ func TestInStepMoves(t *testing.T) {
 		return wire.Command{SagaID: id, Definition: "order", Step: step, Phase: phase, Key: saga.StepKey(id, step, phase),
 			Attempt: attemptNo, Input: json.RawMessage(`{}`), State: state, Version: version}
 	}
-	ok := func(m attempt.Move, ok bool) attempt.Move { require.True(t, ok); return m }
-	no := func(_ attempt.Move, ok bool) { require.False(t, ok) }
+	ok := func(m store.Move, ok bool) store.Move { require.True(t, ok); return m }
+	no := func(_ store.Move, ok bool) { require.False(t, ok) }
 
 	m := ok(c.Move(cmd("reserve", saga.PhaseForward, 1, saga.StateInit, 1), saga.DatabaseStep, attempt.Outcome{Status: wire.OutcomeSucceeded}))
 	require.Equal(t, saga.State("reserved"), m.To)

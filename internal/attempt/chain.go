@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -21,9 +22,9 @@ type claim struct {
 
 // queueClaim queues, on tx (open, explicit), the claim of one attempt of a
 // database step, and for a compensation the forward key's fence and read.
-func queueClaim(tx *Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, attemptNo int, policy saga.RetryPolicy) *claim {
+func queueClaim(tx *store.Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, attemptNo int, policy saga.RetryPolicy) *claim {
 	cl := &claim{}
-	tx.Query(claimTx, func(rows pgx.Rows) error {
+	tx.Query(store.ClaimDatabase, func(rows pgx.Rows) error {
 		for rows.Next() {
 			cl.taken = true
 		}
@@ -31,14 +32,14 @@ func queueClaim(tx *Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, at
 			return fmt.Errorf("claim step key: %w", err)
 		}
 		return nil
-	}, pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), attemptNo, lockID(key), idleTimeoutFor(policy))
+	}, pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), attemptNo, store.LockID(key), idleTimeoutFor(policy))
 	if phase == saga.PhaseCompensate {
 		cl.fwd = &stored{}
 		fwdKey := pguuid.Of(saga.StepKey(sagaID, step, saga.PhaseForward))
-		tx.Exec(fenceForward, nil, pguuid.Of(sagaID), fwdKey, step)
-		tx.Queue(readStored, cl.fwd.scan(nil), pguuid.Of(sagaID), fwdKey)
+		tx.Exec(store.FenceForward, nil, pguuid.Of(sagaID), fwdKey, step)
+		tx.Queue(store.ReadStored, cl.fwd.scan(nil), pguuid.Of(sagaID), fwdKey)
 	}
-	tx.Exec(savepointClaim, nil)
+	tx.Exec(store.SavepointClaim, nil)
 	return cl
 }
 
@@ -49,7 +50,7 @@ func queueClaim(tx *Tx, sagaID, key uuid.UUID, step string, phase saga.Phase, at
 // takes it or close gives it back.
 type preclaim struct {
 	conn *pgxpool.Conn
-	tx   *Tx
+	tx   *store.Tx
 	// key and attempt name the claim, for the attempt to check it is its
 	// own.
 	key     uuid.UUID
@@ -59,9 +60,9 @@ type preclaim struct {
 
 // chainable reports whether the step m dispatches is a database step whose
 // claim can travel with the move's COMMIT: it runs here at once.
-func (a *attempt) chainable(w write) bool {
-	m := w.move
-	if !w.eager || m == nil || m.Next == nil || a.conn == nil {
+func (a *attempt) chainable(w store.Record) bool {
+	m := w.Move
+	if !w.Eager || m == nil || m.Next == nil || a.conn == nil {
 		return false
 	}
 	if m.Next.Index < 0 || m.Next.Index >= a.def.Len() {
@@ -71,7 +72,7 @@ func (a *attempt) chainable(w write) bool {
 }
 
 // policyOf is the retry policy of the dispatched step's phase.
-func policyOf(def *saga.Definition, d *Dispatch) saga.RetryPolicy {
+func policyOf(def *saga.Definition, d *store.Dispatch) saga.RetryPolicy {
 	st := def.Step(d.Index)
 	if d.Phase == saga.PhaseCompensate {
 		return st.CompensateRetry

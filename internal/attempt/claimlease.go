@@ -7,17 +7,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
-
-// claimLeaseSQL restarts the lease of a dispatched step at its attempt
-// ($4) from now ($5 ms) and marks the attempt claimed, so that the reaper
-// counts its expiry. Losing it in a crash only leaves the lease running
-// from the dispatch: it commits without waiting for the WAL's flush.
-const claimLeaseSQL = `update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', claimed_attempt = $4
-where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'
-  and set_config('synchronous_commit', 'off', true) is not null`
 
 // late reports whether a delivery should restart its step's lease: the
 // command waited in the stream past half the lease grace, which the lease
@@ -47,7 +40,7 @@ func (r *Runner) claimLease(ctx context.Context, cmd wire.Command) {
 	lease := (policy.Timeout + r.cfg.LeaseGrace).Milliseconds()
 	cctx, cancel := context.WithTimeout(ctx, policy.Timeout)
 	defer cancel()
-	if _, err := r.cfg.Pool.Exec(cctx, claimLeaseSQL, pguuid.Of(cmd.SagaID), cmd.Step, string(cmd.Phase), cmd.Attempt, lease); err != nil {
+	if _, err := r.cfg.Pool.Exec(cctx, store.ClaimLease, pguuid.Of(cmd.SagaID), cmd.Step, string(cmd.Phase), cmd.Attempt, lease); err != nil {
 		r.cfg.Logger.Debug("step worker: could not restart the lease of a command delivered late; its lease runs from its dispatch",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "attempt", cmd.Attempt, "error", err)
 	}

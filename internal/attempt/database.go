@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -33,7 +34,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	cmd := a.cmd
 	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
 	defer cancel()
-	var tx *Tx
+	var tx *store.Tx
 	var cl *claim
 	if p := a.given; p != nil && p.conn != nil && p.key == cmd.Key && p.attempt == cmd.Attempt {
 		// Claimed in the round trip of the move that dispatched it.
@@ -45,7 +46,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 			return a.replyBase(), fmt.Errorf("acquire a connection: %w", err)
 		}
 		a.conn = conn
-		tx = Begin(conn.Conn())
+		tx = store.Begin(conn.Conn())
 	}
 	c := a.conn.Conn()
 	// A connection still inside a transaction when released (an error
@@ -93,18 +94,18 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	fwd := cl.fwd
 	if !cl.taken {
 		// The key is held (or the saga is gone): nothing of this attempt
-		// was written. The ROLLBACK and a read of what the inbox holds go
+		// was store.Recorded. The ROLLBACK and a read of what the inbox holds go
 		// in one round trip; what it holds answers the delivery.
 		a.conflict = true
 		var st stored
 		var found bool
-		end := Implicit(c)
+		end := store.Implicit(c)
 		end.Exec("rollback", nil)
 		a.unconsume()
 		a.consume(end)
-		end.Queue(readStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
+		end.Queue(store.ReadStored, st.scan(&found), pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key))
 		var paused bool
-		end.Queue(pausedRead, scanPaused(&paused), pguuid.Of(cmd.SagaID))
+		end.Queue(store.PausedRead, scanPaused(&paused), pguuid.Of(cmd.SagaID))
 		if err := end.Commit(actx); err != nil {
 			return a.replyBase(), fmt.Errorf("read what the inbox holds for a key already claimed: %w", err)
 		}
@@ -164,13 +165,13 @@ func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]by
 // step when the plan allows and the saga is where the command says (the
 // result then in the step's row), otherwise with a reply (the result in
 // the inbox row).
-func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wire.Reply, error) {
+func (a *attempt) commitSuccess(ctx context.Context, tx *store.Tx, result []byte) (wire.Reply, error) {
 	reply := a.replyBase()
 	reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-	w := write{lead: leadNone, fence: fenceGuess, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt,
-		result: result, handOff: a.handOff(), proof: "succeeded"}
+	w := store.Record{Lead: store.LeadNone, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt,
+		Result: result, HandOff: a.handOff(), Proof: "succeeded"}
 	m := a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
-	w.move = m
+	w.Move = m
 	msg, err := a.replyMessage(reply)
 	if err != nil {
 		return reply, err
@@ -194,7 +195,7 @@ func (a *attempt) commitSuccess(ctx context.Context, tx *Tx, result []byte) (wir
 // onto the saga when the plan allows; a retry is stored as the attempt's
 // end (retry), which a later delivery of the same attempt finds, and
 // answered with a reply.
-func (a *attempt) recordFailure(ctx context.Context, tx *Tx, herr error) (wire.Reply, error) {
+func (a *attempt) recordFailure(ctx context.Context, tx *store.Tx, herr error) (wire.Reply, error) {
 	reply := a.replyBase()
 	reply.Error = herr.Error()
 	if d, ok := saga.RetryDelay(herr); ok {
@@ -204,43 +205,43 @@ func (a *attempt) recordFailure(ctx context.Context, tx *Tx, herr error) (wire.R
 	if saga.IsPermanent(herr) {
 		o.Status = wire.OutcomeFailed
 	}
-	w := write{saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
+	w := store.Record{Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
 	m := a.move(o)
 	switch {
 	case m != nil:
 		// Failed for good (attempts exhausted, maybe): the move says why.
-		w.move = m
+		w.Move = m
 		reply.Outcome, reply.Error = wire.OutcomeFailed, m.StepError
 	case o.Status == wire.OutcomeFailed:
 		reply.Outcome = wire.OutcomeFailed
 	default:
 		reply.Outcome = wire.OutcomeRetry
 	}
-	w.inboxOutcome = "failed"
+	w.InboxOutcome = "failed"
 	if reply.Outcome == wire.OutcomeRetry {
-		w.inboxOutcome = "retry"
+		w.InboxOutcome = "retry"
 	}
-	w.proof = w.inboxOutcome
-	w.errText = reply.Error
+	w.Proof = w.InboxOutcome
+	w.ErrText = reply.Error
 	msg, err := a.replyMessage(reply)
 	if err != nil {
 		return reply, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	var out written
+	var out store.Recorded
 	if c := a.conn.Conn(); !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
-		w.lead = leadFailure
-		tx.Exec(rollbackToClaim, nil)
+		w.Lead = store.LeadFailure
+		tx.Exec(store.RollbackToClaim, nil)
 		if out, err = a.commitWrite(rctx, tx, w, msg); err == nil {
 			return a.failureRecorded(rctx, w, m, &out, reply)
 		}
 		// The claim's transaction ended without the record: nothing of
 		// it stays, and the failure is recorded alone.
 	}
-	w.lead = leadFailureAlone
+	w.Lead = store.LeadFailureAlone
 	send := func(c *pgx.Conn) error {
-		tx := Implicit(c)
+		tx := store.Implicit(c)
 		if c.PgConn().TxStatus() != 'I' {
 			tx.Exec("rollback", nil)
 		}
@@ -274,8 +275,8 @@ func (a *attempt) recordFailure(ctx context.Context, tx *Tx, herr error) (wire.R
 // failureRecorded finishes recordFailure once w's statement committed: an
 // outcome stored under the key meanwhile (or the claim the handler
 // committed itself) answers instead of the failure.
-func (a *attempt) failureRecorded(ctx context.Context, w write, m *Move, out *written, reply wire.Reply) (wire.Reply, error) {
-	if !out.led {
+func (a *attempt) failureRecorded(ctx context.Context, w store.Record, m *store.Move, out *store.Recorded, reply wire.Reply) (wire.Reply, error) {
+	if !out.Led {
 		if a.conn != nil {
 			return a.answerConflict(ctx, a.conn.Conn(), w)
 		}
@@ -296,8 +297,8 @@ func (a *attempt) failureRecorded(ctx context.Context, w write, m *Move, out *wr
 
 // answerConflict answers, on c, an attempt whose record met an outcome
 // stored under its key, or found its saga gone.
-func (a *attempt) answerConflict(ctx context.Context, c *pgx.Conn, w write) (wire.Reply, error) {
-	st, found, err := readStoredOn(ctx, c, w.saga, w.key)
+func (a *attempt) answerConflict(ctx context.Context, c *pgx.Conn, w store.Record) (wire.Reply, error) {
+	st, found, err := readStoredOn(ctx, c, w.Saga, w.Key)
 	switch {
 	case err != nil:
 		return a.replyBase(), err

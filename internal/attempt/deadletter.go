@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -101,15 +102,6 @@ func (r *Runner) lookup(cmd wire.Command) (*saga.Definition, int, error) {
 // then nobody needs the command.
 const sagaFinishedOrGone = `select coalesce((select finished_at is not null from idemsaga.sagas where id = $1), true)`
 
-// parkCommand parks a command in the dead-letter table, once per message
-// id, for a saga that exists; it returns the row's id when it parked it.
-const parkCommand = `insert into idemsaga.dead_letters (msg_id, subject, payload, headers, saga_id, definition, definition_version,
-  step, phase, attempt, reason, deliveries, parked_by, first_seen)
-select $1, $2, $3, $4, s.id, $6, $7, $8, $9::text::idemsaga.phase, $10, $11, $12, $13, $14
-from idemsaga.sagas s where s.id = $5
-on conflict (msg_id) do nothing
-returning id`
-
 // unknownCommand handles a delivery of a command this runner cannot run.
 // A command whose saga finished or is gone is dropped: nobody needs it.
 // Otherwise it goes back to the broker, for a worker that runs it, after
@@ -147,7 +139,7 @@ func (r *Runner) unknownCommand(ctx context.Context, msg jetstream.Msg, cmd wire
 		first = md.Timestamp
 	}
 	var id int64
-	err = r.cfg.Pool.QueryRow(ctx, parkCommand, messageID(msg), msg.Subject(), msg.Data(), headersOf(msg), pguuid.Of(cmd.SagaID),
+	err = r.cfg.Pool.QueryRow(ctx, store.ParkCommand, messageID(msg), msg.Subject(), msg.Data(), headersOf(msg), pguuid.Of(cmd.SagaID),
 		cmd.Definition, cmd.DefVersion(), cmd.Step, string(cmd.Phase), cmd.Attempt, reason, delivered, parkedBy(), first).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -39,15 +40,15 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 				return err
 			}
 		}
-		tx := Implicit(c)
+		tx := store.Implicit(c)
 		sagaID, key := pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)
-		tx.Exec(claimCall, func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil },
-			sagaID, key, cmd.Step, string(cmd.Phase), cmd.Attempt, lockID(cmd.Key))
-		tx.Queue(readStored, st.scan(&found), sagaID, key)
+		tx.Exec(store.ClaimCall, func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil },
+			sagaID, key, cmd.Step, string(cmd.Phase), cmd.Attempt, store.LockID(cmd.Key))
+		tx.Queue(store.ReadStored, st.scan(&found), sagaID, key)
 		if cmd.Phase == saga.PhaseCompensate {
 			fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
-			tx.Exec(fenceForward, nil, sagaID, fwdKey, cmd.Step)
-			tx.Queue(readStored, fwd.scan(nil), sagaID, fwdKey)
+			tx.Exec(store.FenceForward, nil, sagaID, fwdKey, cmd.Step)
+			tx.Queue(store.ReadStored, fwd.scan(nil), sagaID, fwdKey)
 		}
 		// Run eagerly, the command is consumed by its claim: should the
 		// process die during the call, the lease drives it again.
@@ -65,7 +66,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		// Not claimed, and no outcome to answer with: maybe the saga is
 		// paused (a rare path, so a round trip of its own).
 		var paused bool
-		if err := a.r.cfg.Pool.QueryRow(actx, pausedRead, pguuid.Of(cmd.SagaID)).Scan(&paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err := a.r.cfg.Pool.QueryRow(actx, store.PausedRead, pguuid.Of(cmd.SagaID)).Scan(&paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return a.replyBase(), fmt.Errorf("read whether the saga is paused: %w", err)
 		}
 		if paused {
@@ -117,51 +118,51 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 // unknown. An attempt given up or taken over meanwhile records nothing.
 func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wire.Reply, error) {
 	reply := a.replyBase()
-	w := write{lead: leadExternal, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
-	var m *Move
+	w := store.Record{Lead: store.LeadExternal, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
+	var m *store.Move
 	switch {
 	case herr == nil && a.step.Kind == saga.CallbackStep && a.cmd.Phase == saga.PhaseForward:
 		// The request was accepted: the step waits for its callback, which
 		// decides. The orchestrator makes the step wait, and applies a
 		// callback that came first.
 		reply.Outcome, reply.Result = wire.OutcomeWaiting, result
-		w.inboxOutcome, w.result = "waiting", result
+		w.InboxOutcome, w.Result = "waiting", result
 	case herr == nil:
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
-		w.inboxOutcome, w.result = "succeeded", result
+		w.InboxOutcome, w.Result = "succeeded", result
 		m = a.move(Outcome{Status: wire.OutcomeSucceeded, Result: result})
-		w.move = m
+		w.Move = m
 	case saga.IsPermanent(herr):
 		reply.Outcome, reply.Error = wire.OutcomeFailed, herr.Error()
-		w.inboxOutcome, w.errText = "failed", reply.Error
+		w.InboxOutcome, w.ErrText = "failed", reply.Error
 	case saga.IsNotApplied(herr):
 		reply.Outcome, reply.Error = wire.OutcomeRetry, herr.Error()
-		w.inboxOutcome, w.errText = "retry", reply.Error
+		w.InboxOutcome, w.ErrText = "retry", reply.Error
 	default:
 		reply.Outcome, reply.Error = wire.OutcomeUnknown, herr.Error()
-		w.inboxOutcome, w.errText, w.unknown = "retry", reply.Error, true
+		w.InboxOutcome, w.ErrText, w.Unknown = "retry", reply.Error, true
 		a.unknown = true
 	}
 	if d, ok := saga.RetryDelay(herr); ok {
 		reply.RetryAfterMillis = d.Milliseconds()
 	}
-	w.proof = w.inboxOutcome
+	w.Proof = w.InboxOutcome
 	msg, err := a.replyMessage(reply)
 	if err != nil {
 		return reply, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	var out written
+	var out store.Recorded
 	err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
 		var err error
-		out, err = a.commitWrite(rctx, Implicit(c.Conn()), w, msg)
+		out, err = a.commitWrite(rctx, store.Implicit(c.Conn()), w, msg)
 		return err
 	})
 	if err != nil {
 		return reply, fmt.Errorf("record the outcome of the call (%s): %w", describe(reply), err)
 	}
-	if !out.led {
+	if !out.Led {
 		// Given up (a tombstone) or taken over by a later attempt: the
 		// engine already treats this attempt's outcome as unknown.
 		a.dropped = true

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/outbox"
 )
 
@@ -57,15 +58,15 @@ const readCommitted = `select
 // resolve finds out whether w, whose COMMIT is in doubt, committed. It
 // returns what the write's statement would have reported and true if it
 // did, false if it did not or the database did not answer in time.
-func (a *attempt) resolve(ctx context.Context, w write, reply *outbox.Message) (written, bool) {
-	if w.proof == "" {
-		return written{}, false
+func (a *attempt) resolve(ctx context.Context, w store.Record, reply *outbox.Message) (store.Recorded, bool) {
+	if w.Proof == "" {
+		return store.Recorded{}, false
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
 	var nextStep, nextPhase, nextMsg, replyMsg any
-	if w.move != nil && w.move.Next != nil {
-		nextStep, nextPhase, nextMsg = w.move.Next.Step, string(w.move.Next.Phase), w.move.Next.MsgID
+	if w.Move != nil && w.Move.Next != nil {
+		nextStep, nextPhase, nextMsg = w.Move.Next.Step, string(w.Move.Next.Phase), w.Move.Next.MsgID
 	}
 	if reply != nil {
 		replyMsg = reply.MsgID
@@ -75,26 +76,26 @@ func (a *attempt) resolve(ctx context.Context, w write, reply *outbox.Message) (
 		var dispatched bool
 		var nextID, replyID *int64
 		var created *time.Time
-		err := a.r.cfg.Pool.QueryRow(ctx, readCommitted, pguuid.Of(w.saga), pguuid.Of(w.key), w.attempt, w.step, string(w.phase),
+		err := a.r.cfg.Pool.QueryRow(ctx, readCommitted, pguuid.Of(w.Saga), pguuid.Of(w.Key), w.Attempt, w.Step, string(w.Phase),
 			nextMsg, replyMsg, nextStep, nextPhase).Scan(&outcome, &status, &dispatched, &nextID, &replyID, &created)
 		if err == nil {
-			if outcome == nil || *outcome != w.proof {
-				return written{}, false
+			if outcome == nil || *outcome != w.Proof {
+				return store.Recorded{}, false
 			}
-			out := written{led: true, replyID: replyID}
-			if m := w.move; m != nil && status != nil && *status == string(m.Status) && created != nil {
-				out.moved, out.created = true, *created
-				out.dispatched = m.Next != nil && dispatched
-				out.nextID = nextID
+			out := store.Recorded{Led: true, ReplyID: replyID}
+			if m := w.Move; m != nil && status != nil && *status == string(m.Status) && created != nil {
+				out.Moved, out.Created = true, *created
+				out.Dispatched = m.Next != nil && dispatched
+				out.NextID = nextID
 			}
 			return out, true
 		}
 		if errors.Is(err, pgx.ErrNoRows) || ctx.Err() != nil {
-			return written{}, false
+			return store.Recorded{}, false
 		}
 		select {
 		case <-ctx.Done():
-			return written{}, false
+			return store.Recorded{}, false
 		case <-time.After(resolveEvery):
 		}
 	}
@@ -102,14 +103,14 @@ func (a *attempt) resolve(ctx context.Context, w write, reply *outbox.Message) (
 
 // committedRows are the outbox rows a write resolved as committed left to
 // publish.
-func committedRows(w write, reply *outbox.Message, out written) []outbox.Committed {
+func committedRows(w store.Record, reply *outbox.Message, out store.Recorded) []outbox.Committed {
 	var rows []outbox.Committed
-	if out.nextID != nil {
-		d := w.move.Next
-		rows = append(rows, outbox.Committed{ID: *out.nextID, Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload, Headers: d.Headers})
+	if out.NextID != nil {
+		d := w.Move.Next
+		rows = append(rows, outbox.Committed{ID: *out.NextID, Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload, Headers: d.Headers})
 	}
-	if out.replyID != nil && reply != nil {
-		rows = append(rows, outbox.Committed{ID: *out.replyID, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload, Headers: reply.Headers})
+	if out.ReplyID != nil && reply != nil {
+		rows = append(rows, outbox.Committed{ID: *out.ReplyID, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload, Headers: reply.Headers})
 	}
 	return rows
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -41,15 +42,15 @@ type Outcome struct {
 type Mover interface {
 	// Move returns the move that applies o, the outcome of cmd's attempt
 	// of a step of the given kind, to cmd's saga as it was when cmd was
-	// written (cmd.State, cmd.Version). ok is false when o is not applied
+	// store.Recorded (cmd.State, cmd.Version). ok is false when o is not applied
 	// in the step (a retry with attempts left, an external step's outcome
 	// other than a success, a command that carries no version): a reply
 	// then carries it to the orchestrator. If the saga moved since cmd was
-	// written, the move misses and the reply is written instead.
-	Move(cmd wire.Command, kind saga.StepKind, o Outcome) (m Move, ok bool)
+	// store.Recorded, the move misses and the reply is store.Recorded instead.
+	Move(cmd wire.Command, kind saga.StepKind, o Outcome) (m store.Move, ok bool)
 	// Moved is called once a move applied in a step has committed, with
 	// when its saga started.
-	Moved(m *Move, created time.Time)
+	Moved(m *store.Move, created time.Time)
 }
 
 // Config configures a Runner.
@@ -218,7 +219,7 @@ type attempt struct {
 }
 
 // Handle runs one command to a committed outcome and returns its reply:
-// the one written, or, for a command answered from the inbox, the stored
+// the one store.Recorded, or, for a command answered from the inbox, the stored
 // outcome (Duplicate set). redelivered says the transport delivered the
 // command before (JetStream's NumDelivered above 1). An error means
 // nothing was committed and the command should be delivered again.
@@ -518,22 +519,14 @@ func (r *Runner) Run(ctx context.Context, cmd wire.Command, redelivered bool, do
 	done(err)
 }
 
-// deleteCommandRow consumes an eagerly run command's outbox row.
-const deleteCommandRow = `delete from idemsaga.outbox where id = $1`
-
-// insertReply writes one row into the outbox: a reply, or a command handed
-// to the broker ($5: the hand-off in milliseconds).
-const insertReply = `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
-values ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 millisecond', $6::jsonb) returning id`
-
 // consume queues, on tx, the deletion of the attempt's own command row
 // when it runs eagerly: the command is consumed with the outcome tx
 // records. A database step queues it with its claim, so that the row stays
 // locked, and the relay's sweep (SKIP LOCKED) leaves it, however long the
 // attempt runs; a transaction that rolls it back must say so (unconsume).
-func (a *attempt) consume(tx *Tx) {
+func (a *attempt) consume(tx *store.Tx) {
 	if a.row != 0 && !a.consumed && !a.queued {
-		tx.Exec(deleteCommandRow, nil, a.row)
+		tx.Exec(store.DeleteCommand, nil, a.row)
 		a.queued = true
 	}
 }
@@ -546,12 +539,12 @@ func (a *attempt) unconsume() { a.queued = false }
 // outbox rows to publish, its own command consumed if tx deleted its row,
 // and the next command its move dispatched without an outbox row, to run
 // here at once (Config.Eager).
-func (a *attempt) committed(tx *Tx, out *written, m *Move) {
+func (a *attempt) committed(tx *store.Tx, out *store.Recorded, m *store.Move) {
 	a.sent = append(a.sent, tx.Published()...)
 	if a.queued {
 		a.consumed = true
 	}
-	if out != nil && out.dispatched && out.nextID == nil && m != nil && m.Next != nil {
+	if out != nil && out.Dispatched && out.NextID == nil && m != nil && m.Next != nil {
 		d := m.Next
 		a.next = &outbox.Committed{Subject: d.Subject, MsgID: d.MsgID, Payload: d.Payload, Headers: d.Headers}
 	}
@@ -565,21 +558,21 @@ func (a *attempt) eager() bool {
 
 // commitWrite queues w on tx, with the deletion of the attempt's own
 // command row when it runs eagerly, and commits. A move carries no reply:
-// if it missed (the saga moved since the command was written), the reply
-// is written afterwards, in a transaction of its own on tx's connection;
+// if it missed (the saga moved since the command was store.Recorded), the reply
+// is store.Recorded afterwards, in a transaction of its own on tx's connection;
 // should that fail, the outcome stands in the inbox, where the step's next
 // attempt finds it. Without a move, the reply goes with w.
-func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbox.Message) (written, error) {
-	if w.move != nil {
-		w.eager = a.eager()
+func (a *attempt) commitWrite(ctx context.Context, tx *store.Tx, w store.Record, reply *outbox.Message) (store.Recorded, error) {
+	if w.Move != nil {
+		w.Eager = a.eager()
 	} else {
-		w.reply = reply
+		w.Reply = reply
 	}
-	var out written
-	w.queue(tx, &out)
+	var out store.Recorded
+	store.QueueRecord(tx, &w, &out)
 	a.consume(tx)
 	var err error
-	if a.chainable(w) && !tx.implicit {
+	if a.chainable(w) && !tx.IsImplicit() {
 		err = a.commitAndClaim(ctx, tx, w, &out)
 	} else {
 		err = tx.Commit(ctx)
@@ -590,18 +583,18 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 			return out, err
 		}
 		// The COMMIT's answer was lost: ask the database what happened.
-		resolved, ok := a.resolve(ctx, w, w.reply)
+		resolved, ok := a.resolve(ctx, w, w.Reply)
 		if !ok {
 			return out, err
 		}
 		a.r.cfg.Logger.Info("step worker: the commit of an attempt's outcome lost its answer and is found committed; going on",
 			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "error", err)
 		out = resolved
-		tx.sent = committedRows(w, w.reply, out)
+		tx.SetPublished(committedRows(w, w.Reply, out))
 		conn = nil
 	}
-	a.committed(tx, &out, w.move)
-	if w.move != nil && out.led && !out.moved && reply != nil {
+	a.committed(tx, &out, w.Move)
+	if w.Move != nil && out.Led && !out.Moved && reply != nil {
 		var err error
 		if conn != nil {
 			err = a.writeReply(ctx, conn, reply)
@@ -609,7 +602,7 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 			err = a.r.cfg.Pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error { return a.writeReply(ctx, c.Conn(), reply) })
 		}
 		if err != nil {
-			a.r.cfg.Logger.Warn("step worker: the outcome is recorded, but its reply could not be written; the step's next attempt will find the outcome",
+			a.r.cfg.Logger.Warn("step worker: the outcome is recorded, but its reply could not be store.Recorded; the step's next attempt will find the outcome",
 				"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "phase", a.cmd.Phase, "attempt", a.cmd.Attempt, "error", err)
 		}
 	}
@@ -620,16 +613,16 @@ func (a *attempt) commitWrite(ctx context.Context, tx *Tx, w write, reply *outbo
 // transaction of the step w's move dispatches, with its claim: the step
 // runs next, here (chainable). The claim is kept (a.pre, with a.conn) only
 // if the move applied and dispatched that step.
-func (a *attempt) commitAndClaim(ctx context.Context, tx *Tx, w write, out *written) error {
-	m, d := w.move, w.move.Next
+func (a *attempt) commitAndClaim(ctx context.Context, tx *store.Tx, w store.Record, out *store.Recorded) error {
+	m, d := w.Move, w.Move.Next
 	var cl *claim
-	next, committed, err := tx.CommitAndBegin(ctx, func(next *Tx) {
+	next, committed, err := tx.CommitAndBegin(ctx, func(next *store.Tx) {
 		cl = queueClaim(next, m.Saga, d.Key, d.Step, d.Phase, 1, policyOf(a.def, d))
 	})
 	if !committed {
 		return err
 	}
-	if err != nil || !out.moved || !out.dispatched {
+	if err != nil || !out.Moved || !out.Dispatched {
 		// The claim failed after the COMMIT, or is of no use (the move
 		// missed): the step, if dispatched, claims on its own.
 		next.Rollback(ctx)
@@ -642,15 +635,15 @@ func (a *attempt) commitAndClaim(ctx context.Context, tx *Tx, w write, out *writ
 
 // writeReply writes a reply into the outbox, in a transaction of its own.
 func (a *attempt) writeReply(ctx context.Context, c *pgx.Conn, reply *outbox.Message) error {
-	tx := Implicit(c)
-	tx.Queue(insertReply, func(row pgx.Row) error {
+	tx := store.Implicit(c)
+	tx.Queue(store.InsertOutbox, func(row pgx.Row) error {
 		var id int64
 		if err := row.Scan(&id); err != nil {
 			return err
 		}
 		tx.Sent(outbox.Committed{ID: id, Subject: reply.Subject, MsgID: reply.MsgID, Payload: reply.Payload, Headers: reply.Headers})
 		return nil
-	}, reply.Subject, reply.MsgID, reply.Payload, pguuid.Of(a.cmd.SagaID), a.handOff(), HeadersJSON(reply.Headers))
+	}, reply.Subject, reply.MsgID, reply.Payload, pguuid.Of(a.cmd.SagaID), a.handOff(), store.HeadersJSON(reply.Headers))
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
@@ -668,14 +661,14 @@ func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
 	}
 	cmd, err := wire.DecodeCommand(c.Payload)
 	if err == nil {
-		err = r.cfg.Pool.QueryRow(ctx, insertReply, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), HeadersJSON(c.Headers)).Scan(&c.ID)
+		err = r.cfg.Pool.QueryRow(ctx, store.InsertOutbox, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), store.HeadersJSON(c.Headers)).Scan(&c.ID)
 	}
 	if err != nil {
 		// The database is out of reach (a failover, say), and the step's
 		// dispatch is committed: send its command without an outbox row
 		// rather than leave it to its lease, which drives it again should
 		// this copy be lost too.
-		r.cfg.Logger.Warn("step worker: a step to run at once could not be written to the outbox; its command goes to the broker without it, and its lease drives it again if that is lost",
+		r.cfg.Logger.Warn("step worker: a step to run at once could not be store.Recorded to the outbox; its command goes to the broker without it, and its lease drives it again if that is lost",
 			"subject", c.Subject, "msg_id", c.MsgID, "error", err)
 		c.ID = 0
 	}
@@ -722,7 +715,7 @@ func (a *attempt) handOff() any {
 }
 
 // move asks the Mover for the in-step move of o, if the plan has one.
-func (a *attempt) move(o Outcome) *Move {
+func (a *attempt) move(o Outcome) *store.Move {
 	if !a.plan.InStep {
 		return nil
 	}
@@ -738,9 +731,9 @@ func (a *attempt) move(o Outcome) *Move {
 
 // afterMove makes a move applied by out's statement reported after the
 // commit.
-func (a *attempt) afterMove(m *Move, out *written) {
-	if m != nil && out.moved {
-		created := out.created
+func (a *attempt) afterMove(m *store.Move, out *store.Recorded) {
+	if m != nil && out.Moved {
+		created := out.Created
 		a.after = func() { a.r.cfg.Mover.Moved(m, created) }
 	}
 }

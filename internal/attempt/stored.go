@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -33,11 +34,11 @@ func (st stored) final() bool {
 func (st stored) endedAt(n int) bool { return st.outcome == "retry" && st.attempt >= n }
 
 // undo reports whether a compensation must run for a forward step whose
-// key holds st (after fenceForward): it succeeded, or some attempt of it
+// key holds st (after store.FenceForward): it succeeded, or some attempt of it
 // had an unknown outcome.
 func (st stored) undo() bool { return st.outcome == "succeeded" || st.unknown }
 
-// scan reads a row of readStored into st; found, if not nil, is false for
+// scan reads a row of store.ReadStored into st; found, if not nil, is false for
 // no row (st then stays the zero value: nothing stored).
 func (st *stored) scan(found *bool) func(pgx.Row) error {
 	set := func(v bool) {
@@ -68,7 +69,7 @@ func readStoredOn(ctx context.Context, conn interface {
 }, sagaID, key uuid.UUID) (stored, bool, error) {
 	var st stored
 	var found bool
-	err := st.scan(&found)(conn.QueryRow(ctx, readStored, pguuid.Of(sagaID), pguuid.Of(key)))
+	err := st.scan(&found)(conn.QueryRow(ctx, store.ReadStored, pguuid.Of(sagaID), pguuid.Of(key)))
 	return st, found, err
 }
 
@@ -92,9 +93,9 @@ func (st stored) reply(r wire.Reply) (wire.Reply, error) {
 
 // answerStored answers a delivery whose key the inbox holds with a final
 // outcome, on conn (outside any transaction). The same attempt delivered
-// again wrote its reply or move with that outcome: nothing is written
+// again wrote its reply or move with that outcome: nothing is store.Recorded
 // (unless force: this attempt found the outcome while recording its own,
-// and nothing of it was written). Another attempt's outcome is answered
+// and nothing of it was store.Recorded). Another attempt's outcome is answered
 // for this one: a success is applied as this attempt's, in the step if
 // the plan allows; anything else with a reply.
 func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, force bool) (wire.Reply, error) {
@@ -106,13 +107,13 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 		a.stored = true
 		return reply, nil
 	}
-	tx := Implicit(conn)
-	w := write{lead: leadNone, saga: a.cmd.SagaID, key: a.cmd.Key, step: a.cmd.Step, phase: a.cmd.Phase, attempt: a.cmd.Attempt, handOff: a.handOff()}
-	var m *Move
+	tx := store.Implicit(conn)
+	w := store.Record{Lead: store.LeadNone, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
+	var m *store.Move
 	if st.outcome == "succeeded" {
-		w.result = st.result
+		w.Result = st.result
 		m = a.move(Outcome{Status: wire.OutcomeSucceeded, Result: st.result})
-		w.move = m
+		w.Move = m
 	}
 	msg, err := a.replyMessage(reply)
 	if err != nil {
@@ -129,8 +130,8 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 
 // ended answers a delivery of an attempt of a database step that ended,
 // its end stored under the key (retry), or a later attempt's: the handler
-// does not run again, nothing is written, and the delivery is dropped. The
-// attempt's reply was written with its end.
+// does not run again, nothing is store.Recorded, and the delivery is dropped. The
+// attempt's reply was store.Recorded with its end.
 func (a *attempt) ended(st stored) (wire.Reply, error) {
 	a.dropped = true
 	reply := a.replyBase()
@@ -143,7 +144,7 @@ func (a *attempt) ended(st stored) (wire.Reply, error) {
 }
 
 // held answers a command of a paused saga (or of a saga whose definition
-// is paused): no attempt starts, nothing is written, and the delivery is
+// is paused): no attempt starts, nothing is store.Recorded, and the delivery is
 // dropped. The step's row keeps its attempt; resuming the saga sends the
 // command again at that same attempt.
 func (a *attempt) held() (wire.Reply, error) {
@@ -156,7 +157,7 @@ func (a *attempt) held() (wire.Reply, error) {
 	return reply, nil
 }
 
-// scanPaused scans pausedRead into paused; a saga gone is not paused.
+// scanPaused scans store.PausedRead into paused; a saga gone is not paused.
 func scanPaused(paused *bool) func(pgx.Row) error {
 	return func(row pgx.Row) error {
 		if err := row.Scan(paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {

@@ -1,4 +1,4 @@
-package attempt
+package store
 
 import (
 	"context"
@@ -23,7 +23,8 @@ import (
 // one round trip and nothing to end.
 //
 // It is the engine's only pipelined transaction: the orchestrator, the
-// reaper, the operator's repairs and every step attempt write through it.
+// reaper, the operator's repairs and every step attempt write through it,
+// with this package's statements.
 // Writes that must touch a row are fenced in SQL (by a saga's version, a
 // step's attempt) and report what they touched; none raises on a normal
 // outcome.
@@ -85,6 +86,13 @@ func (t *Tx) Sent(c outbox.Committed) { t.sent = append(t.sent, c) }
 // Published returns the outbox rows the transaction wrote.
 func (t *Tx) Published() []outbox.Committed { return t.sent }
 
+// SetPublished replaces the outbox rows the transaction wrote: a commit
+// whose answer was lost reports them from what the database holds.
+func (t *Tx) SetPublished(rows []outbox.Committed) { t.sent = rows }
+
+// IsImplicit reports a transaction of one batch (Implicit).
+func (t *Tx) IsImplicit() bool { return t.implicit }
+
 func (t *Tx) next() *pgx.Batch {
 	if t.batch == nil {
 		t.batch = &pgx.Batch{}
@@ -100,7 +108,7 @@ func (t *Tx) next() *pgx.Batch {
 // the transaction is to be rolled back.
 func (t *Tx) Flush(ctx context.Context) error {
 	if t.implicit {
-		return errors.New("attempt: an implicit transaction is sent whole, at Commit")
+		return errors.New("store: an implicit transaction is sent whole, at Commit")
 	}
 	return t.send(ctx)
 }
@@ -118,7 +126,7 @@ func (t *Tx) send(ctx context.Context) error {
 // without it) and checks that the transaction ended committed.
 func (t *Tx) Commit(ctx context.Context) error {
 	if t.done {
-		return errors.New("attempt: the transaction already ended")
+		return errors.New("store: the transaction already ended")
 	}
 	if !t.begun {
 		t.done = true
@@ -150,7 +158,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 // next one back).
 func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx, committed bool, err error) {
 	if t.done || t.implicit || !t.begun {
-		return nil, false, errors.New("attempt: CommitAndBegin needs an explicit transaction with its statements queued")
+		return nil, false, errors.New("store: CommitAndBegin needs an explicit transaction with its statements queued")
 	}
 	b := t.next()
 	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {

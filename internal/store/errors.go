@@ -1,4 +1,4 @@
-package attempt
+package store
 
 import (
 	"errors"
