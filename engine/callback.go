@@ -169,7 +169,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 func (c *core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instance, step, eventID string, hash []byte, res *CallbackResult) (bool, error) {
 	var sagaID uuid.UUID
 	var had []byte
-	err := tx.Conn().QueryRow(ctx, selectCallback, sg.Definition, step, eventID).Scan(&sagaID, &had, &res.Outcome, &res.Detail, &res.ReceivedAt)
+	err := tx.Conn().QueryRow(ctx, store.SelectCallback, sg.Definition, step, eventID).Scan(&sagaID, &had, &res.Outcome, &res.Detail, &res.ReceivedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -193,7 +193,7 @@ func (c *core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instan
 		if sg.Finished() || sg.State == saga.StateCompensating || status == string(saga.StepSucceeded) || status == string(saga.StepFailed) {
 			res.Outcome = CallbackLate
 			res.Detail = fmt.Sprintf("step %q no longer waits (saga %s is %s); the callback kept for it is recorded and changes nothing", step, sg.ID, sg.State)
-			if _, err := tx.Conn().Exec(ctx, `update idemsaga.callbacks set outcome = 'late', detail = $4 where definition = $1 and step = $2 and event_id = $3 and outcome = 'pending'`,
+			if _, err := tx.Conn().Exec(ctx, store.MarkCallbackLate,
 				sg.Definition, step, eventID, res.Detail); err != nil {
 				return false, fmt.Errorf("idemsaga: record callback %q of step %q as late: %w", eventID, step, err)
 			}
@@ -239,7 +239,7 @@ func (c *core) receiveCallback(ctx context.Context, tx *store.Tx, sg *saga.Insta
 		store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
 	}
 	var inserted bool
-	tx.Queue(insertCallback, func(row pgx.Row) error {
+	tx.Queue(store.InsertCallback, func(row pgx.Row) error {
 		err := row.Scan(&res.ReceivedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -290,7 +290,7 @@ func queueComplete(tx *store.Tx, sagaID, key uuid.UUID, attemptNo int, refusal s
 	if refusal != "" {
 		outcome = "failed"
 	}
-	tx.Queue(completeWaiting, func(row pgx.Row) error {
+	tx.Queue(store.CompleteWaiting, func(row pgx.Row) error {
 		var invariant *int
 		if err := row.Scan(&invariant); err != nil {
 			return fmt.Errorf("record the callback under step key %s: %w", key, err)
@@ -308,11 +308,11 @@ func (c *core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *s
 	var failed bool
 	var result json.RawMessage
 	found := false
-	tx.Queue(waitForCallback, func(row pgx.Row) error {
+	tx.Queue(store.WaitForCallback, func(row pgx.Row) error {
 		var invariant *int
 		return row.Scan(&invariant)
 	}, pguuid.Of(sg.ID), step.Name, attemptNo, step.Wait.Milliseconds(), sg.Version)
-	tx.Queue(firstPendingCallback, func(row pgx.Row) error {
+	tx.Queue(store.FirstPendingCallback, func(row pgx.Row) error {
 		err := row.Scan(&eventID, &failed, &result, &refusal)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -337,7 +337,7 @@ func (c *core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *s
 	}
 	queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step.Name, saga.PhaseForward), attemptNo, refusal, result)
 	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
-	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
+	tx.Exec(store.ApplyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	return nil
 }
@@ -368,7 +368,7 @@ func (c *core) giveUpOrComplete(ctx context.Context, tx *store.Tx, sg *saga.Inst
 	var eventID, refusal string
 	var failed bool
 	var result json.RawMessage
-	err := tx.Conn().QueryRow(ctx, firstPendingCallback, pguuid.Of(sg.ID), def.Name(), step.Name).Scan(&eventID, &failed, &result, &refusal)
+	err := tx.Conn().QueryRow(ctx, store.FirstPendingCallback, pguuid.Of(sg.ID), def.Name(), step.Name).Scan(&eventID, &failed, &result, &refusal)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
 	}
@@ -394,9 +394,9 @@ func (c *core) giveUpOrComplete(ctx context.Context, tx *store.Tx, sg *saga.Inst
 	if refusal != "" {
 		outcome = "failed"
 	}
-	tx.Exec(completeSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
+	tx.Exec(store.CompleteSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
 	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
-	tx.Exec(applyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
+	tx.Exec(store.ApplyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	c.log.Info("callback step given up after its attempts, completed by the callback kept for it", "saga_id", sg.ID, "step", step.Name, "event_id", eventID)
 	return nil

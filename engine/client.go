@@ -198,9 +198,9 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 		hash     []byte
 		state    *string
 	)
-	stmt := startSaga
+	stmt := store.StartSaga
 	if IsSubmitToken(key) {
-		stmt = startSagaWithToken
+		stmt = store.StartSagaWithToken
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
@@ -221,7 +221,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 		// (or the token's update) waited for it; then read it now.
 		if existing == nil || state == nil {
 			existing, state = new(uuid.UUID), new(string)
-			err := q.QueryRow(ctx, selectSagaByKey, def.Name(), key).Scan(existing, &hash, state)
+			err := q.QueryRow(ctx, store.SelectSagaByKey, def.Name(), key).Scan(existing, &hash, state)
 			if errors.Is(err, pgx.ErrNoRows) && IsSubmitToken(key) {
 				// The token was not consumed, and started no saga.
 				return StartResult{}, nil, explainSubmitToken(ctx, q, def.Name(), key)
@@ -257,7 +257,7 @@ func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error)
 
 // GetByKey returns the saga of def started with key, with its steps.
 func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.Instance, error) {
-	sg, err := scanSaga(cl.c.pool.QueryRow(ctx, selectSagaByKeyFull, definition, key))
+	sg, err := scanSaga(cl.c.pool.QueryRow(ctx, store.SelectSagaByKeyFull, definition, key))
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +273,7 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 			return sg, err
 		}
 	}
-	rows, err := cl.c.pool.Query(ctx, selectSagasByKey, idOrKey)
+	rows, err := cl.c.pool.Query(ctx, store.SelectSagasByKey, idOrKey)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: look up %q: %w", idOrKey, err)
 	}
@@ -307,7 +307,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := cl.loadPause(ctx, sg); err != nil {
 		return err
 	}
-	rows, err := cl.c.pool.Query(ctx, selectSteps, pguuid.Of(sg.ID))
+	rows, err := cl.c.pool.Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
@@ -333,7 +333,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
-	arows, err := cl.c.pool.Query(ctx, selectAttempts, pguuid.Of(sg.ID))
+	arows, err := cl.c.pool.Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
@@ -352,7 +352,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := arows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
-	crows, err := cl.c.pool.Query(ctx, selectCallbacks, pguuid.Of(sg.ID))
+	crows, err := cl.c.pool.Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
@@ -364,7 +364,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
-	rrows, err := cl.c.pool.Query(ctx, selectRepairs, pguuid.Of(sg.ID))
+	rrows, err := cl.c.pool.Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
@@ -382,7 +382,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rrows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
-	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.pool, listDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.pool, store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
 	return err
 }
 
@@ -497,7 +497,7 @@ func parseCursor(c string) (*time.Time, pgtype.UUID, error) {
 // of all (definition ""). It reads the whole table: for dashboards, use
 // the sagas_started_total and sagas_finished_total metrics.
 func (cl *Client) Counts(ctx context.Context, definition string) (map[saga.State]int64, error) {
-	rows, err := cl.c.pool.Query(ctx, countSagas, definition)
+	rows, err := cl.c.pool.Query(ctx, store.CountSagas, definition)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: count sagas: %w", err)
 	}
@@ -529,7 +529,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.pool.Query(ctx, listSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
+	rows, err := cl.c.pool.Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

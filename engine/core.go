@@ -170,9 +170,9 @@ func scanSaga(row pgx.Row) (*saga.Instance, error) {
 }
 
 func loadSaga(ctx context.Context, q queryer, id uuid.UUID, lock bool) (*saga.Instance, error) {
-	sql := selectSagaByID
+	sql := store.SelectSagaByID
 	if lock {
-		sql = selectSagaByIDLocked
+		sql = store.SelectSagaByIDLocked
 	}
 	return scanSaga(q.QueryRow(ctx, sql, pguuid.Of(id)))
 }
@@ -365,7 +365,7 @@ type settled struct {
 // held by an attempt still running returns store.ErrBusy, without
 // waiting on it: that attempt may be waiting on the saga tx holds.
 func (c *core) settle(ctx context.Context, tx *store.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
-	return c.settleWith(ctx, tx, settleTombstone, sagaID, step, phase)
+	return c.settleWith(ctx, tx, store.SettleTombstone, sagaID, step, phase)
 }
 
 // settleWith is settle with the tombstone statement given.
@@ -376,7 +376,7 @@ func (c *core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, s
 	tx.Queue(tombstone, func(row pgx.Row) error { return row.Scan(&got) },
 		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), store.LockID(key))
 	found := true
-	tx.Queue(settleRead, func(row pgx.Row) error {
+	tx.Queue(store.SettleRead, func(row pgx.Row) error {
 		err := row.Scan(&s.outcome, &s.unknown, &s.result)
 		if errors.Is(err, pgx.ErrNoRows) {
 			found = false

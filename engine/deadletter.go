@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemsaga/idemsaga/internal/store"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,36 +31,6 @@ import (
 
 // resumeBatch bounds the dead letters one pass sends again.
 const resumeBatch = 100
-
-// resendDeadLetters deletes dead letters and writes their commands into
-// the outbox, in one statement: by the steps a worker runs ($1,
-// "name@version:step", NULL for any) and by id ($2, NULL for any), at most
-// $3, skipping rows another process holds. The message id gets the dead
-// letter's id as a suffix: the broker's dedup window must not drop the
-// copy as a duplicate of the first. $4 is the rows' hand-off.
-const resendDeadLetters = `with d as (
-  delete from idemsaga.dead_letters where id in (
-    select id from idemsaga.dead_letters
-    where ($1::text[] is null or definition || '@' || definition_version || ':' || step = any($1))
-      and ($2::bigint[] is null or id = any($2))
-    order by id limit $3 for update skip locked)
-  returning id, subject, msg_id, payload, headers, saga_id
-)
-insert into idemsaga.outbox (subject, msg_id, payload, headers, saga_id, publish_after)
-select subject, regexp_replace(msg_id, '-dl[0-9]+$', '') || '-dl' || id, payload, headers, saga_id,
-  clock_timestamp() + $4 * interval '1 millisecond'
-from d
-returning id, subject, msg_id, payload, headers`
-
-const dropDeadLetters = `delete from idemsaga.dead_letters where id = any($1) returning id`
-
-const deadLetterColumns = `id, saga_id, definition, definition_version, step, phase::text, attempt, subject, msg_id, reason, deliveries, parked_by, first_seen, last_seen`
-
-// listDeadLetters filters by saga ($1), definition ($2) and version ($3);
-// NULL, empty or zero filters match all.
-const listDeadLetters = `select ` + deadLetterColumns + ` from idemsaga.dead_letters
-where ($1::uuid is null or saga_id = $1) and ($2 = '' or definition = $2) and ($3 = 0 or definition_version = $3)
-order by id limit $4`
 
 // stepRefs returns "name@version:step" of every step this process runs.
 func (c *core) stepRefs() []string {
@@ -87,7 +59,7 @@ type querier interface {
 }
 
 func (c *core) resend(ctx context.Context, q querier, steps []string, ids []int64, limit int, handOff any) ([]outbox.Committed, error) {
-	rows, err := q.Query(ctx, resendDeadLetters, steps, ids, limit, handOff)
+	rows, err := q.Query(ctx, store.ResendDeadLetters, steps, ids, limit, handOff)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +108,7 @@ func (cl *Client) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]saga.D
 	if f.SagaID != uuid.Nil {
 		id = pguuid.Of(f.SagaID)
 	}
-	return queryDeadLetters(ctx, cl.c.pool, listDeadLetters, id, f.Definition, f.Version, f.Limit)
+	return queryDeadLetters(ctx, cl.c.pool, store.ListDeadLetters, id, f.Definition, f.Version, f.Limit)
 }
 
 func queryDeadLetters(ctx context.Context, q querier, sql string, args ...any) ([]saga.DeadLetter, error) {
@@ -229,7 +201,7 @@ func (cl *Client) DropDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int64
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: give the ids of the dead letters to drop (`dead-letters list`)", ErrDeadLetterNotFound)
 	}
-	rows, err := tx.Query(ctx, dropDeadLetters, ids)
+	rows, err := tx.Query(ctx, store.DropDeadLetters, ids)
 	if err != nil {
 		return fmt.Errorf("idemsaga: drop dead letters: %w", err)
 	}

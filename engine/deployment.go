@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/store"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -65,9 +67,7 @@ func Deploy(ctx context.Context, cfg Config) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	by := who()
 	for _, s := range sharedSettings(&cfg, true) {
-		if _, err := tx.Exec(ctx, `insert into idemsaga.settings (name, value, set_by) values ($1, $2, $3)
-on conflict (name) do update set value = excluded.value, set_by = excluded.set_by, set_at = idemsaga.now()
-where settings.value is distinct from excluded.value`, s.name, s.value, by); err != nil {
+		if _, err := tx.Exec(ctx, store.RecordSetting, s.name, s.value, by); err != nil {
 			return fmt.Errorf("idemsaga: record setting %s: %w", s.name, err)
 		}
 	}
@@ -91,9 +91,7 @@ from idemsaga.definitions d where d.name = $1 and d.version = $2 and d.fingerpri
 			return fmt.Errorf("%w: definition %s changed (%s) while %d sagas run on it; nothing was recorded. Give the changed definition a new version (saga.WithVersion(def, %d)) so they finish on theirs, or let them finish first",
 				ErrDeploymentMismatch, d.Ref(), describeDifference(recorded, desc), running, d.Version()+1)
 		}
-		if _, err := tx.Exec(ctx, `insert into idemsaga.definitions (name, version, description, fingerprint, set_by) values ($1, $5, $2, $3, $4)
-on conflict (name, version) do update set description = excluded.description, fingerprint = excluded.fingerprint, set_by = excluded.set_by, set_at = idemsaga.now()
-where definitions.fingerprint is distinct from excluded.fingerprint`, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
+		if _, err := tx.Exec(ctx, store.RecordDefinition, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
 			return fmt.Errorf("idemsaga: record definition %s: %w", d.Ref(), err)
 		}
 	}
@@ -120,10 +118,7 @@ func (c *core) checkDeployment(ctx context.Context, cfg *Config, worker bool) er
 		var value, setBy string
 		var setAt time.Time
 		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, `with i as (
-  insert into idemsaga.settings (name, value, set_by) values ($1, $2, $3) on conflict (name) do nothing returning value, set_by, set_at)
-select value, set_by, set_at from i
-union all select value, set_by, set_at from idemsaga.settings where name = $1 and not exists (select from i)`, s.name, s.value, by)
+			return tx.QueryRow(ctx, store.CheckSetting, s.name, s.value, by)
 		}, &value, &setBy, &setAt)
 		if err != nil {
 			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
@@ -142,11 +137,7 @@ union all select value, set_by, set_at from idemsaga.settings where name = $1 an
 		var setAt time.Time
 		var recorded saga.Description
 		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, `with i as (
-  insert into idemsaga.definitions (name, version, description, fingerprint, set_by) values ($1, $5, $2, $3, $4)
-  on conflict (name, version) do nothing returning fingerprint, description, set_by, set_at)
-select fingerprint, description, set_by, set_at from i
-union all select fingerprint, description, set_by, set_at from idemsaga.definitions where name = $1 and version = $5 and not exists (select from i)`,
+			return tx.QueryRow(ctx, store.CheckDefinition,
 				d.Name(), desc, desc.Fingerprint(), by, d.Version())
 		}, &fp, &recorded, &setBy, &setAt)
 		if err != nil {
@@ -303,12 +294,11 @@ func (e *Engine) beat(ctx context.Context) {
 	host, _ := os.Hostname()
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := e.cfg.Pool.Exec(bctx, `insert into idemsaga.workers (id, host, pid, definitions, versions) values ($1, $2, $3, $4, $5)
-on conflict (id) do update set seen_at = idemsaga.now()`, pguuid.Of(e.id), host, os.Getpid(), names, e.c.versionRefs()); err != nil && ctx.Err() == nil {
+	if _, err := e.cfg.Pool.Exec(bctx, store.Heartbeat, pguuid.Of(e.id), host, os.Getpid(), names, e.c.versionRefs()); err != nil && ctx.Err() == nil {
 		e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
 	}
 	// Rows of processes that died without deleting theirs.
-	_, _ = e.cfg.Pool.Exec(bctx, `delete from idemsaga.workers where seen_at < idemsaga.now() - interval '1 hour'`)
+	_, _ = e.cfg.Pool.Exec(bctx, store.DeleteDeadWorkers)
 	// Commands parked while no worker ran their version: this one does.
 	for {
 		n, err := e.c.resumeDeadLetters(bctx, resumeBatch)
@@ -330,7 +320,7 @@ func (e *Engine) heartbeat(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_, _ = e.cfg.Pool.Exec(dctx, `delete from idemsaga.workers where id = $1`, pguuid.Of(e.id))
+			_, _ = e.cfg.Pool.Exec(dctx, store.DeleteWorker, pguuid.Of(e.id))
 			cancel()
 			return
 		case <-t.C:

@@ -109,7 +109,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	var st stepRow
 	var phase, status string
 	stepFound := true
-	tx.Queue(selectSagaByIDLocked, func(row pgx.Row) error {
+	tx.Queue(store.SelectSagaByIDLocked, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
 		if errors.Is(err, saga.ErrNotFound) {
@@ -117,7 +117,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		}
 		return err
 	}, pguuid.Of(r.SagaID))
-	tx.Queue(selectStep, func(row pgx.Row) error {
+	tx.Queue(store.SelectStep, func(row pgx.Row) error {
 		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone)
 		if errors.Is(err, pgx.ErrNoRows) {
 			stepFound = false
@@ -190,7 +190,7 @@ func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 		if r.Outcome == wire.OutcomeUnknown {
 			outcome = "unknown"
 		}
-		tx.Queue(scheduleRetry, func(row pgx.Row) error {
+		tx.Queue(store.ScheduleRetry, func(row pgx.Row) error {
 			var invariant *int
 			if err := row.Scan(&invariant); err != nil {
 				return fmt.Errorf("schedule a retry of step %s: %w", r.Key, err)
@@ -204,7 +204,7 @@ func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 		if r.Outcome == wire.OutcomeUnknown {
 			// The timeline keeps what the last attempt was, not only
 			// that the step was given up after it.
-			tx.Exec(markAttemptUnknown, nil, pguuid.Of(r.SagaID), r.Step, string(r.Phase), r.Attempt, r.Error)
+			tx.Exec(store.MarkAttemptUnknown, nil, pguuid.Of(r.SagaID), r.Step, string(r.Phase), r.Attempt, r.Error)
 		}
 		return c.giveUpOrComplete(ctx, tx, sg, def, idx, r.Phase, r.Attempt, exhausted(r.Attempt, r.Error), possiblyDone, fx)
 

@@ -41,7 +41,7 @@ func pauseFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 		if sg.Finished() {
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running saga can be paused", ErrStateForbids, id, sg.State)
 		}
-		tag, err := tx.Conn().Exec(ctx, pauseSaga, pguuid.Of(id))
+		tag, err := tx.Conn().Exec(ctx, store.PauseSaga, pguuid.Of(id))
 		if err != nil {
 			return fmt.Errorf("idemsaga: pause saga %s: %w", id, err)
 		}
@@ -71,14 +71,14 @@ func resumeFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 	return func(tx *store.Tx, sg *saga.Instance) error {
 		id := sg.ID
 		var since time.Time
-		err := tx.Conn().QueryRow(ctx, resumeSaga, pguuid.Of(id)).Scan(&since)
+		err := tx.Conn().QueryRow(ctx, store.ResumeSaga, pguuid.Of(id)).Scan(&since)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: saga %s is not paused", ErrStateForbids, id)
 		}
 		if err != nil {
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
-		if _, err := tx.Conn().Exec(ctx, resendSteps, pguuid.Of(id), since); err != nil {
+		if _, err := tx.Conn().Exec(ctx, store.ResendSteps, pguuid.Of(id), since); err != nil {
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
 		return nil
@@ -170,13 +170,7 @@ func (cl *Client) definitionRepair(ctx context.Context, definition, op string, r
 	// The request's record goes in first: a concurrent request under the
 	// same key waits on it, then finds it.
 	var inserted bool
-	if err := tx.QueryRow(ctx, `with i as (
-  insert into idemsaga.definition_repairs (definition, request_key, operation, request_hash, reason, requested_by, sagas)
-  values ($1, $2, $3, $4, $5, $6, 0)
-  on conflict (definition, request_key) do nothing
-  returning created_at
-)
-select exists (select 1 from i), coalesce((select created_at from i), idemsaga.now())`,
+	if err := tx.QueryRow(ctx, store.InsertDefinitionRepair,
 		definition, r.Key, op, sum[:], r.Reason, r.By).Scan(&inserted, &res.At); err != nil {
 		return res, fmt.Errorf("idemsaga: %s definition %q: record the request: %w", op, definition, err)
 	}
@@ -194,8 +188,7 @@ select exists (select 1 from i), coalesce((select created_at from i), idemsaga.n
 	}
 	switch op {
 	case "pause":
-		tag, err := tx.Exec(ctx, `insert into idemsaga.paused_definitions (definition, request_key, reason, requested_by) values ($1, $2, $3, $4)
-on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
+		tag, err := tx.Exec(ctx, store.PauseDefinition, definition, r.Key, r.Reason, r.By)
 		if err != nil {
 			return res, fmt.Errorf("idemsaga: pause definition %q: %w", definition, err)
 		}
@@ -213,18 +206,18 @@ on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
 		}
 	case "resume":
 		var since time.Time
-		err := tx.QueryRow(ctx, `delete from idemsaga.paused_definitions where definition = $1 returning paused_at`, definition).Scan(&since)
+		err := tx.QueryRow(ctx, store.ResumeDefinition, definition).Scan(&since)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return res, fmt.Errorf("%w: definition %q is not paused", ErrStateForbids, definition)
 		}
 		if err != nil {
 			return res, fmt.Errorf("idemsaga: resume definition %q: %w", definition, err)
 		}
-		if err := tx.QueryRow(ctx, resendDefinition, definition, since).Scan(&res.Sagas); err != nil {
+		if err := tx.QueryRow(ctx, store.ResendDefinition, definition, since).Scan(&res.Sagas); err != nil {
 			return res, fmt.Errorf("idemsaga: resume definition %q: %w", definition, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `update idemsaga.definition_repairs set sagas = $3 where definition = $1 and request_key = $2`, definition, r.Key, res.Sagas); err != nil {
+	if _, err := tx.Exec(ctx, store.CountDefinitionRepair, definition, r.Key, res.Sagas); err != nil {
 		return res, fmt.Errorf("idemsaga: %s definition %q: record the request: %w", op, definition, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -236,7 +229,7 @@ on conflict (definition) do nothing`, definition, r.Key, r.Reason, r.By)
 // loadPause reads whether sg is held, and its deadline.
 func (cl *Client) loadPause(ctx context.Context, sg *saga.Instance) error {
 	var own, def *time.Time
-	if err := cl.c.pool.QueryRow(ctx, selectPause, pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := cl.c.pool.QueryRow(ctx, store.SelectPause, pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("idemsaga: read saga %s: %w", sg.ID, err)
 	}
 	sg.Paused = nil
@@ -249,7 +242,7 @@ func (cl *Client) loadPause(ctx context.Context, sg *saga.Instance) error {
 	return nil
 }
 
-// deadlineArg is the deadline parameter of startSaga: the definition's in
+// deadlineArg is the deadline parameter of store.StartSaga: the definition's in
 // milliseconds, NULL for none.
 func deadlineArg(def *saga.Definition) any {
 	if def.Deadline() <= 0 {
@@ -261,6 +254,6 @@ func deadlineArg(def *saga.Definition) any {
 // newPausedCollector reports, when scraped, the running sagas held by a
 // pause, by definition.
 func newPausedCollector(pool *pgxpool.Pool) *byDefinitionCollector {
-	return &byDefinitionCollector{pool: pool, query: countPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
+	return &byDefinitionCollector{pool: pool, query: store.CountPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
 		"Running sagas held by a pause, their own or their definition's: no attempt of theirs starts until they are resumed.", []string{"definition"}, nil)}
 }

@@ -34,12 +34,12 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	var late []uuid.UUID
 	b := &pgx.Batch{}
 	names := c.versionRefs()
-	b.Queue(deadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
+	b.Queue(store.DeadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
 		var err error
 		late, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		return err
 	})
-	for _, q := range []string{dueRetries, expiredLeases, resendDue, expiredWaits} {
+	for _, q := range []string{store.DueRetries, store.ExpiredLeases, store.ResendDue, store.ExpiredWaits} {
 		b.Queue(q, limit, names).Query(func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stepID, error) {
 				var id stepID
@@ -100,7 +100,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	var phase, status string
 	var due, expired, resend, paused, waited, claimed, running, answered, found bool
 	var queuedMillis int64
-	tx.Queue(lockSagaOfStep, func(row pgx.Row) error {
+	tx.Queue(store.LockSagaOfStep, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
 		if errors.Is(err, saga.ErrNotFound) {
@@ -108,7 +108,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		}
 		return err
 	}, pguuid.Of(id.saga))
-	tx.Queue(selectStepForReap, func(row pgx.Row) error {
+	tx.Queue(store.SelectStepForReap, func(row pgx.Row) error {
 		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -118,7 +118,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	}, pguuid.Of(id.saga), id.step, string(id.phase), store.LockID(saga.StepKey(id.saga, id.step, id.phase)))
 	var traced map[string]string
 	if c.tracer.Enabled() {
-		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id.saga))
+		tx.Queue(store.SelectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id.saga))
 	}
 	if err := tx.Flush(ctx); err != nil {
 		return false, fmt.Errorf("lock saga %s: %w", id.saga, err)
@@ -228,7 +228,7 @@ func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 		return err
 	}
 	name := def.Step(idx).Name
-	tx.Queue(redispatchStep, func(row pgx.Row) error {
+	tx.Queue(store.RedispatchStep, func(row pgx.Row) error {
 		var next *int
 		var outboxID *int64
 		var invariant *int
@@ -258,7 +258,7 @@ func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 	}
 	msgID += fmt.Sprintf("-v%d", after.Version)
 	name := def.Step(idx).Name
-	tx.Queue(resendStep, func(row pgx.Row) error {
+	tx.Queue(store.ResendStep, func(row pgx.Row) error {
 		var outboxID *int64
 		var invariant *int
 		if err := row.Scan(&outboxID, &invariant); err != nil {
@@ -313,7 +313,7 @@ func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	}
 	// Its deadline acted: a saga an operator sets going again afterwards
 	// (a retry of what the cancel parked) is not cancelled again.
-	if _, err := c.pool.Exec(ctx, `update idemsaga.sagas set deadline_at = null where id = $1 and deadline_at is not null`, pguuid.Of(id)); err != nil {
+	if _, err := c.pool.Exec(ctx, store.ClearDeadline, pguuid.Of(id)); err != nil {
 		return false, fmt.Errorf("saga %s past its deadline: clear the deadline: %w", id, err)
 	}
 	if errors.Is(err, ErrRepairKeyReused) {

@@ -26,22 +26,6 @@ type Difference struct {
 	What string `json:"what"`
 }
 
-// noWorker says, in a difference about a saga s, when no live worker
-// runs its definition: the likely reason nothing takes its step over.
-const noWorker = `case when not exists (select 1 from idemsaga.workers w
-  where s.definition || '@' || s.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
-  then '; no live worker runs definition ' || s.definition || ' version ' || s.definition_version || ' (start one with its code)' else '' end`
-
-// deadLetterDetail describes a dead letter d: what it is, why it was
-// parked, and whether a live worker runs its version (which sends it
-// again at its next heartbeat).
-const deadLetterDetail = `'dead letter ' || d.id || ' (' || d.step || '/' || d.phase || ' attempt ' || d.attempt || ' of ' || d.definition || '@' || d.definition_version || ', '
-  || d.deliveries || ' deliveries, last ' || round(extract(epoch from idemsaga.now() - d.last_seen)) || 's ago): ' || d.reason ||
-  case when exists (select 1 from idemsaga.workers w
-    where d.definition || '@' || d.definition_version = any(w.versions) and w.seen_at > idemsaga.now() - interval '15 seconds')
-  then '; a live worker runs its version and sends it again at its next heartbeat'
-  else '; no live worker runs ' || d.definition || ' version ' || d.definition_version || ': start one with its code, or resend or drop it with ` + "`dead-letters`" + `' end`
-
 func (d Difference) String() string {
 	if d.SagaID != nil {
 		return fmt.Sprintf("saga %s: %s", d.SagaID, d.What)
@@ -138,16 +122,16 @@ group by s.id having count(*) > 1`, nil},
 		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, nil},
-		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
+		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + store.NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'
   and st.next_attempt_at is null and ` + store.NotPaused + ``, []any{stale}},
-		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
+		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + store.NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
   and ` + store.NotPaused + ``, []any{stale}},
-		{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + noWorker + `
+		{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + store.NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
   and ` + store.NotPaused + ``, []any{stale}},
-		{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + noWorker + `
+		{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + store.NoWorker + `
 from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
   and ` + store.NotPaused + ``, []any{stale}},
 		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
@@ -178,7 +162,7 @@ where s.state = 'compensated'
   and c.status is distinct from 'succeeded'
   and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
     or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, []any{noUndo}},
-		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + noWorker + `
+		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + store.NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + store.NotPaused, []any{stale}},
 		{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
 from idemsaga.callbacks cb join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
@@ -191,9 +175,9 @@ from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having 
 		{"running on a definition version the deployment has not recorded: %s (no process can plan its moves; start a worker with that version's code)", `select s.id, s.definition || '@' || s.definition_version
 from idemsaga.sagas s where s.finished_at is null and not exists (
   select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, nil},
-		{"running with a command parked: %s", `select d.saga_id, ` + deadLetterDetail + `
+		{"running with a command parked: %s", `select d.saga_id, ` + store.DeadLetterDetail + `
 from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
-		{"finished, but a command of it is still parked: %s; drop it with `dead-letters drop`", `select d.saga_id, ` + deadLetterDetail + `
+		{"finished, but a command of it is still parked: %s; drop it with `dead-letters drop`", `select d.saga_id, ` + store.DeadLetterDetail + `
 from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, nil},
 		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
 		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},

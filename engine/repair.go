@@ -140,11 +140,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		// A database step's key holds its failure, cleared; an external
 		// step's keeps what it knows (an unknown outcome stays unknown) as
 		// a key the next attempt may claim.
-		if _, err := tx.Conn().Exec(ctx, `with x as (
-  delete from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone') and not unknown
-  returning 1
-)
-update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone') and unknown`,
+		if _, err := tx.Conn().Exec(ctx, store.ClearFailedKey,
 			pguuid.Of(id), pguuid.Of(key)); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
 		}
@@ -152,12 +148,12 @@ update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2
 			// A callback that came after the step was given up is the
 			// other system's word on the request sent again: it applies
 			// once the step waits.
-			if _, err := tx.Conn().Exec(ctx, reopenLateCallbacks, pguuid.Of(id), step); err != nil {
+			if _, err := tx.Conn().Exec(ctx, store.ReopenLateCallbacks, pguuid.Of(id), step); err != nil {
 				return fmt.Errorf("idemsaga: retry saga %s: reopen its late callbacks: %w", id, err)
 			}
 		}
 		var next int
-		if err := tx.Conn().QueryRow(ctx, retryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
+		if err := tx.Conn().QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
 			c.leaseMillis(policyOf(def, idx, phase))).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
@@ -171,14 +167,12 @@ update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2
 			return err
 		}
 		var outboxID int64
-		if err := tx.Conn().QueryRow(ctx, `insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
-values ($1, $2, $3, $4, clock_timestamp() + $5 * interval '1 millisecond', $6::jsonb) returning id`,
+		if err := tx.Conn().QueryRow(ctx, store.InsertOutbox,
 			subject, msgID, payload, pguuid.Of(id), c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
 		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
-		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now()
-where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
+		tag, err := tx.Conn().Exec(ctx, store.ReopenSaga, pguuid.Of(id), sg.Version, string(resumed.State), false)
 		if err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
@@ -203,7 +197,7 @@ func (c *core) retryNow(ctx context.Context, tx *store.Tx, sg *saga.Instance, de
 	var step, phase, status string
 	var idx, attemptNo int
 	var lease *time.Time
-	err := tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+	err := tx.Conn().QueryRow(ctx, store.SelectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: saga %s is %s with no step in flight; `reconcile` reports why", ErrStateForbids, sg.ID, sg.State)
 	}
@@ -308,7 +302,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 			// its lease.
 			return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: *calling}
 		}
-		s, err := c.settleWith(ctx, tx, settleTombstoneForCancel, id, step, saga.PhaseForward)
+		s, err := c.settleWith(ctx, tx, store.SettleTombstoneForCancel, id, step, saga.PhaseForward)
 		if err != nil {
 			return err
 		}
@@ -399,14 +393,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 			return err
 		}
 		first := def.Step(plan[0]).Name
-		if err := tx.Conn().QueryRow(ctx, `with st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  values ($1, $2, 'compensate', $3, $4, 'dispatched', 1, idemsaga.now() + $5 * interval '1 millisecond', idemsaga.now())
-  on conflict (saga_id, step, phase) do nothing
-  returning saga_id
-)
-insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
-select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond', $10::jsonb from st returning id`,
+		if err := tx.Conn().QueryRow(ctx, store.DispatchCompensation,
 			pguuid.Of(sg.ID), first, plan[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
 			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
@@ -416,9 +403,7 @@ select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond', $
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 	}
 	var created time.Time
-	if err := tx.Conn().QueryRow(ctx, `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
-  finished_at = case when $5::bool then idemsaga.now() end
-where id = $1 and version = $2 returning created_at`,
+	if err := tx.Conn().QueryRow(ctx, store.CancelSaga,
 		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(plan) == 0).Scan(&created); err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
 	}
@@ -609,9 +594,7 @@ func (c *core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(
 		}
 		// Queued after the repair's own writes: it reads the state they
 		// leave.
-		tx.Queue(`insert into idemsaga.repairs (saga_id, request_key, operation, request_hash, reason, requested_by, state_after, step, phase)
-select id, $2, $3, $4, $5, $6, state, $7, $8 from idemsaga.sagas where id = $1
-returning state_after, created_at`, func(row pgx.Row) error {
+		tx.Queue(store.InsertRepair, func(row pgx.Row) error {
 			var st string
 			if err := row.Scan(&st, &res.At); err != nil {
 				return fmt.Errorf("idemsaga: %s saga %s: record the repair: %w", op.name, id, err)
@@ -671,14 +654,14 @@ func (c *core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn fun
 	tx := store.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
 	var sg *saga.Instance
-	tx.Queue(selectSagaByIDLocked, func(row pgx.Row) error {
+	tx.Queue(store.SelectSagaByIDLocked, func(row pgx.Row) error {
 		var err error
 		sg, err = scanSaga(row)
 		return err
 	}, pguuid.Of(id))
 	var traced map[string]string
 	if c.tracer.Enabled() {
-		tx.Queue(selectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id))
+		tx.Queue(store.SelectTraceContext, func(row pgx.Row) error { return ignoreNoRows(row.Scan(&traced)) }, pguuid.Of(id))
 	}
 	if err := tx.Flush(ctx); err != nil {
 		if errors.Is(err, saga.ErrNotFound) {

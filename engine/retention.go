@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/store"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -165,39 +167,6 @@ func (c RetentionConfig) cleans() bool {
 // at most once.
 const (
 	retentionLockTimeout = `select set_config('lock_timeout', '5s', true)`
-
-	// claimFinishedSagas locks a batch of finished sagas past the window.
-	// A saga with a step still in flight, or with a command or reply not
-	// yet published (a row the broker refused, say), is kept even if marked
-	// finished: that message may still be delivered.
-	claimFinishedSagas = `select s.id from idemsaga.sagas s
-where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
-  and (s.state not in ('failed', 'parked') or $3::bool)
-  and not exists (
-    select 1 from idemsaga.steps st
-    where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))
-  and not exists (
-    select 1 from idemsaga.outbox o
-    where o.saga_id = s.id and o.published_at is null)
-order by s.finished_at
-limit $2
-for update of s skip locked`
-
-	// The statements that delete one batch of sagas, in one transaction,
-	// children first (the foreign keys would cascade, one row at a time).
-	deleteSagaInbox    = `delete from idemsaga.inbox where saga_id = any($1)`
-	deleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
-	deleteSagaSteps    = `delete from idemsaga.steps where saga_id = any($1)`
-	deleteSagas        = `delete from idemsaga.sagas where id = any($1)`
-
-	// deletePublishedOutbox deletes published rows past the window, in
-	// batches. Unpublished rows (published_at null) never match.
-	deletePublishedOutbox = `delete from idemsaga.outbox where id in (
-  select id from idemsaga.outbox
-  where published_at < idemsaga.now() - $1 * interval '1 millisecond'
-  order by published_at
-  limit $2
-  for update skip locked)`
 )
 
 // CleanResult counts what one CleanOnce deleted, per table.
@@ -345,7 +314,7 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		if _, err := tx.Exec(ctx, retentionLockTimeout); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, claimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize, c.cfg.DeleteFailed)
+		rows, err := tx.Query(ctx, store.ClaimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize, c.cfg.DeleteFailed)
 		if err != nil {
 			return err
 		}
@@ -354,16 +323,16 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 			return err
 		}
 		b := &pgx.Batch{}
-		b.Queue(deleteSagaInbox, ids).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(store.DeleteSagaInbox, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Inbox = tag.RowsAffected()
 			return nil
 		})
-		b.Queue(deleteSagaAttempts, ids)
-		b.Queue(deleteSagaSteps, ids).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(store.DeleteSagaAttempts, ids)
+		b.Queue(store.DeleteSagaSteps, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Steps = tag.RowsAffected()
 			return nil
 		})
-		b.Queue(deleteSagas, ids).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(store.DeleteSagas, ids).Exec(func(tag pgconn.CommandTag) error {
 			res.Sagas = tag.RowsAffected()
 			return nil
 		})
@@ -387,13 +356,13 @@ func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 	case 0:
 		window = markedOutboxWindow
 	}
-	n, err := c.deleteBatch(ctx, deletePublishedOutbox, window)
+	n, err := c.deleteBatch(ctx, store.DeletePublishedOutbox, window)
 	return CleanResult{Outbox: n}, n, err
 }
 
 // submitTokenBatch deletes one batch of expired submit tokens.
 func (c *Cleaner) submitTokenBatch(ctx context.Context) (CleanResult, int64, error) {
-	n, err := c.deleteBatch(ctx, deleteExpiredSubmitTokens, 0)
+	n, err := c.deleteBatch(ctx, store.DeleteExpiredSubmitTokens, 0)
 	return CleanResult{SubmitTokens: n}, n, err
 }
 

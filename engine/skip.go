@@ -121,7 +121,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		case sg.Finished():
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running, parked or failed saga's step can be skipped", ErrStateForbids, id, sg.State)
 		default:
-			err = tx.Conn().QueryRow(ctx, selectStepInFlight, pguuid.Of(id)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+			err = tx.Conn().QueryRow(ctx, store.SelectStepInFlight, pguuid.Of(id)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `show %s`", ErrStateForbids, id, sg.State, id)
@@ -150,7 +150,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 					return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: *lease}
 				}
 			}
-			st, err := c.settleWith(ctx, tx, settleTombstoneForCancel, id, step, ph)
+			st, err := c.settleWith(ctx, tx, store.SettleTombstoneForCancel, id, step, ph)
 			if err != nil {
 				return err
 			}
@@ -178,8 +178,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				resumed.State = saga.StateCompensating
 			}
 			resumed.Version, resumed.FinishedAt, resumed.Error = sg.Version+1, nil, ""
-			tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = $3, finished_at = null, error = null, version = version + 1, updated_at = idemsaga.now()
-where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State))
+			tag, err := tx.Conn().Exec(ctx, store.ReopenSaga, pguuid.Of(id), sg.Version, string(resumed.State), true)
 			if err != nil {
 				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 			}
@@ -189,7 +188,7 @@ where id = $1 and version = $2`, pguuid.Of(id), sg.Version, string(resumed.State
 		}
 		// The skip is an attempt of its own, after the one it ends.
 		var next int
-		if err := tx.Conn().QueryRow(ctx, skipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
+		if err := tx.Conn().QueryRow(ctx, store.SkipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 		}
 		m, err := c.successMove(&resumed, def, idx, ph, next, result)
@@ -239,8 +238,7 @@ func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *sag
 			// over a step that could still run.
 			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, store.ErrInvariant)
 		}
-		tag, err := tx.Conn().Exec(ctx, `update idemsaga.sagas set state = 'closed', finished_at = idemsaga.now(), version = version + 1, updated_at = idemsaga.now()
-where id = $1 and version = $2`, pguuid.Of(sg.ID), sg.Version)
+		tag, err := tx.Conn().Exec(ctx, store.CloseSaga, pguuid.Of(sg.ID), sg.Version)
 		if err != nil {
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
 		}

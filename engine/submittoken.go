@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/store"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/saga"
@@ -60,47 +62,6 @@ type SubmitToken struct {
 // is, whether Start treats it as one.
 func IsSubmitToken(key string) bool { return strings.HasPrefix(key, SubmitTokenPrefix) }
 
-const (
-	// insertSubmitToken issues a token; $3 is its time to live in
-	// milliseconds.
-	insertSubmitToken = `insert into idemsaga.submit_tokens (token, definition, expires_at)
-values ($1, $2, idemsaga.now() + $3 * interval '1 millisecond')
-returning expires_at`
-
-	// startSagaWithToken is startSaga for a key that is a submit token
-	// ($3): it first consumes the token, if it was issued for the
-	// definition ($2), is unused and has not expired, and inserts the saga
-	// only then, in the same statement. A concurrent start of the token
-	// waits on the token's row; once the first commits, the row no longer
-	// matches (consumed), so it inserts nothing and adjudicates from the
-	// saga as a duplicate. A token that did not match and names no saga is
-	// invalid (explainSubmitToken).
-	startSagaWithToken = `with t as (
-  update idemsaga.submit_tokens set saga_id = $1, consumed_at = idemsaga.now()
-  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now()
-  returning token
-), s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
-  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int, $15::jsonb from t
-  on conflict (definition, idem_key) do nothing
-  returning id
-)` + startSagaRest
-
-	// selectSubmitToken reads why a token did not start a saga.
-	selectSubmitToken = `select definition, expires_at, consumed_at is not null, expires_at <= idemsaga.now()
-from idemsaga.submit_tokens where token = $1`
-
-	// deleteExpiredSubmitTokens deletes a batch of tokens past their
-	// expiry by more than $1 milliseconds. A consumed one goes too: its
-	// saga holds it as its key.
-	deleteExpiredSubmitTokens = `delete from idemsaga.submit_tokens where token in (
-  select token from idemsaga.submit_tokens
-  where expires_at < idemsaga.now() - $1 * interval '1 millisecond'
-  order by expires_at
-  limit $2
-  for update skip locked)`
-)
-
 // IssueToken issues a submit token for a saga of def that lives for ttl
 // (0: SubmitTokenTTLDefault; at least MinSubmitTokenTTL, at most
 // MaxSubmitTokenTTL). Hand it to whoever will submit (a form, say): the
@@ -135,7 +96,7 @@ func (cl *Client) issueToken(ctx context.Context, q queryer, def *saga.Definitio
 	b := make([]byte, submitTokenBytes)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	tok := SubmitToken{Token: SubmitTokenPrefix + base64.RawURLEncoding.EncodeToString(b), Definition: def.Name()}
-	if err := q.QueryRow(ctx, insertSubmitToken, tok.Token, tok.Definition, ttl.Milliseconds()).Scan(&tok.ExpiresAt); err != nil {
+	if err := q.QueryRow(ctx, store.InsertSubmitToken, tok.Token, tok.Definition, ttl.Milliseconds()).Scan(&tok.ExpiresAt); err != nil {
 		return SubmitToken{}, fmt.Errorf("idemsaga: issue submit token for %q: %w", def.Name(), err)
 	}
 	return tok, nil
@@ -150,7 +111,7 @@ func explainSubmitToken(ctx context.Context, q queryer, definition, token string
 		consumed, expired bool
 		fetch             = fmt.Sprintf("fetch a new token for %s and submit with it", definition)
 	)
-	err := q.QueryRow(ctx, selectSubmitToken, token).Scan(&issuedFor, &expiresAt, &consumed, &expired)
+	err := q.QueryRow(ctx, store.SelectSubmitToken, token).Scan(&issuedFor, &expiresAt, &consumed, &expired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: %q was not issued by this deployment, or it expired and was deleted; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)

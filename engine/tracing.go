@@ -6,11 +6,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// selectTraceContext reads the trace context a saga's start recorded,
-// NULL when it was not traced. It is queued only when the engine traces,
-// beside the statements of the round trip that locks the saga.
-const selectTraceContext = `select trace_context from idemsaga.sagas where id = $1`
-
 // ignoreNoRows makes a row that is not there no error.
 func ignoreNoRows(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/store"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/saga"
@@ -143,15 +145,6 @@ func (c *core) stepAt(ctx context.Context, definition string, version int, step 
 	return def, idx, nil
 }
 
-// newestRecorded picks, of a name's recorded versions, the newest one a
-// live worker runs, else the newest recorded.
-const newestRecorded = `select d.description from idemsaga.definitions d
-where d.name = $1
-order by exists (select 1 from idemsaga.workers w
-  where d.name || '@' || d.version = any(w.versions) and w.seen_at > idemsaga.now() - $2 * interval '1 millisecond') desc,
-  d.version desc
-limit 1`
-
 // resolve returns the newest version of the named definition: this
 // process's own, or, for a definition whose code is not here, the newest
 // recorded version a live worker runs (else the newest recorded), rebuilt
@@ -161,7 +154,7 @@ func (c *core) resolve(ctx context.Context, name string) (*saga.Definition, erro
 		return d, nil
 	}
 	var desc saga.Description
-	err := c.pool.QueryRow(ctx, newestRecorded, name, (3 * HeartbeatIntervalDefault).Milliseconds()).Scan(&desc)
+	err := c.pool.QueryRow(ctx, store.NewestRecorded, name, (3 * HeartbeatIntervalDefault).Milliseconds()).Scan(&desc)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q is neither in this process nor recorded by the deployment (a worker running it records it at start)", saga.ErrUnknownDefinition, name)
 	}

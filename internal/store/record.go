@@ -225,13 +225,15 @@ var recordTail = `, u as (
 ), o as (
   ` + outboxInsert(`select c.subject, c.msg_id, c.payload, $1, clock_timestamp() + $29::bigint * interval '1 millisecond', c.headers
   from unnest($24::text[], $25::text[], $26::text[], $27::bytea[], $28::jsonb[]) as c(step, subject, msg_id, payload, headers)
-  where c.step in (select step from st)`) + `
+  where c.step in (select step from st)
+  returning id`) + `
 ), r as (
   update idemsaga.inbox set result = $31::jsonb
   where $30::bool and saga_id = $1 and step_key = $2 and exists (select from i) and not exists (select from u)
 ), rep as (
   ` + outboxInsert(`select $33::text, $34::text, $35::bytea, $1, clock_timestamp() + $29::bigint * interval '1 millisecond', $36::jsonb
-  where $32::bool and exists (select from i) and not exists (select from u)`) + `
+  where $32::bool and exists (select from i) and not exists (select from u)
+  returning id`) + `
 )
 select exists (select from i), (select created_at from u), exists (select from st), (select min(id) from o), (select id from rep),
   case when $10::bool and ($18::bool or exists (select from u)) and not (exists (select from u) and exists (select from f))

@@ -1,71 +1,71 @@
-package engine
+package store
 
-import (
-	"fmt"
+import "fmt"
 
-	"github.com/idemsaga/idemsaga/internal/store"
-)
+// The statements of sagas and their steps: starting, reading and moving them.
 
-const (
-	sagaColumns = `id, definition, idem_key, state::text, version, input, results, coalesce(error, ''),
+// SagaColumns are a saga's columns, in the order the engine scans them.
+const SagaColumns = `id, definition, idem_key, state::text, version, input, results, coalesce(error, ''),
 created_at, updated_at, finished_at, definition_version`
 
-	selectSagaByID = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1`
-	// selectSagaByIDLocked takes the lock every writer of a saga or of
-	// its steps holds. FOR NO KEY UPDATE, not FOR UPDATE: it does not
-	// block the inbox's and the steps' foreign-key checks (FOR KEY SHARE),
-	// so a step's claim never waits for the orchestrator.
-	selectSagaByIDLocked = selectSagaByID + ` for no key update`
-	selectSagaByKeyFull  = `select ` + sagaColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
-	selectSagasByKey     = `select ` + sagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
+// SelectSagaByIDLocked takes the lock every writer of a saga or of its
+// steps holds. FOR NO KEY UPDATE, not FOR UPDATE: it does not block the
+// inbox's and the steps' foreign-key checks (FOR KEY SHARE), so a step's
+// claim never waits for the orchestrator.
+const SelectSagaByIDLocked = SelectSagaByID + ` for no key update`
 
-	// selectSteps reads a saga's steps; a step is possibly done when an
-	// attempt's outcome was unknown, as the step's row or its key's inbox
-	// row says.
-	selectSteps = `select st.step, st.phase::text, st.step_index, st.key, st.status::text, st.attempt,
+const SelectSagaByID = `select ` + SagaColumns + ` from idemsaga.sagas where id = $1`
+
+const SelectSagaByKeyFull = `select ` + SagaColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
+
+const SelectSagasByKey = `select ` + SagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
+
+// SelectSteps reads a saga's steps; a step is possibly done when an
+// attempt's outcome was unknown, as the step's row or its key's inbox
+// row says.
+const SelectSteps = `select st.step, st.phase::text, st.step_index, st.key, st.status::text, st.attempt,
   st.possibly_done or coalesce(i.unknown, false),
   st.lease_until, st.next_attempt_at, coalesce(st.last_error, ''), st.result, st.created_at, st.updated_at
 from idemsaga.steps st
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.saga_id = $1 order by st.created_at, st.step_index, st.phase`
 
-	// selectStep reads a step under its saga's lock, which every writer
-	// of a step holds.
-	selectStep = `select step_index, phase::text, status::text, attempt, possibly_done from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
+// SelectStep reads a step under its saga's lock, which every writer
+// of a step holds.
+const SelectStep = `select step_index, phase::text, status::text, attempt, possibly_done from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3`
 
-	// startSaga inserts a saga and dispatches its first step, in one
-	// statement, so that Start costs one round trip. A saga already under
-	// (definition, key) makes it write nothing and return 0. It also
-	// returns the command's outbox id; $12 is its hand-off in milliseconds
-	// (publish_after), NULL when the relay is to publish it. Last, when it
-	// inserted nothing, it returns what a duplicate start needs to
-	// adjudicate from the saga under the key, if the statement's snapshot
-	// sees one: one committed before the statement began, the usual
-	// duplicate, answered in the same round trip. A saga whose commit the
-	// insert waited for is not in the snapshot: then the three are NULL
-	// and the caller reads it (selectSagaByKey). The look is gated on the
-	// insert having written nothing, so a new saga's start never reads
-	// the index. $13 is the definition's deadline in milliseconds, NULL
-	// for none; $14 the version of the definition the saga runs; $15 the
-	// start's trace context, for the saga and its first command's
-	// headers, NULL when the start is not traced.
-	startSaga = `with s as (
+// StartSaga inserts a saga and dispatches its first step, in one
+// statement, so that Start costs one round trip. A saga already under
+// (definition, key) makes it write nothing and return 0. It also
+// returns the command's outbox id; $12 is its hand-off in milliseconds
+// (publish_after), NULL when the relay is to publish it. Last, when it
+// inserted nothing, it returns what a duplicate start needs to
+// adjudicate from the saga under the key, if the statement's snapshot
+// sees one: one committed before the statement began, the usual
+// duplicate, answered in the same round trip. A saga whose commit the
+// insert waited for is not in the snapshot: then the three are NULL
+// and the caller reads it (SelectSagaByKey). The look is gated on the
+// insert having written nothing, so a new saga's start never reads
+// the index. $13 is the definition's deadline in milliseconds, NULL
+// for none; $14 the version of the definition the saga runs; $15 the
+// start's trace context, for the saga and its first command's
+// headers, NULL when the start is not traced.
+var StartSaga = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
   values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14, $15::jsonb)
   on conflict (definition, idem_key) do nothing
   returning id
-)` + startSagaRest
+)` + StartSagaRest
 
-	// startSagaRest is what startSaga and startSagaWithToken do once their
-	// saga (s) is inserted: its first step and command, and the saga
-	// already under the key when none was.
-	startSagaRest = `, st as (
+// StartSagaRest is what StartSaga and StartSagaWithToken do once their
+// saga (s) is inserted: its first step and command, and the saga
+// already under the key when none was.
+var StartSagaRest = `, st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
-  select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st
+  ` + outboxInsert(`select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st`) + `
   returning id
 )
 select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
@@ -74,17 +74,17 @@ from (select 1) one left join lateral (
   where definition = $2 and idem_key = $3 and not exists (select 1 from s)
 ) e on true`
 
-	// selectSagaByKey reads what a duplicate start needs to adjudicate,
-	// when startSaga's snapshot did not see the saga under the key.
-	selectSagaByKey = `select id, input_hash, state::text from idemsaga.sagas where definition = $1 and idem_key = $2`
+// SelectSagaByKey reads what a duplicate start needs to adjudicate,
+// when StartSaga's snapshot did not see the saga under the key.
+const SelectSagaByKey = `select id, input_hash, state::text from idemsaga.sagas where definition = $1 and idem_key = $2`
 
-	// redispatchStep starts the next attempt of a step, fenced by the
-	// attempt seen ($4), bumps the saga's version ($6, seen under its lock)
-	// and writes the attempt's command ($7-$11: subject, message id,
-	// payload, hand-off, headers). The attempt it ends goes into the timeline as
-	// 'lease expired', unless it is there already (a retry was scheduled).
-	// It returns the new attempt and the command's outbox id.
-	redispatchStep = `with cur as (
+// RedispatchStep starts the next attempt of a step, fenced by the
+// attempt seen ($4), bumps the saga's version ($6, seen under its lock)
+// and writes the attempt's command ($7-$11: subject, message id,
+// payload, hand-off, headers). The attempt it ends goes into the timeline as
+// 'lease expired', unless it is there already (a retry was scheduled).
+// It returns the new attempt and the command's outbox id.
+var RedispatchStep = `with cur as (
   select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
   from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
 ), r as (
@@ -105,19 +105,18 @@ from (select 1) one left join lateral (
   where id = $1 and version = $6 and exists (select 1 from r)
   returning id
 ), o as (
-  insert into idemsaga.outbox (subject, msg_id, payload, saga_id, publish_after, headers)
-  select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond', $11::jsonb from v
+  ` + outboxInsert(`select $7, $8, $9, id, clock_timestamp() + $10 * interval '1 millisecond', $11::jsonb from v`) + `
   returning id
 )
 select (select attempt from r), (select id from o),
   case when exists (select 1 from r) and not exists (select 1 from v) then idemsaga.invariant_broken('a redispatch of step ' || $2 || ' (' || $3 || ') of saga ' || $1::text || ' found its saga moved under its lock') end`
 
-	// scheduleRetry puts a step in its retry wait, its attempt into the
-	// timeline as $8 ('retry', or 'unknown' for an external call that may
-	// have taken effect, which also makes the step possibly done), and
-	// bumps the saga's version ($9, seen under its lock). A miss is a bug:
-	// the step was read dispatched under the saga's lock.
-	scheduleRetry = `with f as (
+// ScheduleRetry puts a step in its retry wait, its attempt into the
+// timeline as $8 ('retry', or 'unknown' for an external call that may
+// have taken effect, which also makes the step possibly done), and
+// bumps the saga's version ($9, seen under its lock). A miss is a bug:
+// the step was read dispatched under the saga's lock.
+const ScheduleRetry = `with f as (
   update idemsaga.steps set
     status = 'retrying', last_error = $5, lease_until = null,
     possibly_done = possibly_done or $7::text = 'unknown',
@@ -136,55 +135,54 @@ select (select attempt from r), (select id from o),
 select case when not exists (select 1 from f) or not exists (select 1 from v)
   then idemsaga.invariant_broken('the retry of step ' || $2 || ' (' || $3 || ') of saga ' || $1::text || ' at attempt ' || $4::text || ' missed its row under the saga''s lock') end`
 
-	// The reaper's two hot queries, each matching its partial index. They
-	// only find candidates; each is then re-checked under the saga's lock.
-	// markAttemptUnknown records that a step's last attempt, given up
-	// after it, had an unknown outcome.
-	markAttemptUnknown = `insert into idemsaga.step_attempts as x (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
+// The reaper's two hot queries, each matching its partial index. They
+// only find candidates; each is then re-checked under the saga's lock.
+// MarkAttemptUnknown records that a step's last attempt, given up
+// after it, had an unknown outcome.
+const MarkAttemptUnknown = `insert into idemsaga.step_attempts as x (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
 select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at), idemsaga.now(), 'unknown', $5
 from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4
 on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', error = excluded.error, finished_at = excluded.finished_at
 where x.outcome is null or x.outcome = 'retry'`
 
-	// dueRetries and expiredLeases find the work of the reaper, for the
-	// definition versions this process runs ($2, "name@version"): another
-	// definition's or version's steps are left to the workers that have
-	// its code. A paused saga's steps are neither (store.NotPaused), and
-	// a step to send again after a resume (resendDue) is not an expired
-	// lease.
-	dueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
+// DueRetries and ExpiredLeases find the work of the reaper, for the
+// definition versions this process runs ($2, "name@version"): another
+// definition's or version's steps are left to the workers that have
+// its code. A paused saga's steps are neither (NotPaused), and
+// a step to send again after a resume (ResendDue) is not an expired
+// lease.
+const DueRetries = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
 order by st.next_attempt_at limit $1`
 
-	expiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
+const ExpiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now() and st.next_attempt_at is null
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
 order by st.lease_until limit $1`
 
-	// expiredWaits finds callback steps whose wait ran out.
-	expiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
+// ExpiredWaits finds callback steps whose wait ran out.
+const ExpiredWaits = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'waiting' and st.lease_until < idemsaga.now()
-  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + store.NotPaused + `)
+  and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
 order by st.lease_until limit $1`
 
-	// lockSagaOfStep locks the saga of a step first (every writer takes
-	// the same order: saga, then step), skipping a saga another process
-	// holds.
-	lockSagaOfStep = `select ` + sagaColumns + ` from idemsaga.sagas where id = $1 for no key update skip locked`
+// LockSagaOfStep locks the saga of a step first (every writer takes
+// the same order: saga, then step), skipping a saga another process
+// holds.
+const LockSagaOfStep = `select ` + SagaColumns + ` from idemsaga.sagas where id = $1 for no key update skip locked`
 
-	// settleRead reads what the inbox holds for a step being settled, once
-	// settleTombstone fenced it.
-	settleRead = `select outcome::text, unknown, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
-)
+// SettleRead reads what the inbox holds for a step being settled, once
+// SettleTombstone fenced it.
+const SettleRead = `select outcome::text, unknown, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
 
-// settleTombstone fences a step the engine gives up, if no attempt holds
+// SettleTombstone fences a step the engine gives up, if no attempt holds
 // its key ($5, its advisory lock, tried without waiting): a tombstone, so
 // once the transaction commits no delivery of the step's command can take
 // effect. An external call still marked started, or a callback step's
 // request still waiting for its callback, becomes unknown. It returns
 // whether the key was free.
-var settleTombstone = fmt.Sprintf(`with l as (
+var SettleTombstone = fmt.Sprintf(`with l as (
   select pg_try_advisory_xact_lock(%d, $5) as got
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
@@ -192,12 +190,12 @@ var settleTombstone = fmt.Sprintf(`with l as (
   on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
   where x.outcome in ('started', 'retry', 'waiting')
 )
-select got from l`, store.LockClass)
+select got from l`, LockClass)
 
-// settleTombstoneForCancel is settleTombstone that leaves alone the claim
+// SettleTombstoneForCancel is SettleTombstone that leaves alone the claim
 // of an external attempt whose lease still runs: the call may be in
 // flight, and an undo now could reach the other system before it.
-var settleTombstoneForCancel = fmt.Sprintf(`with l as (
+var SettleTombstoneForCancel = fmt.Sprintf(`with l as (
   select pg_try_advisory_xact_lock(%d, $5) as got
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
@@ -206,12 +204,12 @@ var settleTombstoneForCancel = fmt.Sprintf(`with l as (
   where x.outcome in ('retry', 'waiting') or (x.outcome = 'started' and not exists (
     select 1 from idemsaga.steps st where st.saga_id = $1 and st.key = $2 and st.status = 'dispatched' and st.lease_until > idemsaga.now()))
 )
-select got from l`, store.LockClass)
+select got from l`, LockClass)
 
-// selectAttempts is a saga's timeline: the attempts recorded in
+// SelectAttempts is a saga's timeline: the attempts recorded in
 // step_attempts, and each step's current attempt from its own row when
 // step_attempts has none for it (the happy path).
-const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at, outcome, error from (
+const SelectAttempts = `select step, phase, attempt, dispatched_at, finished_at, outcome, error from (
   select step, phase::text, attempt, dispatched_at, finished_at, coalesce(outcome::text, '') as outcome, coalesce(error, '') as error
   from idemsaga.step_attempts where saga_id = $1
   union all
@@ -226,14 +224,14 @@ const selectAttempts = `select step, phase, attempt, dispatched_at, finished_at,
 ) t
 order by dispatched_at, attempt`
 
-// listSagas filters by definition ($1), state ($2), age ($3 seconds),
+// ListSagas filters by definition ($1), state ($2), age ($3 seconds),
 // stuckness ($4, with margin $5 seconds), parked commands ($9) and
 // definition version ($10); empty or zero filters match all.
-const listSagas = `select ` + sagaColumns + ` from idemsaga.sagas s
+const ListSagas = `select ` + SagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
   and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
-  and (not $4 or (s.finished_at is null and ` + store.NotPaused + ` and not exists (
+  and (not $4 or (s.finished_at is null and ` + NotPaused + ` and not exists (
         select 1 from idemsaga.steps st where st.saga_id = s.id and (
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')
@@ -244,12 +242,12 @@ where ($1 = '' or s.definition = $1)
 order by s.created_at desc, s.id desc
 limit $6`
 
-// countSagas counts sagas by state, of one definition or all.
-const countSagas = `select state::text, count(*) from idemsaga.sagas where ($1 = '' or definition = $1) group by state`
+// CountSagas counts sagas by state, of one definition or all.
+const CountSagas = `select state::text, count(*) from idemsaga.sagas where ($1 = '' or definition = $1) group by state`
 
-// retryFailedStep re-opens a failed step for an operator's retry; the
+// RetryFailedStep re-opens a failed step for an operator's retry; the
 // failed attempt goes into the timeline.
-const retryFailedStep = `with cur as (
+const RetryFailedStep = `with cur as (
   select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at, updated_at, last_error
   from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'failed'
 ), r as (
@@ -266,34 +264,32 @@ const retryFailedStep = `with cur as (
 )
 select attempt from r`
 
-// The callback steps' statements (callback.go).
-const (
-	// selectCallback reads an event already received for a step.
-	selectCallback = `select saga_id, body_hash, outcome, detail, received_at from idemsaga.callbacks
+// SelectCallback reads an event already received for a step.
+const SelectCallback = `select saga_id, body_hash, outcome, detail, received_at from idemsaga.callbacks
 where definition = $1 and step = $2 and event_id = $3`
 
-	// insertCallback records a new event; an event id taken meanwhile
-	// inserts nothing and returns no row.
-	insertCallback = `insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, result, error, outcome, detail, applied_at)
+// InsertCallback records a new event; an event id taken meanwhile
+// inserts nothing and returns no row.
+const InsertCallback = `insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, result, error, outcome, detail, applied_at)
 values ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, case when $9 = 'applied' then idemsaga.now() end)
 on conflict (definition, step, event_id) do nothing
 returning received_at`
 
-	// completeWaiting records a callback's outcome under a waiting step's
-	// key ($2), fenced on the key still waiting (at attempt $3, or at an
-	// earlier one whose request was accepted after its lease was taken
-	// over). The saga's lock rules out a miss.
-	completeWaiting = `with c as (
+// CompleteWaiting records a callback's outcome under a waiting step's
+// key ($2), fenced on the key still waiting (at attempt $3, or at an
+// earlier one whose request was accepted after its lease was taken
+// over). The saga's lock rules out a miss.
+const CompleteWaiting = `with c as (
   update idemsaga.inbox set outcome = $4::text, result = $5::jsonb, error = $6::text
   where saga_id = $1 and step_key = $2 and attempt <= $3 and outcome = 'waiting'
   returning 1
 )
 select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`
 
-	// waitForCallback makes a callback step wait for its callback until
-	// its deadline ($4 milliseconds from now), fenced by the attempt and
-	// the saga's version ($5), which it bumps.
-	waitForCallback = `with st as (
+// WaitForCallback makes a callback step wait for its callback until
+// its deadline ($4 milliseconds from now), fenced by the attempt and
+// the saga's version ($5), which it bumps.
+const WaitForCallback = `with st as (
   update idemsaga.steps set status = 'waiting', lease_until = idemsaga.now() + $4 * interval '1 millisecond',
     next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = 'forward' and attempt = $3 and status in ('dispatched', 'retrying')
@@ -305,40 +301,39 @@ select case when not exists (select from c) then idemsaga.invariant_broken('a wa
 )
 select case when not exists (select from s) then idemsaga.invariant_broken('a callback step could not begin to wait') end`
 
-	// firstPendingCallback finds the first callback kept for a step
-	// before it waited.
-	firstPendingCallback = `select event_id, failed, result, coalesce(error, '') from idemsaga.callbacks
+// FirstPendingCallback finds the first callback kept for a step
+// before it waited.
+const FirstPendingCallback = `select event_id, failed, result, coalesce(error, '') from idemsaga.callbacks
 where saga_id = $1 and definition = $2 and step = $3 and outcome = 'pending'
 order by received_at, event_id limit 1`
 
-	// applyPendingCallback marks the pending callback applied, and the
-	// step's other pending ones superseded.
-	applyPendingCallback = `update idemsaga.callbacks set
+// ApplyPendingCallback marks the pending callback applied, and the
+// step's other pending ones superseded.
+const ApplyPendingCallback = `update idemsaga.callbacks set
   outcome = case when event_id = $3 then 'applied' else 'superseded' end,
   detail = case when event_id = $3 then $4 else 'another event completed the step first; this one changes nothing' end,
   applied_at = case when event_id = $3 then idemsaga.now() end
 where definition = $1 and step = $2 and outcome = 'pending' and saga_id = $5`
 
-	// selectCallbacks lists a saga's callbacks, for inspection.
-	selectCallbacks = `select step, event_id, outcome, failed, result, coalesce(error, ''), received_at, applied_at
+// SelectCallbacks lists a saga's callbacks, for inspection.
+const SelectCallbacks = `select step, event_id, outcome, failed, result, coalesce(error, ''), received_at, applied_at
 from idemsaga.callbacks where saga_id = $1 order by received_at, event_id`
-)
 
-// completeSettled records a kept callback's outcome under a step key that
-// settleTombstone fenced in the same transaction.
-const completeSettled = `update idemsaga.inbox set outcome = $3::text, result = $4::jsonb, error = $5::text
+// CompleteSettled records a kept callback's outcome under a step key that
+// SettleTombstone fenced in the same transaction.
+const CompleteSettled = `update idemsaga.inbox set outcome = $3::text, result = $4::jsonb, error = $5::text
 where saga_id = $1 and step_key = $2 and outcome = 'tombstone'`
 
-// selectStepInFlight reads a running saga's step in flight (one, as
+// SelectStepInFlight reads a running saga's step in flight (one, as
 // reconcile checks), under its saga's lock.
-const selectStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
+const SelectStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
 where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting') order by updated_at desc limit 1`
 
-// skipAttempt ends a step's attempt $4 for an operator's skip (into the
+// SkipAttempt ends a step's attempt $4 for an operator's skip (into the
 // timeline as it ended: failed, retry, or cut short) and opens the skip's
 // own attempt, whose success the skip's move records with the note $5.
 // It returns the skip's attempt.
-const skipAttempt = `with cur as (
+const SkipAttempt = `with cur as (
   select saga_id, step, phase, attempt, status, coalesce(dispatched_at, created_at) as dispatched_at, updated_at, last_error
   from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('failed', 'retrying', 'dispatched', 'waiting')
 ), r as (
@@ -363,13 +358,13 @@ const skipAttempt = `with cur as (
 )
 select attempt from r`
 
-// selectRepairs is a saga's repairs, oldest first.
-const selectRepairs = `select operation, request_key, reason, requested_by, coalesce(step, ''), coalesce(phase::text, ''), state_after::text, created_at
+// SelectRepairs is a saga's repairs, oldest first.
+const SelectRepairs = `select operation, request_key, reason, requested_by, coalesce(step, ''), coalesce(phase::text, ''), state_after::text, created_at
 from idemsaga.repairs where saga_id = $1 order by created_at, request_key`
 
-// reopenLateCallbacks makes the late callbacks of a callback step ($2)
+// ReopenLateCallbacks makes the late callbacks of a callback step ($2)
 // that an operator retries pending again, so that the first one applies
 // when the step waits.
-const reopenLateCallbacks = `update idemsaga.callbacks set outcome = 'pending',
+const ReopenLateCallbacks = `update idemsaga.callbacks set outcome = 'pending',
   detail = 'kept for the step retried by an operator; applied when it waits'
 where saga_id = $1 and step = $2 and outcome = 'late'`

@@ -1,0 +1,40 @@
+package store
+
+// The statements of retention: finished sagas and published outbox rows
+// deleted in batches.
+
+// ClaimFinishedSagas locks a batch of finished sagas past the window.
+// A saga with a step still in flight, or with a command or reply not
+// yet published (a row the broker refused, say), is kept even if marked
+// finished: that message may still be delivered.
+const ClaimFinishedSagas = `select s.id from idemsaga.sagas s
+where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
+  and (s.state not in ('failed', 'parked') or $3::bool)
+  and not exists (
+    select 1 from idemsaga.steps st
+    where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))
+  and not exists (
+    select 1 from idemsaga.outbox o
+    where o.saga_id = s.id and o.published_at is null)
+order by s.finished_at
+limit $2
+for update of s skip locked`
+
+// The statements that delete one batch of sagas, in one transaction,
+// children first (the foreign keys would cascade, one row at a time).
+const DeleteSagaInbox = `delete from idemsaga.inbox where saga_id = any($1)`
+
+const DeleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
+
+const DeleteSagaSteps = `delete from idemsaga.steps where saga_id = any($1)`
+
+const DeleteSagas = `delete from idemsaga.sagas where id = any($1)`
+
+// DeletePublishedOutbox deletes published rows past the window, in
+// batches. Unpublished rows (published_at null) never match.
+const DeletePublishedOutbox = `delete from idemsaga.outbox where id in (
+  select id from idemsaga.outbox
+  where published_at < idemsaga.now() - $1 * interval '1 millisecond'
+  order by published_at
+  limit $2
+  for update skip locked)`
