@@ -3,11 +3,12 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -143,150 +144,382 @@ type Recorded struct {
 	NextID, ReplyID *int64
 }
 
-// The statements that record an attempt's outcome, one per lead. Each is
-// the lead's CTE (i) followed by recordTail, which reads $1-$37 below;
-// the lead's own parameters follow from $38. The parts a record lacks
-// (no move, no next step, no reply) are empty inputs, not other texts,
-// so each statement has one text and one plan.
-//
-// The move's next steps, and the commands among them, are arrays: a move
-// dispatches a set of steps, one for a line of steps today; steps that
-// run in parallel pass several, each with its own row and command.
+// The statements that record an attempt's outcome: for each lead in the
+// attempt's own transaction, and under the saga's lock (QueueMove), one
+// statement per set of parts the record has (a move, a next step, its
+// command, a kept result, a reply), all written at start from the parts
+// below with named parameters (@name) numbered once (compile). A part a
+// record lacks is left out of its statement rather than given empty
+// inputs: the executor would open its table and every index of it for
+// nothing, which costs the server more than the rows do.
+var statements = func() map[shape]named {
+	all := map[shape]named{}
+	for _, lead := range []Lead{LeadNone, LeadFailure, LeadFailureAlone, LeadExternal} {
+		for bits := 0; bits < 1<<5; bits++ {
+			sh := shape{lead: lead, move: bits&1 != 0, next: bits&2 != 0, command: bits&4 != 0, keep: bits&8 != 0, reply: bits&16 != 0}
+			if sh.valid() {
+				all[sh] = compile(sh.text())
+			}
+			if lk := sh; sh.valid() && lead == LeadNone && !sh.keep && !sh.reply && sh.move {
+				lk.locked = true
+				all[lk] = compile(lk.text())
+			}
+		}
+	}
+	return all
+}()
+
+// shape is which parts a record's statement has.
+type shape struct {
+	lead Lead
+	// locked: under the saga's lock, the attempt's timeline row is closed
+	// too, and a miss is a bug.
+	locked                           bool
+	move, next, command, keep, reply bool
+}
+
+func (sh shape) valid() bool {
+	return (sh.move || !sh.next) && (sh.next || !sh.command)
+}
+
+// text writes the statement of shape sh from its parts.
+func (sh shape) text() string {
+	ctes := []string{leads[sh.lead]}
+	if sh.move {
+		ctes = append(ctes, moveParts)
+		if sh.locked {
+			ctes = append(ctes, timelinePart)
+		}
+	}
+	if sh.next {
+		ctes = append(ctes, stepPart)
+	}
+	if sh.command {
+		ctes = append(ctes, commandPart)
+	}
+	if sh.keep {
+		ctes = append(ctes, keepPart)
+	}
+	if sh.reply {
+		ctes = append(ctes, replyPart)
+	}
+	text := "with " + strings.Join(ctes, ",\n") + "\n" + report(sh)
+	if !sh.move {
+		text = strings.ReplaceAll(text, " and not exists (select from u)", "")
+	}
+	if sh.lead == LeadNone {
+		// The lead wrote nothing to wait for: its parts are not gated on it.
+		text = strings.ReplaceAll(text, " and exists (select from i)", "")
+		text = strings.ReplaceAll(text, "where exists (select from i) and ", "where ")
+		text = strings.ReplaceAll(text, "where exists (select from i)", "where true")
+		text = strings.ReplaceAll(text, "select exists (select from i),", "select true,")
+		text = strings.Replace(text, "with "+leadNone+",\n", "with ", 1)
+		text = strings.Replace(text, "with "+leadNone+"\n", "", 1)
+	}
+	return text
+}
+
+// leads are the leads' parts (i): one row when the lead wrote.
+var leads = map[Lead]string{LeadNone: leadNone, LeadFailure: leadFailure, LeadFailureAlone: leadFailureAlone, LeadExternal: leadExternal}
+
+// The leads.
 var (
-	recordNone = `with i as (select)` + recordTail
+	leadNone = `i as (select)`
 
-	recordFailure = `with i as (
-  update idemsaga.inbox set outcome = $38::text, error = $39::text, result = null
-  where saga_id = $1 and step_key = $2 and attempt = $40::int and outcome = 'succeeded'
+	leadFailure = `i as (
+  update idemsaga.inbox set outcome = @inbox_outcome::text, error = @inbox_error::text, result = null
+  where saga_id = @saga and step_key = @key and attempt = @attempt::int and outcome = 'succeeded'
   returning 1
-)` + recordTail
+)`
 
-	recordFailureAlone = fmt.Sprintf(`with i as (
+	leadFailureAlone = fmt.Sprintf(`i as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome, error)
-  select s.id, $2, $41::text, $42::text, $40::int, $38::text, $39::text
+  select s.id, @key, @step::text, @phase::text, @attempt::int, @inbox_outcome::text, @inbox_error::text
   from idemsaga.sagas s
-  where s.id = $1 and pg_advisory_xact_lock_shared(%d, $43) is not null
+  where s.id = @saga and pg_advisory_xact_lock_shared(%d, @lock) is not null
   on conflict (saga_id, step_key) do update set attempt = excluded.attempt, outcome = excluded.outcome, error = excluded.error, result = null
     where x.outcome = 'retry' and x.attempt < excluded.attempt
   returning 1
-)`, LockClass) + recordTail
+)`, LockClass)
 
-	recordExternal = fmt.Sprintf(`with i as (
-  update idemsaga.inbox x set outcome = $38::text, result = $41::jsonb, error = $39::text, unknown = x.unknown or $42::bool
-  where x.saga_id = $1 and x.step_key = $2 and x.attempt = $40::int and x.outcome = 'started'
-    and pg_advisory_xact_lock_shared(%d, $43) is not null
+	leadExternal = fmt.Sprintf(`i as (
+  update idemsaga.inbox x set outcome = @inbox_outcome::text, result = @inbox_result::jsonb, error = @inbox_error::text,
+    unknown = x.unknown or @unknown::bool
+  where x.saga_id = @saga and x.step_key = @key and x.attempt = @attempt::int and x.outcome = 'started'
+    and pg_advisory_xact_lock_shared(%d, @lock) is not null
   returning 1
-)`, LockClass) + recordTail
+)`, LockClass)
 )
 
-// recordTail is the saga's part of every record, gated on its lead (i):
-// the saga's update (u), fenced by state and version; the ended step's (f);
-// under the orchestrator's lock ($18) the attempt's timeline row (a); the
-// next steps' rows (st) and their commands (o); the result kept on the
-// inbox row (r) and the reply (rep) where the move did not apply. It
-// returns what it did (Recorded) and checks the invariant: under a lock a
-// move cannot miss, and a move that applied always finds its step.
-//
-// $1 saga, $2 step key; the move: $3 to, $4 from, $5 version, $6 finished,
-// $7 saga error (NULL: kept), $8 result step (NULL: none), $9 its result,
-// $10 there is a move, $11 step status, $12 step result, $13 step error,
-// $14 possibly done, $15-$17 step, phase, attempt, $18 locked; the next
-// steps: $19-$23 step, phase, index, key, lease (ms) arrays, $24-$28 the
-// commands' step, subject, message id, payload, headers arrays; $29 the
-// hand-off (ms, NULL: the relay's); $30 keep the result, $31 the result;
-// $32-$36 the reply (there is one, subject, message id, payload,
-// headers); $37 what the invariant's breach says.
-var recordTail = `, u as (
-  update idemsaga.sagas set state = $3::text, version = version + 1, updated_at = idemsaga.now(),
-    finished_at = case when $6::bool then idemsaga.now() else finished_at end,
-    error = coalesce($7::text, error),
-    results = case when $8::text is null then results else results || jsonb_build_object($8::text, coalesce($9::jsonb, 'null'::jsonb)) end
-  where $10::bool and id = $1 and state = $4::text and version = $5::bigint and exists (select from i)
+// moveParts is the move, gated on the lead: the saga's update (u), fenced
+// by state and version, and the ended step's (f). Under the saga's lock
+// (@locked) the step may be retrying or waiting.
+const moveParts = `u as (
+  update idemsaga.sagas set state = @to::text, version = version + 1, updated_at = idemsaga.now(),
+    finished_at = case when @finished::bool then idemsaga.now() else finished_at end,
+    error = coalesce(@saga_error::text, error),
+    results = case when @result_step::text is null then results
+      else results || jsonb_build_object(@result_step::text, coalesce(@saga_result::jsonb, 'null'::jsonb)) end
+  where id = @saga and state = @from::text and version = @version::bigint and exists (select from i)
   returning created_at
 ), f as (
-  update idemsaga.steps set status = $11::text, result = $12::jsonb, last_error = $13::text,
-    possibly_done = possibly_done or $14::bool,
+  update idemsaga.steps set status = @status::text, result = @step_result::jsonb, last_error = @step_error::text,
+    possibly_done = possibly_done or @possibly_done::bool,
     lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
-  where saga_id = $1 and step = $15::text and phase = $16::text and attempt = $17::int
-    and (status = 'dispatched' or ($18::bool and status in ('retrying', 'waiting')))
+  where saga_id = @saga and step = @move_step::text and phase = @move_phase::text and attempt = @move_attempt::int
+    and (status = 'dispatched' or (@locked::bool and status in ('retrying', 'waiting')))
     and exists (select from u)
   returning saga_id, step, phase, attempt
-), a as (
-  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, idemsaga.now()),
-    outcome = case when x.outcome is null or x.outcome = 'retry' then $11::text else x.outcome end,
-    error = coalesce($13::text, x.error)
-  from f where $18::bool and x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
-), st as (
-  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
-  select f.saga_id, n.step, n.phase, n.step_index, n.key, 'dispatched', 1, idemsaga.now() + n.lease * interval '1 millisecond', idemsaga.now()
-  from f, unnest($19::text[], $20::text[], $21::int[], $22::uuid[], $23::bigint[]) as n(step, phase, step_index, key, lease)
-  on conflict (saga_id, step, phase) do nothing
-  returning step
-), o as (
-  ` + outboxInsert(`select c.subject, c.msg_id, c.payload, $1, clock_timestamp() + $29::bigint * interval '1 millisecond', c.headers
-  from unnest($24::text[], $25::text[], $26::text[], $27::bytea[], $28::jsonb[]) as c(step, subject, msg_id, payload, headers)
-  where c.step in (select step from st)
-  returning id`) + `
-), r as (
-  update idemsaga.inbox set result = $31::jsonb
-  where $30::bool and saga_id = $1 and step_key = $2 and exists (select from i) and not exists (select from u)
-), rep as (
-  ` + outboxInsert(`select $33::text, $34::text, $35::bytea, $1, clock_timestamp() + $29::bigint * interval '1 millisecond', $36::jsonb
-  where $32::bool and exists (select from i) and not exists (select from u)
-  returning id`) + `
-)
-select exists (select from i), (select created_at from u), exists (select from st), (select min(id) from o), (select id from rep),
-  case when $10::bool and ($18::bool or exists (select from u)) and not (exists (select from u) and exists (select from f))
-    then idemsaga.invariant_broken($37::text) end`
+)`
 
-// args returns the record's statement and its arguments.
-func (r *Record) args(locked bool) (string, []any) {
-	args := make([]any, 0, 43)
-	args = append(args, pguuid.Of(r.Saga), pguuid.Of(r.Key))
-	m := r.Move
-	if m == nil {
-		args = append(args, nil, nil, nil, false, nil, nil, nil, false, nil, nil, nil, false, nil, nil, nil, locked)
-	} else {
-		args = append(args, string(m.To), string(m.From), m.Version, m.Finished, nullText(m.Error), nullText(m.ResultStep), nullJSON(m.Result),
-			true, string(m.Status), nullJSON(m.StepResult), nullText(m.StepError), m.PossiblyDone, m.Step, string(m.Phase), m.Attempt, locked)
+// timelinePart closes the ended attempt's timeline row (a), if it has one:
+// under the saga's lock, an attempt the reaper or a repair touched.
+const timelinePart = `a as (
+  update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, idemsaga.now()),
+    outcome = case when x.outcome is null or x.outcome = 'retry' then @status::text else x.outcome end,
+    error = coalesce(@step_error::text, x.error)
+  from f where x.saga_id = f.saga_id and x.step = f.step and x.phase = f.phase and x.attempt = f.attempt
+)`
+
+// stepPart is the next step's row (st), if there is one.
+const stepPart = `st as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+  select f.saga_id, @next_step::text, @next_phase::text, @next_index::int, @next_key::uuid, 'dispatched', 1,
+    idemsaga.now() + @next_lease::bigint * interval '1 millisecond', idemsaga.now()
+  from f
+  on conflict (saga_id, step, phase) do nothing
+  returning saga_id
+)`
+
+// commandPart is the next step's command (o), if its row went in.
+var commandPart = `o as (
+  ` + outboxInsert(`select @cmd_subject::text, @cmd_msg_id::text, @cmd_payload::bytea, saga_id,
+    clock_timestamp() + @hand_off::bigint * interval '1 millisecond', @cmd_headers::jsonb
+  from st`) + `
+  returning id
+)`
+
+// keepPart keeps a database step's result on its inbox row (r) where the
+// move did not apply, for a later duplicate's answer.
+const keepPart = `r as (
+  update idemsaga.inbox set result = @inbox_result::jsonb
+  where saga_id = @saga and step_key = @key and exists (select from i) and not exists (select from u)
+)`
+
+// replyPart is the reply (rep), where the move did not apply: the
+// orchestrator then decides.
+var replyPart = `rep as (
+  ` + outboxInsert(`select @reply_subject::text, @reply_msg_id::text, @reply_payload::bytea, @saga,
+    clock_timestamp() + @hand_off::bigint * interval '1 millisecond', @reply_headers::jsonb
+  where exists (select from i) and not exists (select from u)`) + `
+  returning id
+)`
+
+// report is what a statement of shape sh returns: whether the lead wrote,
+// the saga's start when the move applied, whether it dispatched, the
+// command's and the reply's outbox ids, and the invariant: a move that
+// applied always finds its step, and under the saga's lock a move cannot
+// miss.
+func report(sh shape) string {
+	created, dispatched, cmd, rep, check := "null::timestamptz", "false", "null::bigint", "null::bigint", "null::int"
+	if sh.move {
+		created = "(select created_at from u)"
+		missed := "exists (select from u) and not exists (select from f)"
+		if sh.locked {
+			missed = "not exists (select from u) or not exists (select from f)"
+		}
+		check = "case when " + missed + " then idemsaga.invariant_broken(@invariant::text) end"
 	}
-	var steps, phases, cmdSteps, subjects, msgIDs []string
-	var indexes []int32
-	var keys []pgtype.UUID
-	var leases []int64
-	var payloads [][]byte
-	var headers []*string
-	if m != nil && m.Next != nil {
-		d := m.Next
-		steps, phases, indexes, keys, leases = []string{d.Step}, []string{string(d.Phase)}, []int32{int32(d.Index)}, []pgtype.UUID{pguuid.Of(d.Key)}, []int64{d.LeaseMillis}
-		if !r.Eager {
-			cmdSteps, subjects, msgIDs, payloads, headers = []string{d.Step}, []string{d.Subject}, []string{d.MsgID}, [][]byte{d.Payload}, []*string{headersText(d.Headers)}
+	if sh.next {
+		dispatched = "exists (select from st)"
+	}
+	if sh.command {
+		cmd = "(select id from o)"
+	}
+	if sh.reply {
+		rep = "(select id from rep)"
+	}
+	return "select exists (select from i), " + created + ", " + dispatched + ", " + cmd + ", " + rep + ",\n  " + check
+}
+
+// named is a statement written with @name parameters, numbered once.
+type named struct {
+	sql   string
+	names []string
+}
+
+// compile numbers a statement's @name parameters in the order they first
+// appear; every use of a name is the same parameter.
+func compile(text string) named {
+	var n named
+	index := map[string]int{}
+	var b strings.Builder
+	for i := 0; i < len(text); i++ {
+		if text[i] != '@' {
+			b.WriteByte(text[i])
+			continue
+		}
+		j := i + 1
+		for j < len(text) && (text[j] == '_' || text[j] >= 'a' && text[j] <= 'z') {
+			j++
+		}
+		name := text[i+1 : j]
+		k, ok := index[name]
+		if !ok {
+			n.names = append(n.names, name)
+			k = len(n.names)
+			index[name] = k
+		}
+		b.WriteString("$" + strconv.Itoa(k))
+		i = j - 1
+	}
+	n.sql = b.String()
+	return n
+}
+
+// statement returns the record's statement and its arguments.
+func (r *Record) statement(locked bool) (string, []any) {
+	m := r.Move
+	sh := shape{lead: r.Lead, locked: locked, move: m != nil, reply: r.Reply != nil && !locked}
+	sh.next = m != nil && m.Next != nil
+	// A next step run here at once has no command: its row is its durable
+	// record.
+	sh.command = sh.next && !r.Eager
+	sh.keep = r.arg("keep", locked).(bool) && !locked
+	st, ok := statements[sh]
+	if !ok {
+		panic(fmt.Sprintf("store: no statement of shape %+v", sh)) // a record the engine never builds
+	}
+	args := make([]any, len(st.names))
+	for i, name := range st.names {
+		args[i] = r.arg(name, locked)
+	}
+	return st.sql, args
+}
+
+// arg is the value of the parameter name of r's statement.
+func (r *Record) arg(name string, locked bool) any {
+	m := r.Move
+	var next *Dispatch
+	if m != nil {
+		next = m.Next
+	}
+	cmd := next != nil && !r.Eager
+	switch name {
+	case "saga":
+		return pguuid.Of(r.Saga)
+	case "key":
+		return pguuid.Of(r.Key)
+	case "step":
+		return r.Step
+	case "phase":
+		return string(r.Phase)
+	case "attempt":
+		return r.Attempt
+	case "lock":
+		return LockID(r.Key)
+	case "inbox_outcome":
+		return r.InboxOutcome
+	case "inbox_error":
+		if r.Lead == LeadExternal {
+			return nullText(r.ErrText)
+		}
+		return r.ErrText
+	case "inbox_result":
+		return nullJSON(r.Result)
+	case "unknown":
+		return r.Unknown
+	case "keep":
+		// The result of a database step's success that is not applied in
+		// its step goes to its inbox row, for a later duplicate's answer.
+		return r.Lead == LeadNone && len(r.Result) > 0 && (m != nil || r.Reply != nil)
+	case "locked":
+		return locked
+	case "hand_off":
+		return r.HandOff
+	case "next_step", "next_phase", "next_index", "next_key", "next_lease":
+		if next == nil {
+			return nil
+		}
+		switch name {
+		case "next_step":
+			return next.Step
+		case "next_phase":
+			return string(next.Phase)
+		case "next_index":
+			return next.Index
+		case "next_key":
+			return pguuid.Of(next.Key)
+		}
+		return next.LeaseMillis
+	case "cmd_subject", "cmd_msg_id", "cmd_payload", "cmd_headers":
+		if !cmd {
+			return nil
+		}
+		switch name {
+		case "cmd_subject":
+			return next.Subject
+		case "cmd_msg_id":
+			return next.MsgID
+		case "cmd_payload":
+			return next.Payload
+		}
+		return HeadersJSON(next.Headers)
+	case "invariant":
+		if m == nil {
+			return ""
+		}
+		return fmt.Sprintf("the move of saga %s from %s at version %d to %s missed its step %s (%s) at attempt %d", m.Saga, m.From, m.Version, m.To, m.Step, m.Phase, m.Attempt)
+	}
+	if rep := r.Reply; strings.HasPrefix(name, "reply_") {
+		if rep == nil {
+			return nil
+		}
+		switch name {
+		case "reply_subject":
+			return rep.Subject
+		case "reply_msg_id":
+			return rep.MsgID
+		case "reply_payload":
+			return rep.Payload
+		case "reply_headers":
+			return HeadersJSON(rep.Headers)
 		}
 	}
-	args = append(args, steps, phases, indexes, keys, leases, cmdSteps, subjects, msgIDs, payloads, headers, r.HandOff)
-	// The result of a database step's success that is not applied in its
-	// step goes to its inbox row, for a later duplicate's answer.
-	keep := r.Lead == LeadNone && len(r.Result) > 0 && (m != nil || r.Reply != nil)
-	args = append(args, keep, nullJSON(r.Result))
-	if rep := r.Reply; rep != nil {
-		args = append(args, true, rep.Subject, rep.MsgID, rep.Payload, HeadersJSON(rep.Headers))
-	} else {
-		args = append(args, false, nil, nil, nil, nil)
+	if m == nil {
+		return nil
 	}
-	what := ""
-	if m != nil {
-		what = fmt.Sprintf("the move of saga %s from %s at version %d to %s missed its step %s (%s) at attempt %d", m.Saga, m.From, m.Version, m.To, m.Step, m.Phase, m.Attempt)
+	switch name {
+	case "to":
+		return string(m.To)
+	case "from":
+		return string(m.From)
+	case "version":
+		return m.Version
+	case "finished":
+		return m.Finished
+	case "saga_error":
+		return nullText(m.Error)
+	case "result_step":
+		return nullText(m.ResultStep)
+	case "saga_result":
+		return nullJSON(m.Result)
+	case "status":
+		return string(m.Status)
+	case "step_result":
+		return nullJSON(m.StepResult)
+	case "step_error":
+		return nullText(m.StepError)
+	case "possibly_done":
+		return m.PossiblyDone
+	case "move_step":
+		return m.Step
+	case "move_phase":
+		return string(m.Phase)
+	case "move_attempt":
+		return m.Attempt
 	}
-	args = append(args, what)
-	switch r.Lead {
-	case LeadFailure:
-		return recordFailure, append(args, r.InboxOutcome, r.ErrText, r.Attempt)
-	case LeadFailureAlone:
-		return recordFailureAlone, append(args, r.InboxOutcome, r.ErrText, r.Attempt, r.Step, string(r.Phase), LockID(r.Key))
-	case LeadExternal:
-		return recordExternal, append(args, r.InboxOutcome, nullText(r.ErrText), r.Attempt, nullJSON(r.Result), r.Unknown, LockID(r.Key))
-	}
-	return recordNone, args
+	panic("store: no argument " + name + " of a record") // a statement and arg disagree: caught by every test
 }
 
 // scan reads what the statement reports into out, and records the outbox
@@ -315,7 +548,7 @@ func (r *Record) scan(tx *Tx, out *Recorded) func(pgx.Row) error {
 // QueueRecord adds r's statement to tx, an attempt's own transaction; out
 // is filled when it is sent.
 func QueueRecord(tx *Tx, r *Record, out *Recorded) {
-	sql, args := r.args(false)
+	sql, args := r.statement(false)
 	tx.Queue(sql, r.scan(tx, out), args...)
 }
 
@@ -333,7 +566,7 @@ func QueueMove(tx *Tx, m *Move, handOff any, created *time.Time) {
 	}
 	r := &Record{Lead: LeadNone, Saga: m.Saga, Step: m.Step, Phase: m.Phase, Attempt: m.Attempt, Move: m, HandOff: handOff}
 	out := &Recorded{}
-	sql, args := r.args(true)
+	sql, args := r.statement(true)
 	scan := r.scan(tx, out)
 	tx.Queue(sql, func(row pgx.Row) error {
 		if err := scan(row); err != nil {
@@ -355,9 +588,6 @@ func nullJSON(b json.RawMessage) any {
 	return string(b)
 }
 
-// NullJSON is nullJSON for the engine's own statements' arguments.
-func NullJSON(b json.RawMessage) any { return nullJSON(b) }
-
 // HeadersJSON passes an outbox row's headers as JSON text (as nullJSON
 // does), NULL for none.
 func HeadersJSON(h map[string]string) any {
@@ -371,20 +601,9 @@ func HeadersJSON(h map[string]string) any {
 	return string(b)
 }
 
-// headersText is HeadersJSON for an array element.
-func headersText(h map[string]string) *string {
-	if s, ok := HeadersJSON(h).(string); ok {
-		return &s
-	}
-	return nil
-}
-
 func nullText(s string) any {
 	if s == "" {
 		return nil
 	}
 	return s
 }
-
-// NullText passes an empty string as NULL.
-func NullText(s string) any { return nullText(s) }
