@@ -178,8 +178,11 @@ type shape struct {
 	move, next, command, keep, reply bool
 }
 
+// valid reports a shape a record can have: a next step needs a move, a
+// command a next step, and only a success's lead keeps a result, where a
+// move may miss or a reply goes.
 func (sh shape) valid() bool {
-	return (sh.move || !sh.next) && (sh.next || !sh.command)
+	return (sh.move || !sh.next) && (sh.next || !sh.command) && (!sh.keep || sh.lead == LeadNone && (sh.move || sh.reply))
 }
 
 // text writes the statement of shape sh from its parts.
@@ -204,6 +207,12 @@ func (sh shape) text() string {
 		ctes = append(ctes, replyPart)
 	}
 	text := "with " + strings.Join(ctes, ",\n") + "\n" + report(sh)
+	// Under the saga's lock, a step read retrying or waiting may end too.
+	statuses := "'dispatched'"
+	if sh.locked {
+		statuses = "'dispatched', 'retrying', 'waiting'"
+	}
+	text = strings.ReplaceAll(text, "@step_statuses", statuses)
 	if !sh.move {
 		text = strings.ReplaceAll(text, " and not exists (select from u)", "")
 	}
@@ -252,8 +261,8 @@ var (
 )
 
 // moveParts is the move, gated on the lead: the saga's update (u), fenced
-// by state and version, and the ended step's (f). Under the saga's lock
-// (@locked) the step may be retrying or waiting.
+// by state and version, and the ended step's (f), in the statuses it may
+// end from (@step_statuses, set when the statement is written).
 const moveParts = `u as (
   update idemsaga.sagas set state = @to::text, version = version + 1, updated_at = idemsaga.now(),
     finished_at = case when @finished::bool then idemsaga.now() else finished_at end,
@@ -267,7 +276,7 @@ const moveParts = `u as (
     possibly_done = possibly_done or @possibly_done::bool,
     lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = @saga and step = @move_step::text and phase = @move_phase::text and attempt = @move_attempt::int
-    and (status = 'dispatched' or (@locked::bool and status in ('retrying', 'waiting')))
+    and status in (@step_statuses)
     and exists (select from u)
   returning saga_id, step, phase, attempt
 )`
@@ -342,14 +351,21 @@ func report(sh shape) string {
 	return "select exists (select from i), " + created + ", " + dispatched + ", " + cmd + ", " + rep + ",\n  " + check
 }
 
-// named is a statement written with @name parameters, numbered once.
+// named is a statement written with @name parameters, numbered once, with
+// how to read each parameter's value from a record.
 type named struct {
-	sql   string
-	names []string
+	sql    string
+	params []param
 }
 
+// param reads one parameter of a record's statement. A statement holds a
+// part only when the record has it, so a move's, a next step's, a
+// command's or a reply's parameter finds it there.
+type param func(r *Record) any
+
 // compile numbers a statement's @name parameters in the order they first
-// appear; every use of a name is the same parameter.
+// appear (every use of a name is the same parameter) and takes each one's
+// reader from params; a name without one is a bug, found at start.
 func compile(text string) named {
 	var n named
 	index := map[string]int{}
@@ -366,8 +382,12 @@ func compile(text string) named {
 		name := text[i+1 : j]
 		k, ok := index[name]
 		if !ok {
-			n.names = append(n.names, name)
-			k = len(n.names)
+			p, known := params[name]
+			if !known {
+				panic("store: a record statement names @" + name + ", which no parameter reads")
+			}
+			n.params = append(n.params, p)
+			k = len(n.params)
 			index[name] = k
 		}
 		b.WriteString("$" + strconv.Itoa(k))
@@ -375,6 +395,61 @@ func compile(text string) named {
 	}
 	n.sql = b.String()
 	return n
+}
+
+// params are the readers of the record statements' parameters, by name.
+var params = map[string]param{
+	"saga":          func(r *Record) any { return pguuid.Of(r.Saga) },
+	"key":           func(r *Record) any { return pguuid.Of(r.Key) },
+	"step":          func(r *Record) any { return r.Step },
+	"phase":         func(r *Record) any { return string(r.Phase) },
+	"attempt":       func(r *Record) any { return r.Attempt },
+	"lock":          func(r *Record) any { return LockID(r.Key) },
+	"inbox_outcome": func(r *Record) any { return r.InboxOutcome },
+	"inbox_error": func(r *Record) any {
+		if r.Lead == LeadExternal {
+			return nullText(r.ErrText)
+		}
+		return r.ErrText
+	},
+	"inbox_result": func(r *Record) any { return nullJSON(r.Result) },
+	"unknown":      func(r *Record) any { return r.Unknown },
+	"hand_off":     func(r *Record) any { return r.HandOff },
+
+	"to":            func(r *Record) any { return string(r.Move.To) },
+	"from":          func(r *Record) any { return string(r.Move.From) },
+	"version":       func(r *Record) any { return r.Move.Version },
+	"finished":      func(r *Record) any { return r.Move.Finished },
+	"saga_error":    func(r *Record) any { return nullText(r.Move.Error) },
+	"result_step":   func(r *Record) any { return nullText(r.Move.ResultStep) },
+	"saga_result":   func(r *Record) any { return nullJSON(r.Move.Result) },
+	"status":        func(r *Record) any { return string(r.Move.Status) },
+	"step_result":   func(r *Record) any { return nullJSON(r.Move.StepResult) },
+	"step_error":    func(r *Record) any { return nullText(r.Move.StepError) },
+	"possibly_done": func(r *Record) any { return r.Move.PossiblyDone },
+	"move_step":     func(r *Record) any { return r.Move.Step },
+	"move_phase":    func(r *Record) any { return string(r.Move.Phase) },
+	"move_attempt":  func(r *Record) any { return r.Move.Attempt },
+	"invariant": func(r *Record) any {
+		m := r.Move
+		return fmt.Sprintf("the move of saga %s from %s at version %d to %s missed its step %s (%s) at attempt %d", m.Saga, m.From, m.Version, m.To, m.Step, m.Phase, m.Attempt)
+	},
+
+	"next_step":  func(r *Record) any { return r.Move.Next.Step },
+	"next_phase": func(r *Record) any { return string(r.Move.Next.Phase) },
+	"next_index": func(r *Record) any { return r.Move.Next.Index },
+	"next_key":   func(r *Record) any { return pguuid.Of(r.Move.Next.Key) },
+	"next_lease": func(r *Record) any { return r.Move.Next.LeaseMillis },
+
+	"cmd_subject": func(r *Record) any { return r.Move.Next.Subject },
+	"cmd_msg_id":  func(r *Record) any { return r.Move.Next.MsgID },
+	"cmd_payload": func(r *Record) any { return r.Move.Next.Payload },
+	"cmd_headers": func(r *Record) any { return HeadersJSON(r.Move.Next.Headers) },
+
+	"reply_subject": func(r *Record) any { return r.Reply.Subject },
+	"reply_msg_id":  func(r *Record) any { return r.Reply.MsgID },
+	"reply_payload": func(r *Record) any { return r.Reply.Payload },
+	"reply_headers": func(r *Record) any { return HeadersJSON(r.Reply.Headers) },
 }
 
 // statement returns the record's statement and its arguments.
@@ -385,141 +460,18 @@ func (r *Record) statement(locked bool) (string, []any) {
 	// A next step run here at once has no command: its row is its durable
 	// record.
 	sh.command = sh.next && !r.Eager
-	sh.keep = r.arg("keep", locked).(bool) && !locked
+	// The result of a database step's success that is not applied in its
+	// step goes to its inbox row, for a later duplicate's answer.
+	sh.keep = !locked && r.Lead == LeadNone && len(r.Result) > 0 && (m != nil || r.Reply != nil)
 	st, ok := statements[sh]
 	if !ok {
 		panic(fmt.Sprintf("store: no statement of shape %+v", sh)) // a record the engine never builds
 	}
-	args := make([]any, len(st.names))
-	for i, name := range st.names {
-		args[i] = r.arg(name, locked)
+	args := make([]any, len(st.params))
+	for i, p := range st.params {
+		args[i] = p(r)
 	}
 	return st.sql, args
-}
-
-// arg is the value of the parameter name of r's statement.
-func (r *Record) arg(name string, locked bool) any {
-	m := r.Move
-	var next *Dispatch
-	if m != nil {
-		next = m.Next
-	}
-	cmd := next != nil && !r.Eager
-	switch name {
-	case "saga":
-		return pguuid.Of(r.Saga)
-	case "key":
-		return pguuid.Of(r.Key)
-	case "step":
-		return r.Step
-	case "phase":
-		return string(r.Phase)
-	case "attempt":
-		return r.Attempt
-	case "lock":
-		return LockID(r.Key)
-	case "inbox_outcome":
-		return r.InboxOutcome
-	case "inbox_error":
-		if r.Lead == LeadExternal {
-			return nullText(r.ErrText)
-		}
-		return r.ErrText
-	case "inbox_result":
-		return nullJSON(r.Result)
-	case "unknown":
-		return r.Unknown
-	case "keep":
-		// The result of a database step's success that is not applied in
-		// its step goes to its inbox row, for a later duplicate's answer.
-		return r.Lead == LeadNone && len(r.Result) > 0 && (m != nil || r.Reply != nil)
-	case "locked":
-		return locked
-	case "hand_off":
-		return r.HandOff
-	case "next_step", "next_phase", "next_index", "next_key", "next_lease":
-		if next == nil {
-			return nil
-		}
-		switch name {
-		case "next_step":
-			return next.Step
-		case "next_phase":
-			return string(next.Phase)
-		case "next_index":
-			return next.Index
-		case "next_key":
-			return pguuid.Of(next.Key)
-		}
-		return next.LeaseMillis
-	case "cmd_subject", "cmd_msg_id", "cmd_payload", "cmd_headers":
-		if !cmd {
-			return nil
-		}
-		switch name {
-		case "cmd_subject":
-			return next.Subject
-		case "cmd_msg_id":
-			return next.MsgID
-		case "cmd_payload":
-			return next.Payload
-		}
-		return HeadersJSON(next.Headers)
-	case "invariant":
-		if m == nil {
-			return ""
-		}
-		return fmt.Sprintf("the move of saga %s from %s at version %d to %s missed its step %s (%s) at attempt %d", m.Saga, m.From, m.Version, m.To, m.Step, m.Phase, m.Attempt)
-	}
-	if rep := r.Reply; strings.HasPrefix(name, "reply_") {
-		if rep == nil {
-			return nil
-		}
-		switch name {
-		case "reply_subject":
-			return rep.Subject
-		case "reply_msg_id":
-			return rep.MsgID
-		case "reply_payload":
-			return rep.Payload
-		case "reply_headers":
-			return HeadersJSON(rep.Headers)
-		}
-	}
-	if m == nil {
-		return nil
-	}
-	switch name {
-	case "to":
-		return string(m.To)
-	case "from":
-		return string(m.From)
-	case "version":
-		return m.Version
-	case "finished":
-		return m.Finished
-	case "saga_error":
-		return nullText(m.Error)
-	case "result_step":
-		return nullText(m.ResultStep)
-	case "saga_result":
-		return nullJSON(m.Result)
-	case "status":
-		return string(m.Status)
-	case "step_result":
-		return nullJSON(m.StepResult)
-	case "step_error":
-		return nullText(m.StepError)
-	case "possibly_done":
-		return m.PossiblyDone
-	case "move_step":
-		return m.Step
-	case "move_phase":
-		return string(m.Phase)
-	case "move_attempt":
-		return m.Attempt
-	}
-	panic("store: no argument " + name + " of a record") // a statement and arg disagree: caught by every test
 }
 
 // scan reads what the statement reports into out, and records the outbox

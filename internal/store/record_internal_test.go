@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/outbox"
+	"github.com/idemsaga/idemsaga/saga"
 )
 
 // TestEveryRecordStatementPrepares prepares every statement a record can
@@ -25,10 +28,14 @@ func TestEveryRecordStatementPrepares(t *testing.T) {
 	for sh, st := range statements {
 		_, err := conn.Conn().Prepare(ctx, "", st.sql)
 		require.NoError(t, err, "shape %+v:\n%s", sh, st.sql)
-		r := &Record{}
-		for _, name := range st.names {
-			require.NotPanics(t, func() { r.arg(name, sh.locked) }, "shape %+v: parameter %s", sh, name)
-		}
+		// A record of that shape takes that statement, and every one of
+		// its parameters finds what it reads.
+		r := recordOf(sh)
+		var sql string
+		var args []any
+		require.NotPanics(t, func() { sql, args = r.statement(sh.locked) }, "shape %+v", sh)
+		require.Equal(t, st.sql, sql, "shape %+v", sh)
+		require.Len(t, args, len(st.params))
 	}
 	// The shapes the engine builds are all there.
 	for _, lead := range []Lead{LeadNone, LeadFailure, LeadFailureAlone, LeadExternal} {
@@ -42,4 +49,22 @@ func TestEveryRecordStatementPrepares(t *testing.T) {
 		_, ok := statements[sh]
 		require.True(t, ok, fmt.Sprintf("%+v", sh))
 	}
+}
+
+// recordOf returns a record of shape sh.
+func recordOf(sh shape) *Record {
+	r := &Record{Lead: sh.lead, Saga: uuid.New(), Key: uuid.New(), Step: "a", Phase: saga.PhaseForward, Attempt: 1, Eager: !sh.command}
+	if sh.move {
+		r.Move = &Move{Saga: r.Saga, From: "init", To: "a_done", Step: "a", Phase: saga.PhaseForward, Attempt: 1, Status: saga.StepSucceeded}
+	}
+	if sh.next {
+		r.Move.Next = &Dispatch{Step: "b", Phase: saga.PhaseForward, Index: 1, Key: uuid.New()}
+	}
+	if sh.reply {
+		r.Reply = &outbox.Message{Subject: "reply"}
+	}
+	if sh.keep {
+		r.Result = []byte(`{}`)
+	}
+	return r
 }
