@@ -9,6 +9,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,9 +59,9 @@ type core struct {
 	// offer, if set, runs a committed command in this process's step
 	// workers at once (attempt.Runner.Offer).
 	offer func(outbox.Committed) bool
-	// backlog, if set, reads the stream's backlog (streamBacklog.get): the
+	// backlog, if set, reads the stream's backlog (maintenance.StreamBacklog.Get): the
 	// reaper tells a command still queued from one lost.
-	backlog func(ctx context.Context) (backlog, bool)
+	backlog func(ctx context.Context) (maintenance.Backlog, bool)
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }

@@ -11,10 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -244,12 +241,4 @@ func joinIDs(ids []int64) string {
 		s[i] = fmt.Sprint(id)
 	}
 	return strings.Join(s, ", ")
-}
-
-// newDeadLetterCollector reports, when scraped, how many commands are
-// parked, by definition.
-func newDeadLetterCollector(pool *pgxpool.Pool) *byDefinitionCollector {
-	return &byDefinitionCollector{pool: pool, query: `select definition, count(*) from idemsaga.dead_letters group by definition`,
-		desc: prometheus.NewDesc(metrics.Namespace+"_dead_letters",
-			"Commands parked in the dead-letter table, waiting for a worker that runs their definition version or for a person.", []string{"definition"}, nil)}
 }

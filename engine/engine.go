@@ -20,6 +20,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/maintenance"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/internal/tracing"
@@ -315,11 +316,11 @@ type Engine struct {
 	c        *core
 	client   *Client
 	js       jetstream.JetStream
-	backlog  *streamBacklog
+	backlog  *maintenance.StreamBacklog
 	subjects wire.Subjects
 	relay    *outbox.Relay
 	steps    *attempt.Runner
-	cleaner  *Cleaner
+	cleaner  *maintenance.Cleaner
 	// stepRunner runs the step workers, runner the orchestrator and the
 	// reaper: Stop drains the steps first.
 	stepRunner lifecycle.Runner
@@ -373,13 +374,13 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 		return nil, err
 	}
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(newBacklogCollector(cfg.Pool)); err != nil {
+		if err := cfg.Registerer.Register(maintenance.NewBacklogCollector(cfg.Pool)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the outbox backlog metric: %w", err)
 		}
-		if err := cfg.Registerer.Register(newPausedCollector(cfg.Pool)); err != nil {
+		if err := cfg.Registerer.Register(maintenance.NewPausedCollector(cfg.Pool)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the paused sagas metric: %w", err)
 		}
-		if err := cfg.Registerer.Register(newDeadLetterCollector(cfg.Pool)); err != nil {
+		if err := cfg.Registerer.Register(maintenance.NewDeadLetterCollector(cfg.Pool)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the dead-letter metric: %w", err)
 		}
 	}
@@ -390,10 +391,10 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
-	e.backlog = newStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
-	c.backlog = e.backlog.get
+	e.backlog = maintenance.NewStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
+	c.backlog = e.backlog.Get
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(newStreamCollector(e.js, cfg.Stream, e.backlog)); err != nil {
+		if err := cfg.Registerer.Register(maintenance.NewStreamCollector(e.js, cfg.Stream, e.backlog)); err != nil {
 			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
 		}
 	}
@@ -418,9 +419,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	// commit; the relay sweeps only what that missed.
 	c.publish, c.handOff, c.publishing = e.relay.Publish, cfg.RelayHandOff, e.relay.Running
 	if cfg.Retention.cleans() {
-		if e.cleaner, err = NewCleaner(cfg.Pool, cfg.Retention, cfg.Logger); err != nil {
-			return nil, err
-		}
+		e.cleaner = maintenance.NewCleaner(cfg.Pool, cfg.Retention.cleaner(), cfg.Logger)
 	}
 	// The engine's own step workers share its database: an outcome moves
 	// its saga on in the step's own transaction.

@@ -2,10 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/maintenance"
 	"github.com/idemsaga/idemsaga/internal/wire"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // HandleCommand and ApplyReply let the external tests drive one command
@@ -33,4 +37,20 @@ func WithDeadLetters(cfg *Config, deliveries int, backoff time.Duration) {
 // as its heartbeat does.
 func (e *Engine) ResumeDeadLetters(ctx context.Context) (int, error) {
 	return e.c.resumeDeadLetters(ctx, resumeBatch)
+}
+
+// NewCleaner returns the cleaner an engine runs with cfg (its zero fields
+// defaulted, then checked), for the tests of retention.
+func NewCleaner(pool *pgxpool.Pool, cfg RetentionConfig, logger *slog.Logger) (*maintenance.Cleaner, error) {
+	if pool == nil {
+		return nil, errors.New("idemsaga: NewCleaner needs a pool")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return maintenance.NewCleaner(pool, cfg.cleaner(), logger), nil
 }

@@ -10,10 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
@@ -249,11 +246,4 @@ func deadlineArg(def *saga.Definition) any {
 		return nil
 	}
 	return def.Deadline().Milliseconds()
-}
-
-// newPausedCollector reports, when scraped, the running sagas held by a
-// pause, by definition.
-func newPausedCollector(pool *pgxpool.Pool) *byDefinitionCollector {
-	return &byDefinitionCollector{pool: pool, query: store.CountPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
-		"Running sagas held by a pause, their own or their definition's: no attempt of theirs starts until they are resumed.", []string{"definition"}, nil)}
 }

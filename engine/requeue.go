@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
@@ -53,11 +55,11 @@ type requeuePlan struct {
 // a second time, the attempt counts as claimed. With the stream's state
 // unknown (the broker out of reach), it is sent again under its own id and
 // counts nothing: an outage spends no attempt.
-func planRequeue(lease, queued time.Duration, b backlog, known bool, now time.Time) requeuePlan {
+func planRequeue(lease, queued time.Duration, b maintenance.Backlog, known bool, now time.Time) requeuePlan {
 	switch {
 	case !known:
 		return requeuePlan{send: true, timer: lease, how: "resent"}
-	case b.msgs > 0 && b.oldestAge(now)+requeueMargin >= queued:
+	case b.Msgs > 0 && b.OldestAge(now)+requeueMargin >= queued:
 		return requeuePlan{timer: min(max(lease, queued), max(lease, requeueTimerMax)), how: "queued"}
 	default:
 		return requeuePlan{send: true, msgSuffix: "-q" + strconv.FormatInt(queued.Milliseconds(), 10), timer: lease, how: "resent", lost: true}
@@ -76,7 +78,7 @@ func (c *core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, 
 func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
 	policy := policyOf(def, idx, phase)
 	lease := time.Duration(c.leaseMillis(policy)) * time.Millisecond
-	var b backlog
+	var b maintenance.Backlog
 	known := false
 	if c.backlog != nil {
 		b, known = c.backlog(ctx)

@@ -5,23 +5,25 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemsaga/idemsaga/internal/maintenance"
 )
 
 func TestPlanRequeue(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	const lease = 5 * time.Second
-	stream := func(msgs uint64, oldest time.Duration) backlog {
-		return backlog{msgs: msgs, oldest: now.Add(-oldest), at: now}
+	stream := func(msgs uint64, oldest time.Duration) maintenance.Backlog {
+		return maintenance.Backlog{Msgs: msgs, Oldest: now.Add(-oldest), At: now}
 	}
 	for _, c := range []struct {
 		name   string
 		queued time.Duration
-		b      backlog
+		b      maintenance.Backlog
 		known  bool
 		want   requeuePlan
 	}{
-		{"stream unknown: the same id again", 6 * time.Second, backlog{}, false, requeuePlan{send: true, timer: lease, how: "resent"}},
+		{"stream unknown: the same id again", 6 * time.Second, maintenance.Backlog{}, false, requeuePlan{send: true, timer: lease, how: "resent"}},
 		{"older messages wait: queued, the timer doubles", 12 * time.Second, stream(900, 20*time.Second), true, requeuePlan{timer: 12 * time.Second, how: "queued"}},
 		{"queued long: the timer is bounded", 5 * time.Minute, stream(900, 6*time.Minute), true, requeuePlan{timer: requeueTimerMax, how: "queued"}},
 		{"within the clocks' margin: queued", 6 * time.Second, stream(3, 5*time.Second), true, requeuePlan{timer: 6 * time.Second, how: "queued"}},

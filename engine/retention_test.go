@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,7 +27,7 @@ import (
 // Time passes by backdating rows: every timestamp the cleaner reads is set
 // to now() minus an interval, and the cleaner compares with now() too.
 
-func newCleaner(t *testing.T, pool *pgxpool.Pool, cfg engine.RetentionConfig) *engine.Cleaner {
+func newCleaner(t *testing.T, pool *pgxpool.Pool, cfg engine.RetentionConfig) *maintenance.Cleaner {
 	t.Helper()
 	c, err := engine.NewCleaner(pool, cfg, quietLogger())
 	require.NoError(t, err)
@@ -166,7 +168,7 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 	var expiredID uuid.UUID
 	require.NoError(t, pool.QueryRow(ctx, `select id, input from idemsaga.sagas where idem_key = $1`, key(5)).Scan(&expiredID, &expiredInput))
 
-	want := engine.CleanResult{
+	want := maintenance.CleanResult{
 		Sagas:  countSQL(t, pool, `select count(*) from idemsaga.sagas where idem_key = any($1)`, expired),
 		Steps:  countSQL(t, pool, `select count(*) from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where s.idem_key = any($1)`, expired),
 		Inbox:  countSQL(t, pool, `select count(*) from idemsaga.inbox i join idemsaga.sagas s on s.id = i.saga_id where s.idem_key = any($1)`, expired),
@@ -207,7 +209,7 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 
 	again, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{}, again, "a second pass finds nothing")
+	require.Equal(t, maintenance.CleanResult{}, again, "a second pass finds nothing")
 
 	// The replay window: inside it a key names its saga; past it the key
 	// is free, and starting it again creates a new saga with new step keys.
@@ -266,7 +268,7 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	c := newCleaner(t, pool, engine.RetentionConfig{})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{Sagas: 1, Steps: 2, Inbox: 2, Batches: 1}, got)
+	require.Equal(t, maintenance.CleanResult{Sagas: 1, Steps: 2, Inbox: 2, Batches: 1}, got)
 
 	balances := rowsJSON(t, pool, `select id, balance from transfer.accounts`)
 	ledger := countSQL(t, pool, `select count(*) from transfer.ledger`)
@@ -293,7 +295,7 @@ func TestRetentionDeletesInBatches(t *testing.T) {
 	c := newCleaner(t, pool, engine.RetentionConfig{BatchSize: 7, PublishedOutbox: time.Hour})
 	got, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{Sagas: 50, Steps: 100, Inbox: 100, Outbox: 50, Batches: 16}, got)
+	require.Equal(t, maintenance.CleanResult{Sagas: 50, Steps: 100, Inbox: 100, Outbox: 50, Batches: 16}, got)
 	for _, table := range []string{"sagas", "steps", "inbox", "outbox"} {
 		require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.`+table), table)
 	}
@@ -316,10 +318,10 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 	insertOutbox(t, pool, 20, "30 days", false)
 
 	cfg := engine.RetentionConfig{BatchSize: 10, PublishedOutbox: time.Hour}
-	cleaners := []*engine.Cleaner{newCleaner(t, pool, cfg), newCleaner(t, pool2, cfg)}
+	cleaners := []*maintenance.Cleaner{newCleaner(t, pool, cfg), newCleaner(t, pool2, cfg)}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	results := make([]engine.CleanResult, 4)
+	results := make([]maintenance.CleanResult, 4)
 	errs := make([]error, 4)
 	for i := range results {
 		wg.Go(func() {
@@ -330,7 +332,7 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 	close(start)
 	wg.Wait()
 	t.Logf("each cleaner's share: %+v", results)
-	var total engine.CleanResult
+	var total maintenance.CleanResult
 	for i := range results {
 		require.NoError(t, errs[i])
 		total.Sagas += results[i].Sagas
@@ -338,7 +340,7 @@ func TestRetentionConcurrentCleanersDeleteOnce(t *testing.T) {
 		total.Inbox += results[i].Inbox
 		total.Outbox += results[i].Outbox
 	}
-	require.Equal(t, engine.CleanResult{Sagas: 200, Steps: 400, Inbox: 400, Outbox: 300}, total)
+	require.Equal(t, maintenance.CleanResult{Sagas: 200, Steps: 400, Inbox: 400, Outbox: 300}, total)
 	require.Equal(t, int64(20), countSQL(t, pool, `select count(*) from idemsaga.sagas`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.steps`))
 	require.Equal(t, int64(40), countSQL(t, pool, `select count(*) from idemsaga.inbox`))
@@ -358,7 +360,7 @@ func TestRetentionConfigValidation(t *testing.T) {
 
 	c, err := engine.NewCleaner(pool, engine.RetentionConfig{}, nil)
 	require.NoError(t, err)
-	require.Equal(t, engine.RetentionConfig{
+	require.Equal(t, maintenance.CleanerConfig{
 		FinishedSagas:   engine.FinishedSagasDefault,
 		PublishedOutbox: engine.PublishedOutboxDefault, BatchSize: engine.RetentionBatchSizeDefault,
 		Interval: engine.RetentionIntervalDefault,
@@ -433,7 +435,7 @@ func TestCleanerStartStop(t *testing.T) {
 	cancelDone()
 	res, err := c.CleanOnce(done)
 	require.True(t, errors.Is(err, context.Canceled), "%v", err)
-	require.Equal(t, engine.CleanResult{}, res)
+	require.Equal(t, maintenance.CleanResult{}, res)
 	require.True(t, strings.Contains(err.Error(), "retention"))
 	require.Equal(t, int64(1), countSQL(t, pool, `select count(*) from idemsaga.outbox`))
 }

@@ -68,7 +68,7 @@ func IsSubmitToken(key string) bool { return strings.HasPrefix(key, SubmitTokenP
 // first Start of def with the token as its key consumes it and starts the
 // saga, and every later Start with it and the same input answers with
 // that saga, as with any key. A token not used before it expires is
-// refused with ErrSubmitTokenInvalid, and deleted by the Cleaner.
+// refused with ErrSubmitTokenInvalid, and deleted by the engine's cleaner.
 func (cl *Client) IssueToken(ctx context.Context, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
 	return cl.issueToken(ctx, cl.c.pool, def, ttl)
 }

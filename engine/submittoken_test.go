@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -261,12 +263,12 @@ func TestCleanerDeletesExpiredSubmitTokens(t *testing.T) {
 	c := newCleaner(t, e.pool, engine.RetentionConfig{BatchSize: 2})
 	res, err := c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{}, res, "nothing expired yet")
+	require.Equal(t, maintenance.CleanResult{}, res, "nothing expired yet")
 
 	e.advance(10*time.Minute + time.Millisecond)
 	res, err = c.CleanOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, engine.CleanResult{SubmitTokens: 5, Batches: 3}, res)
+	require.Equal(t, maintenance.CleanResult{SubmitTokens: 5, Batches: 3}, res)
 	require.Equal(t, []string{long.Token}, submitTokens(t, e.pool))
 
 	again, err := e.cl.Start(ctx, e.def, short[0].Token, transferInput(1, 2, 10))

@@ -10,6 +10,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -232,19 +234,29 @@ from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
 	}
 }
 
-// Clean runs the engine's retention once, on the test clock: move the
-// clock past the retention window first to see what it deletes.
-func (e *Env) Clean(t T) engine.CleanResult {
+// CleanResult counts what one pass of the engine's retention deleted.
+type CleanResult struct {
+	// Sagas, Steps and Inbox are the finished sagas deleted, with their
+	// step and inbox rows.
+	Sagas, Steps, Inbox int64
+	// Outbox is the published outbox rows deleted, SubmitTokens the
+	// expired submit tokens.
+	Outbox, SubmitTokens int64
+}
+
+// Clean runs the engine's retention once, with its default windows, on the
+// test clock: move the clock past the retention window first to see what
+// it deletes.
+func (e *Env) Clean(t T) CleanResult {
 	t.Helper()
-	c, err := engine.NewCleaner(e.Pool, engine.RetentionConfig{}, e.cfg.Logger)
-	if err != nil {
-		t.Fatalf("sagatest: %v", err)
-	}
+	r := engine.RetentionConfig{}.WithDefaults()
+	c := maintenance.NewCleaner(e.Pool, maintenance.CleanerConfig{FinishedSagas: r.FinishedSagas, PublishedOutbox: r.PublishedOutbox,
+		BatchSize: r.BatchSize, Interval: r.Interval}, e.cfg.Logger)
 	res, err := c.CleanOnce(context.Background())
 	if err != nil {
 		t.Fatalf("sagatest: clean: %v", err)
 	}
-	return res
+	return CleanResult{Sagas: res.Sagas, Steps: res.Steps, Inbox: res.Inbox, Outbox: res.Outbox, SubmitTokens: res.SubmitTokens}
 }
 
 // DatabaseURL returns the connection string of the test's database, for

@@ -1,4 +1,4 @@
-package engine
+package maintenance
 
 import (
 	"context"
@@ -32,12 +32,12 @@ func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
 	_, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name + "_orchestrator", FilterSubject: "b." + name + ".reply.>",
 		AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
-	sb := newStreamBacklog(js, name, name+"_steps", name+"_orchestrator")
+	sb := NewStreamBacklog(js, name, name+"_steps", name+"_orchestrator")
 
 	empty, err := sb.read(ctx)
 	require.NoError(t, err)
-	require.Zero(t, empty.msgs)
-	require.Zero(t, empty.oldestAge(time.Now()))
+	require.Zero(t, empty.Msgs)
+	require.Zero(t, empty.OldestAge(time.Now()))
 
 	// Spaced apart, so that which one is the oldest shows in its age.
 	var stored []time.Time
@@ -55,8 +55,8 @@ func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
 	require.NoError(t, err)
 	b, err := sb.read(ctx)
 	require.NoError(t, err)
-	require.Equal(t, uint64(6), b.msgs, "5 commands and 1 reply wait")
-	require.WithinDuration(t, stored[0], b.oldest, 100*time.Millisecond, "the oldest is the first command")
+	require.Equal(t, uint64(6), b.Msgs, "5 commands and 1 reply wait")
+	require.WithinDuration(t, stored[0], b.Oldest, 100*time.Millisecond, "the oldest is the first command")
 
 	// A worker takes two commands and dies without acknowledging them.
 	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
@@ -71,8 +71,8 @@ func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
 	require.Equal(t, uint64(6), info.State.Msgs, "the work queue still holds the two")
 	b, err = sb.read(ctx)
 	require.NoError(t, err)
-	require.Equal(t, uint64(4), b.msgs, "3 commands and 1 reply wait for a worker")
-	require.WithinDuration(t, stored[2], b.oldest, 100*time.Millisecond, "the oldest waiting is the third command, not the ones delivered")
+	require.Equal(t, uint64(4), b.Msgs, "3 commands and 1 reply wait for a worker")
+	require.WithinDuration(t, stored[2], b.Oldest, 100*time.Millisecond, "the oldest waiting is the third command, not the ones delivered")
 }
 
 // TestStoredAtAcrossClocks: a message's age is taken on the broker's clock,
