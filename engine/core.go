@@ -9,8 +9,6 @@ import (
 	"maps"
 	"time"
 
-	"github.com/idemsaga/idemsaga/internal/maintenance"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,68 +42,27 @@ type core struct {
 	log        *slog.Logger
 	// tracer is Config.TracerProvider's; nil traces nothing.
 	tracer *tracing.Tracer
-	// notify wakes the local relay after a commit that wrote the outbox.
-	notify func()
-	// publish, if set, publishes the outbox rows this process committed,
-	// right after the commit (outbox.Relay.Publish); the relay's sweep
-	// takes them over only after handOff. Without it the rows are the
-	// relay's at once.
-	publish func(rows ...outbox.Committed)
-	handOff time.Duration
-	// publishing reports whether the local relay runs, and so whether
-	// publish will publish; rows written while it does not are the
-	// relay's at once, wherever one runs.
-	publishing func() bool
-	// offer, if set, runs a committed command in this process's step
-	// workers at once (attempt.Runner.Offer).
-	offer func(outbox.Committed) bool
-	// backlog, if set, reads the stream's backlog (maintenance.StreamBacklog.Get): the
-	// reaper tells a command still queued from one lost.
-	backlog func(ctx context.Context) (maintenance.Backlog, bool)
+	// out takes the outbox rows the core's transactions commit; nil for a
+	// client that runs no worker (the rows are the relay's at once).
+	out handOff
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
 
-func (c *core) woke() {
-	if c.notify != nil {
-		c.notify()
-	}
-}
-
-// handOffArg is the publish_after parameter of the engine's outbox
-// inserts: the hand-off in milliseconds when this process publishes its
-// rows after commit, NULL (the relay's at once) when it does not.
+// handOffArg is the publish_after parameter of the core's outbox inserts
+// (handOff.PublishAfter), NULL for a client that runs no worker.
 func (c *core) handOffArg() any {
-	if c.publish == nil || (c.publishing != nil && !c.publishing()) {
+	if c.out == nil {
 		return nil
 	}
-	return c.handOff.Milliseconds()
+	return c.out.PublishAfter()
 }
 
-// sent publishes rows a transaction committed, or wakes the relay to. A
-// command this process's step workers can take at once is run here
-// instead (offer): its row stays until its attempt deletes it, or the
-// relay publishes it after the hand-off.
+// sent hands rows a transaction committed to the hand-off.
 func (c *core) sent(rows []outbox.Committed) {
-	if len(rows) == 0 {
-		return
+	if c.out != nil {
+		c.out.Committed(rows)
 	}
-	if c.offer != nil {
-		kept := rows[:0:0]
-		for _, r := range rows {
-			if !c.offer(r) {
-				kept = append(kept, r)
-			}
-		}
-		if rows = kept; len(rows) == 0 {
-			return
-		}
-	}
-	if c.publish != nil {
-		c.publish(rows...)
-		return
-	}
-	c.woke()
 }
 
 // effects are observed after a transaction commits.

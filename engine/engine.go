@@ -278,16 +278,21 @@ func (c *Config) validate(needNATS bool) error {
 	return c.Retention.validate()
 }
 
-func newCore(cfg *Config) (*core, error) {
+func newCore(cfg *Config, out handOff) (*core, error) {
 	m, err := metrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
+	return newCoreWith(cfg, m, out)
+}
+
+// newCoreWith is newCore with the metrics already registered.
+func newCoreWith(cfg *Config, m *metrics.Metrics, out handOff) (*core, error) {
 	defs, versions := indexDefinitions(cfg.Definitions)
 	return &core{
 		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
 		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
-		onFinished: cfg.OnFinishedFunc, tracer: tracing.New(cfg.TracerProvider),
+		onFinished: cfg.OnFinishedFunc, tracer: tracing.New(cfg.TracerProvider), out: out,
 	}, nil
 }
 
@@ -299,7 +304,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
-	c, err := newCore(&cfg)
+	c, err := newCore(&cfg, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -369,22 +374,8 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
-	c, err := newCore(&cfg)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(maintenance.NewBacklogCollector(cfg.Pool)); err != nil {
-			return nil, fmt.Errorf("idemsaga: register the outbox backlog metric: %w", err)
-		}
-		if err := cfg.Registerer.Register(maintenance.NewPausedCollector(cfg.Pool)); err != nil {
-			return nil, fmt.Errorf("idemsaga: register the paused sagas metric: %w", err)
-		}
-		if err := cfg.Registerer.Register(maintenance.NewDeadLetterCollector(cfg.Pool)); err != nil {
-			return nil, fmt.Errorf("idemsaga: register the dead-letter metric: %w", err)
-		}
-	}
-	e := &Engine{id: uuid.New(), cfg: cfg, c: c, client: &Client{c: c, cfg: cfg}, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
+	e := &Engine{id: uuid.New(), cfg: cfg, subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}}
+	var err error
 	e.js, err = jetstream.New(cfg.NATS,
 		jetstream.WithPublishAsyncMaxPending(4096),
 		jetstream.WithPublishAsyncTimeout(outbox.PublishTimeoutDefault))
@@ -392,13 +383,10 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
 	e.backlog = maintenance.NewStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
-	c.backlog = e.backlog.Get
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(maintenance.NewStreamCollector(e.js, cfg.Stream, e.backlog)); err != nil {
-			return nil, fmt.Errorf("idemsaga: register the stream backlog metric: %w", err)
-		}
+	m, err := metrics.New(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
-	m := c.metrics
 	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
 		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
 		KeepPublished: cfg.Retention.PublishedOutbox != 0, Logger: cfg.Logger,
@@ -414,10 +402,29 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.notify = e.relay.Notify
-	// What this process commits it publishes itself, right after the
-	// commit; the relay sweeps only what that missed.
-	c.publish, c.handOff, c.publishing = e.relay.Publish, cfg.RelayHandOff, e.relay.Running
+	// What this process commits it runs or publishes itself, right after
+	// the commit; the relay sweeps only what that missed.
+	out := &engineHandOff{relay: e.relay, after: cfg.RelayHandOff, backlog: e.backlog}
+	c, err := newCoreWith(&cfg, m, out)
+	if err != nil {
+		return nil, err
+	}
+	e.c, e.client = c, &Client{c: c, cfg: cfg}
+	if cfg.Registerer != nil {
+		for _, col := range []struct {
+			what string
+			c    prometheus.Collector
+		}{
+			{"the outbox backlog", maintenance.NewBacklogCollector(cfg.Pool)},
+			{"the paused sagas", maintenance.NewPausedCollector(cfg.Pool)},
+			{"the dead-letter", maintenance.NewDeadLetterCollector(cfg.Pool)},
+			{"the stream backlog", maintenance.NewStreamCollector(e.js, cfg.Stream, e.backlog)},
+		} {
+			if err := cfg.Registerer.Register(col.c); err != nil {
+				return nil, fmt.Errorf("idemsaga: register %s metric: %w", col.what, err)
+			}
+		}
+	}
 	if cfg.Retention.cleans() {
 		e.cleaner = maintenance.NewCleaner(cfg.Pool, cfg.Retention.cleaner(), cfg.Logger)
 	}
@@ -425,7 +432,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
-		Publish: e.relay.Publish, HandOff: cfg.RelayHandOff, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
+		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
 	}
 	e.steps, err = attempt.New(acfg)
@@ -450,7 +457,7 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 			})
 		}
 	}
-	c.offer = e.steps.Offer
+	out.steps = e.steps
 	return e, nil
 }
 

@@ -80,8 +80,8 @@ func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def
 	lease := time.Duration(c.leaseMillis(policy)) * time.Millisecond
 	var b maintenance.Backlog
 	known := false
-	if c.backlog != nil {
-		b, known = c.backlog(ctx)
+	if c.out != nil {
+		b, known = c.out.Backlog(ctx)
 	}
 	plan := planRequeue(lease, queued, b, known, time.Now())
 	var subject, msgID any

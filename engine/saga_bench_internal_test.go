@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
+
+	"github.com/idemsaga/idemsaga/internal/maintenance"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -66,18 +69,16 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	if err := cfg.validate(false); err != nil {
 		b.Fatal(err)
 	}
-	c, err := newCore(&cfg)
+	// What a transaction commits is handed on here, as the engine's
+	// publish after commit would hand it to the broker.
+	out := &collectHandOff{after: cfg.RelayHandOff}
+	c, err := newCore(&cfg, out)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// What a transaction commits is handed on here, as the engine's
-	// publish after commit would hand it to the broker.
-	var sent []outbox.Committed
-	c.publish = func(rows ...outbox.Committed) { sent = append(sent, rows...) }
-	c.handOff = cfg.RelayHandOff
 	w, err := attempt.New(attempt.Config{
 		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.metrics,
-		Publish: c.publish, HandOff: cfg.RelayHandOff, Mover: c, Eager: eager, Tracer: c.tracer,
+		Publisher: out, Mover: c, Eager: eager, Tracer: c.tracer,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -88,14 +89,14 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	i := 0
 	for b.Loop() {
 		i++
-		sent = sent[:0]
+		out.sent = out.sent[:0]
 		if _, err := cl.Start(ctx, def, fmt.Sprintf("bench-%d", i), in); err != nil {
 			b.Fatal(err)
 		}
 		steps := 0
-		for len(sent) > 0 {
-			row := sent[0]
-			sent = sent[1:]
+		for len(out.sent) > 0 {
+			row := out.sent[0]
+			out.sent = out.sent[1:]
 			cmd, err := wire.DecodeCommand(row.Payload)
 			if err != nil {
 				b.Fatalf("saga %d: the engine handed on what is not a command (%s): %v", i, row.Subject, err)
@@ -123,4 +124,18 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	if credited != i {
 		b.Fatalf("%d of %d sagas credited", credited, i)
 	}
+}
+
+// collectHandOff keeps what transactions commit, as the engine's publish
+// after commit would hand it to the broker.
+type collectHandOff struct {
+	after time.Duration
+	sent  []outbox.Committed
+}
+
+func (h *collectHandOff) Committed(rows []outbox.Committed) { h.sent = append(h.sent, rows...) }
+func (h *collectHandOff) Publish(rows ...outbox.Committed)  { h.sent = append(h.sent, rows...) }
+func (h *collectHandOff) PublishAfter() any                 { return h.after.Milliseconds() }
+func (h *collectHandOff) Backlog(context.Context) (maintenance.Backlog, bool) {
+	return maintenance.Backlog{}, false
 }

@@ -60,7 +60,7 @@ func orderDef(t *testing.T) *saga.Definition {
 func testCore(t *testing.T, def *saga.Definition) *core {
 	t.Helper()
 	cfg := Config{Definitions: []*saga.Definition{def}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	c, err := newCore(&cfg)
+	c, err := newCore(&cfg, nil)
 	require.NoError(t, err)
 	c.subjects = wire.Subjects{Prefix: "t"}
 	return c

@@ -53,6 +53,16 @@ type Mover interface {
 	Moved(m *store.Move, created time.Time)
 }
 
+// Publisher publishes outbox rows right after the transaction that wrote
+// them committed (outbox.Relay.Publish, behind the engine's hand-off).
+type Publisher interface {
+	Publish(rows ...outbox.Committed)
+	// PublishAfter is the publish_after of the rows an attempt writes, in
+	// milliseconds: when the relay's sweep takes a row over. nil makes
+	// the rows the relay's at once (this process does not publish).
+	PublishAfter() any
+}
+
 // Config configures a Runner.
 type Config struct {
 	// Pool is the engine's database: the inbox, the outbox, the sagas and
@@ -64,13 +74,10 @@ type Config struct {
 	Subjects wire.Subjects
 	Logger   *slog.Logger
 	Metrics  *metrics.Metrics
-	// Publish, if set, publishes the outbox rows an attempt committed,
-	// right after its commit; the relay takes a row over after HandOff.
-	// Without it, rows are the relay's at once, and Committed, if set,
-	// wakes the relay.
-	Publish   func(rows ...outbox.Committed)
-	HandOff   time.Duration
-	Committed func()
+	// Publisher, if set, publishes the outbox rows an attempt committed,
+	// right after its commit; the relay takes a row over after its
+	// hand-off. Without it, rows are the relay's at once.
+	Publisher Publisher
 	// Recent is how many answered attempts are remembered in memory
 	// (0: none).
 	Recent int
@@ -81,7 +88,7 @@ type Config struct {
 	// (HandleMsg) or offered (Offer); without it Offer takes none.
 	Slots int
 	// Eager runs here, at once, the step that an attempt's move dispatched,
-	// instead of publishing its command (needs Mover and Publish). The
+	// instead of publishing its command (needs Mover and Publisher). The
 	// command's outbox row stays until the transaction that records that
 	// step's outcome deletes it; a crash before leaves it to the relay's
 	// sweep, after the hand-off.
@@ -287,10 +294,8 @@ func (r *Runner) Serve(ctx, work context.Context) {
 }
 
 func (r *Runner) publish(rows ...outbox.Committed) {
-	if r.cfg.Publish != nil {
-		r.cfg.Publish(rows...)
-	} else if r.cfg.Committed != nil && len(rows) > 0 {
-		r.cfg.Committed()
+	if r.cfg.Publisher != nil {
+		r.cfg.Publisher.Publish(rows...)
 	}
 }
 
@@ -553,7 +558,7 @@ func (a *attempt) committed(tx *store.Tx, out *store.Recorded, m *store.Move) {
 // eager reports whether a move of this attempt leaves out the outbox row
 // of the step it dispatches, which this process then runs at once.
 func (a *attempt) eager() bool {
-	return a.plan.InStep && a.r.cfg.Eager && !a.once && a.r.cfg.Publish != nil && !a.r.draining.Load()
+	return a.plan.InStep && a.r.cfg.Eager && !a.once && a.r.cfg.Publisher != nil && !a.r.draining.Load()
 }
 
 // commitWrite queues w on tx, with the deletion of the attempt's own
@@ -676,10 +681,10 @@ func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
 }
 
 func (r *Runner) handOffMillis() any {
-	if r.cfg.Publish == nil {
+	if r.cfg.Publisher == nil {
 		return nil
 	}
-	return r.cfg.HandOff.Milliseconds()
+	return r.cfg.Publisher.PublishAfter()
 }
 
 func (a *attempt) replyBase() wire.Reply {
@@ -705,14 +710,9 @@ func (a *attempt) replyMessage(reply wire.Reply) (*outbox.Message, error) {
 	}, nil
 }
 
-// handOff is the publish_after of the rows an attempt writes, in
-// milliseconds: nil, the relay's at once, without a Publish.
-func (a *attempt) handOff() any {
-	if a.r.cfg.Publish == nil {
-		return nil
-	}
-	return a.r.cfg.HandOff.Milliseconds()
-}
+// handOff is the publish_after of the rows an attempt writes
+// (Publisher.PublishAfter).
+func (a *attempt) handOff() any { return a.r.handOffMillis() }
 
 // move asks the Mover for the in-step move of o, if the plan has one.
 func (a *attempt) move(o Outcome) *store.Move {

@@ -1,0 +1,72 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/maintenance"
+	"github.com/idemsaga/idemsaga/outbox"
+)
+
+// handOff is where the outbox rows a transaction of the core committed go
+// (the orchestrator's, the reaper's, a repair's): a command this
+// process's step workers can take runs here at once, the rest is published
+// by this process right after the commit, and the relay's sweep takes over
+// whatever that missed after the hand-off. A client that runs no worker
+// has none: its rows are the relay's at once, wherever one runs.
+type handOff interface {
+	// Committed takes rows a transaction committed.
+	Committed(rows []outbox.Committed)
+	// PublishAfter is the publish_after of the rows the core writes: the
+	// hand-off in milliseconds while this process publishes its own rows,
+	// nil (the relay's at once) while it does not.
+	PublishAfter() any
+	// Backlog reads the stream's backlog, for the reaper to tell a
+	// command still queued from one lost; ok is false when unknown.
+	Backlog(ctx context.Context) (b maintenance.Backlog, ok bool)
+}
+
+// engineHandOff is an engine's handOff: its step workers, its relay and
+// its stream's backlog.
+type engineHandOff struct {
+	relay   *outbox.Relay
+	after   time.Duration
+	backlog *maintenance.StreamBacklog
+	// steps are the engine's step workers; they move sagas through the
+	// core, so they are built after it, before the engine starts.
+	steps *attempt.Runner
+}
+
+func (h *engineHandOff) Committed(rows []outbox.Committed) {
+	if len(rows) == 0 {
+		return
+	}
+	if h.steps != nil {
+		kept := rows[:0:0]
+		for _, r := range rows {
+			if !h.steps.Offer(r) {
+				kept = append(kept, r)
+			}
+		}
+		if rows = kept; len(rows) == 0 {
+			return
+		}
+	}
+	h.Publish(rows...)
+}
+
+// Publish publishes rows an attempt of the engine's step workers committed
+// (attempt.Publisher): they run their next steps themselves.
+func (h *engineHandOff) Publish(rows ...outbox.Committed) { h.relay.Publish(rows...) }
+
+func (h *engineHandOff) PublishAfter() any {
+	if !h.relay.Running() {
+		return nil
+	}
+	return h.after.Milliseconds()
+}
+
+func (h *engineHandOff) Backlog(ctx context.Context) (maintenance.Backlog, bool) {
+	return h.backlog.Get(ctx)
+}
