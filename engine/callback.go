@@ -265,9 +265,9 @@ func (c *core) callbackMove(sg *saga.Instance, def *saga.Definition, idx, attemp
 	var m *store.Move
 	var err error
 	if refusal == "" {
-		m, err = c.successMove(sg, def, idx, saga.PhaseForward, attemptNo, result)
+		m, err = c.plan.Success(sg, def, idx, saga.PhaseForward, attemptNo, result)
 	} else {
-		m, err = c.failureMove(sg, def, idx, saga.PhaseForward, attemptNo, "the other system refused the request: "+refusal, compensation.NotDone)
+		m, err = c.plan.Failure(sg, def, idx, saga.PhaseForward, attemptNo, "the other system refused the request: "+refusal, compensation.NotDone)
 	}
 	if err != nil {
 		return "", nil, err

@@ -186,7 +186,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 	}
 	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
-	subject, msgID, payload, err := cl.c.commandMessage(sg, registered, 0, saga.PhaseForward, 1)
+	subject, msgID, payload, err := cl.c.plan.Command(sg, registered, 0, saga.PhaseForward, 1)
 	if err != nil {
 		return StartResult{}, nil, err
 	}
@@ -203,7 +203,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 		stmt = store.StartSagaWithToken
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
-		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.leaseMillis(first.Retry),
+		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.plan.LeaseMillis(first.Retry),
 		subject, msgID, payload, handOff, deadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/plan"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -291,7 +293,7 @@ func newCoreWith(cfg *Config, m *metrics.Metrics, out handOff) (*core, error) {
 	defs, versions := indexDefinitions(cfg.Definitions)
 	return &core{
 		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
-		leaseGrace: cfg.LeaseGrace, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
+		plan: plan.Planner{Subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
 		onFinished: cfg.OnFinishedFunc, tracer: tracing.New(cfg.TracerProvider), out: out,
 	}, nil
 }

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/plan"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -166,7 +168,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 // apply queues the writes of an applicable reply on tx, which holds the
 // saga's lock and read sg and st.
 func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, st stepRow, r wire.Reply, fx *effects) error {
-	policy := policyOf(def, idx, r.Phase)
+	policy := plan.PolicyOf(def, idx, r.Phase)
 	retryable := r.Outcome == wire.OutcomeRetry || r.Outcome == wire.OutcomeUnknown
 	possiblyDone := st.possiblyDone || r.Outcome == wire.OutcomeUnknown
 	switch {
@@ -174,7 +176,7 @@ func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 		return c.wait(ctx, tx, sg, def, idx, r.Attempt, fx)
 
 	case r.Outcome == wire.OutcomeSucceeded:
-		m, err := c.successMove(sg, def, idx, r.Phase, r.Attempt, r.Result)
+		m, err := c.plan.Success(sg, def, idx, r.Phase, r.Attempt, r.Result)
 		if err != nil {
 			return err
 		}
@@ -206,7 +208,7 @@ func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 			// that the step was given up after it.
 			tx.Exec(store.MarkAttemptUnknown, nil, pguuid.Of(r.SagaID), r.Step, string(r.Phase), r.Attempt, r.Error)
 		}
-		return c.giveUpOrComplete(ctx, tx, sg, def, idx, r.Phase, r.Attempt, exhausted(r.Attempt, r.Error), possiblyDone, fx)
+		return c.giveUpOrComplete(ctx, tx, sg, def, idx, r.Phase, r.Attempt, plan.Exhausted(r.Attempt, r.Error), possiblyDone, fx)
 
 	default: // failed for good
 		return c.giveUp(ctx, tx, sg, def, idx, r.Phase, r.Attempt, r.Error, possiblyDone, fx)
@@ -277,13 +279,13 @@ func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (st
 	var err error
 	switch {
 	case o.Status == wire.OutcomeSucceeded:
-		m, err = c.successMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Result)
+		m, err = c.plan.Success(sg, def, idx, cmd.Phase, cmd.Attempt, o.Result)
 	case kind != saga.DatabaseStep:
 		return store.Move{}, false
 	case o.Status == wire.OutcomeFailed:
-		m, err = c.failureMove(sg, def, idx, cmd.Phase, cmd.Attempt, o.Error, compensation.NotDone)
-	case o.Status == wire.OutcomeRetry && cmd.Attempt >= policyOf(def, idx, cmd.Phase).MaxAttempts:
-		m, err = c.failureMove(sg, def, idx, cmd.Phase, cmd.Attempt, exhausted(cmd.Attempt, o.Error), compensation.NotDone)
+		m, err = c.plan.Failure(sg, def, idx, cmd.Phase, cmd.Attempt, o.Error, compensation.NotDone)
+	case o.Status == wire.OutcomeRetry && cmd.Attempt >= plan.PolicyOf(def, idx, cmd.Phase).MaxAttempts:
+		m, err = c.plan.Failure(sg, def, idx, cmd.Phase, cmd.Attempt, plan.Exhausted(cmd.Attempt, o.Error), compensation.NotDone)
 	default:
 		return store.Move{}, false
 	}

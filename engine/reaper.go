@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/plan"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -140,7 +142,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return false, err
 	}
 	step := def.Step(st.index)
-	policy := policyOf(def, st.index, st.phase)
+	policy := plan.PolicyOf(def, st.index, st.phase)
 	fx := &effects{}
 
 	switch {
@@ -223,7 +225,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
 	after := *sg
 	after.Version++
-	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, seenAttempt+1)
+	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, seenAttempt+1)
 	if err != nil {
 		return err
 	}
@@ -240,7 +242,7 @@ func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 		}
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
+	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)), sg.Version,
 		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
 	return nil
 }
@@ -252,7 +254,7 @@ func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
 	after := *sg
 	after.Version++
-	subject, msgID, payload, err := c.commandMessage(&after, def, idx, phase, attemptNo)
+	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, attemptNo)
 	if err != nil {
 		return err
 	}
@@ -269,7 +271,7 @@ func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 		}
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.leaseMillis(policyOf(def, idx, phase)), sg.Version,
+	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)), sg.Version,
 		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/plan"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -154,7 +156,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		}
 		var next int
 		if err := tx.Conn().QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
-			c.leaseMillis(policyOf(def, idx, phase))).Scan(&next); err != nil {
+			c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase))).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
 		resumed := *sg
@@ -162,7 +164,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		if phase == saga.PhaseForward {
 			resumed.State = def.StateBefore(idx)
 		}
-		subject, msgID, payload, err := c.commandMessage(&resumed, def, idx, phase, next)
+		subject, msgID, payload, err := c.plan.Command(&resumed, def, idx, phase, next)
 		if err != nil {
 			return err
 		}
@@ -319,7 +321,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		switch {
 		case s.outcome == "succeeded" && idx == def.Len()-1:
 			// It completed the saga: apply that; there is nothing to cancel.
-			m, err = c.successMove(sg, def, idx, saga.PhaseForward, attemptNo, s.result)
+			m, err = c.plan.Success(sg, def, idx, saga.PhaseForward, attemptNo, s.result)
 			if err == nil {
 				err = fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 			}
@@ -335,7 +337,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 			if possiblyDone || s.unknown {
 				effect = compensation.PossiblyDone
 			}
-			m, err = c.failureMove(sg, def, idx, saga.PhaseForward, attemptNo, msg, effect)
+			m, err = c.plan.Failure(sg, def, idx, saga.PhaseForward, attemptNo, msg, effect)
 			if err == nil && m.To != saga.StateParked {
 				m.Error = msg
 			}
@@ -352,15 +354,15 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 // when it was settled: the step succeeds, and the saga compensates it and
 // the steps before it.
 func (c *core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, msg string, result []byte) (*store.Move, error) {
-	plan, _ := compensation.Plan(def, idx+1, compensation.NotDone)
+	undo, _ := compensation.Plan(def, idx+1, compensation.NotDone)
 	to := saga.StateCompensating
-	if len(plan) == 0 {
+	if len(undo) == 0 {
 		to = saga.StateCompensated
 	}
 	step := def.Step(idx)
-	m, after := moveFrom(sg, to, step.Name, saga.PhaseForward, attemptNo)
+	m, after := plan.MoveFrom(sg, to, step.Name, saga.PhaseForward, attemptNo)
 	m.Status, m.StepResult, m.ResultStep, m.Result, m.Error = saga.StepSucceeded, result, step.Name, result, msg
-	return c.compensate(m, after, def, plan)
+	return c.plan.Compensate(m, after, def, undo)
 }
 
 // cancelParked compensates the steps before a parked saga's step, which it
@@ -378,9 +380,9 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		return fmt.Errorf("idemsaga: cancel saga %s: find its parked step: %w", sg.ID, err)
 	}
 	*notDone = step
-	plan, _ := compensation.Plan(def, idx, compensation.NotDone)
+	undo, _ := compensation.Plan(def, idx, compensation.NotDone)
 	to := saga.StateCompensating
-	if len(plan) == 0 {
+	if len(undo) == 0 {
 		to = saga.StateCompensated
 	}
 	after := *sg
@@ -388,14 +390,14 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	var outboxID *int64
 	var subject, msgID string
 	var payload []byte
-	if len(plan) > 0 {
-		if subject, msgID, payload, err = c.commandMessage(&after, def, plan[0], saga.PhaseCompensate, 1); err != nil {
+	if len(undo) > 0 {
+		if subject, msgID, payload, err = c.plan.Command(&after, def, undo[0], saga.PhaseCompensate, 1); err != nil {
 			return err
 		}
-		first := def.Step(plan[0]).Name
+		first := def.Step(undo[0]).Name
 		if err := tx.Conn().QueryRow(ctx, store.DispatchCompensation,
-			pguuid.Of(sg.ID), first, plan[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
-			c.leaseMillis(policyOf(def, plan[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			pguuid.Of(sg.ID), first, undo[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
+			c.plan.LeaseMillis(plan.PolicyOf(def, undo[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
 		}
 	}
@@ -404,10 +406,10 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	}
 	var created time.Time
 	if err := tx.Conn().QueryRow(ctx, store.CancelSaga,
-		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(plan) == 0).Scan(&created); err != nil {
+		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(undo) == 0).Scan(&created); err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
 	}
-	if len(plan) == 0 {
+	if len(undo) == 0 {
 		m := &store.Move{Saga: sg.ID, Definition: sg.Definition, To: to, Finished: true, Outcome: string(saga.StateCompensated)}
 		*fx.moved(m) = created
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/plan"
+
 	"github.com/idemsaga/idemsaga/internal/maintenance"
 
 	"github.com/jackc/pgx/v5"
@@ -69,15 +71,15 @@ func planRequeue(lease, queued time.Duration, b maintenance.Backlog, known bool,
 // claimRunning restarts the lease of an attempt found running with its
 // lease run out, and marks it claimed: its next expiry is a takeover.
 func (c *core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
-	lease := c.leaseMillis(policyOf(def, idx, id.phase))
+	lease := c.plan.LeaseMillis(plan.PolicyOf(def, idx, id.phase))
 	tx.Exec(store.MarkClaimed, nil, pguuid.Of(id.saga), id.step, string(id.phase), attemptNo, lease)
 }
 
 // requeue keeps step idx of sg at its attempt after its lease ran out with
 // no worker having claimed the command, as planRequeue decides.
 func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
-	policy := policyOf(def, idx, phase)
-	lease := time.Duration(c.leaseMillis(policy)) * time.Millisecond
+	policy := plan.PolicyOf(def, idx, phase)
+	lease := time.Duration(c.plan.LeaseMillis(policy)) * time.Millisecond
 	var b maintenance.Backlog
 	known := false
 	if c.out != nil {
@@ -87,7 +89,7 @@ func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def
 	var subject, msgID any
 	var payload []byte
 	if plan.send {
-		s, id, p, err := c.commandMessage(sg, def, idx, phase, attemptNo)
+		s, id, p, err := c.plan.Command(sg, def, idx, phase, attemptNo)
 		if err != nil {
 			return "", err
 		}

@@ -164,7 +164,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				return &StepInFlightError{SagaID: id, Step: step, Attempt: attemptNo, Until: until}
 			case "succeeded":
 				// It took effect on its own: apply that, not the skip.
-				m, err := c.successMove(sg, def, idx, ph, attemptNo, st.result)
+				m, err := c.plan.Success(sg, def, idx, ph, attemptNo, st.result)
 				if err != nil {
 					return err
 				}
@@ -191,7 +191,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		if err := tx.Conn().QueryRow(ctx, store.SkipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 		}
-		m, err := c.successMove(&resumed, def, idx, ph, next, result)
+		m, err := c.plan.Success(&resumed, def, idx, ph, next, result)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrStateForbids, err)
 		}

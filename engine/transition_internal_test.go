@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -63,108 +62,8 @@ func testCore(t *testing.T, def *saga.Definition) *core {
 	c, err := newCore(&cfg, nil)
 	require.NoError(t, err)
 	c.subjects = wire.Subjects{Prefix: "t"}
+	c.plan.Subjects = c.subjects
 	return c
-}
-
-// TestGiveUpRule checks the moves of a step given up: the steps before it
-// are compensated in reverse order; a possibly-done step's own
-// compensation comes first; a possibly-done step without one parks the
-// saga; a compensation that cannot finish fails it.
-func TestGiveUpRule(t *testing.T) {
-	t.Parallel()
-	def := orderDef(t)
-	c := testCore(t, def)
-	id := uuid.Must(uuid.NewV7())
-	at := func(state saga.State, version int64) *saga.Instance {
-		return &saga.Instance{ID: id, Definition: "order", State: state, Version: version, Input: json.RawMessage(`{}`)}
-	}
-	next := func(t *testing.T, m *store.Move) (string, saga.Phase, wire.Command) {
-		t.Helper()
-		require.NotNil(t, m.Next)
-		cmd, err := wire.DecodeCommand(m.Next.Payload)
-		require.NoError(t, err)
-		require.Equal(t, m.Next.Step, cmd.Step)
-		require.Equal(t, m.To, cmd.State, "the next command carries the state the move leaves")
-		require.Equal(t, m.Version+1, cmd.Version, "and the version")
-		return m.Next.Step, m.Next.Phase, cmd
-	}
-
-	t.Run("charge refused: reserve is compensated", func(t *testing.T) {
-		m, err := c.failureMove(at("reserved", 4), def, 1, saga.PhaseForward, 2, "declined", compensation.NotDone)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateCompensating, m.To)
-		require.False(t, m.PossiblyDone)
-		step, phase, _ := next(t, m)
-		require.Equal(t, "reserve", step)
-		require.Equal(t, saga.PhaseCompensate, phase)
-	})
-	t.Run("charge possibly done: its refund comes first", func(t *testing.T) {
-		m, err := c.failureMove(at("reserved", 4), def, 1, saga.PhaseForward, 5, "timeout", compensation.PossiblyDone)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateCompensating, m.To)
-		require.True(t, m.PossiblyDone)
-		require.Contains(t, m.Error, saga.StepKey(id, "charge", saga.PhaseForward).String(), "the error names the key to check")
-		step, phase, _ := next(t, m)
-		require.Equal(t, "charge", step)
-		require.Equal(t, saga.PhaseCompensate, phase)
-		// After the refund, reserve.
-		done, err := c.successMove(at(saga.StateCompensating, 5), def, 1, saga.PhaseCompensate, 1, nil)
-		require.NoError(t, err)
-		step, phase, _ = next(t, done)
-		require.Equal(t, "reserve", step)
-		require.Equal(t, saga.PhaseCompensate, phase)
-	})
-	t.Run("notify possibly done without a compensation: parked", func(t *testing.T) {
-		m, err := c.failureMove(at("charged", 6), def, 2, saga.PhaseForward, 5, "no reply", compensation.PossiblyDone)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateParked, m.To)
-		require.True(t, m.Finished)
-		require.Equal(t, "parked", m.Outcome)
-		require.Nil(t, m.Next, "nothing is compensated")
-		require.Contains(t, m.Error, saga.StepKey(id, "notify", saga.PhaseForward).String())
-		require.Contains(t, m.Error, "`retry ")
-	})
-	t.Run("notify refused: charge and reserve are compensated", func(t *testing.T) {
-		m, err := c.failureMove(at("charged", 6), def, 2, saga.PhaseForward, 1, "refused", compensation.NotDone)
-		require.NoError(t, err)
-		step, _, _ := next(t, m)
-		require.Equal(t, "charge", step)
-	})
-	t.Run("first step fails: compensated at once", func(t *testing.T) {
-		m, err := c.failureMove(at(saga.StateInit, 1), def, 0, saga.PhaseForward, 1, "out of stock", compensation.NotDone)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateCompensated, m.To)
-		require.True(t, m.Finished)
-		require.Nil(t, m.Next)
-	})
-	t.Run("a compensation that cannot finish: failed", func(t *testing.T) {
-		m, err := c.failureMove(at(saga.StateCompensating, 9), def, 1, saga.PhaseCompensate, 5, "refund refused", compensation.PossiblyDone)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateFailed, m.To)
-		require.True(t, m.Finished)
-		require.Contains(t, m.Error, "may have taken effect")
-	})
-	t.Run("last compensation: compensated", func(t *testing.T) {
-		m, err := c.successMove(at(saga.StateCompensating, 9), def, 0, saga.PhaseCompensate, 1, nil)
-		require.NoError(t, err)
-		require.Equal(t, saga.StateCompensated, m.To)
-		require.True(t, m.Finished)
-	})
-	t.Run("a success carries its result to the next command", func(t *testing.T) {
-		m, err := c.successMove(at("reserved", 4), def, 1, saga.PhaseForward, 1, json.RawMessage(`{"charge":"ch-1"}`))
-		require.NoError(t, err)
-		require.Equal(t, saga.State("charged"), m.To)
-		_, _, cmd := next(t, m)
-		require.JSONEq(t, `{"charge":"ch-1"}`, string(cmd.Results["charge"]))
-	})
-	t.Run("moves the state graph forbids are refused", func(t *testing.T) {
-		_, err := c.successMove(at(saga.StateInit, 1), def, 1, saga.PhaseForward, 1, nil)
-		require.Error(t, err)
-		_, err = c.failureMove(at(saga.StateCompensating, 3), def, 1, saga.PhaseForward, 1, "x", compensation.NotDone)
-		require.Error(t, err)
-		_, err = c.successMove(at("reserved", 3), def, 0, saga.PhaseCompensate, 1, nil)
-		require.Error(t, err)
-	})
 }
 
 // TestInStepMoves checks what the engine applies in a step's own
