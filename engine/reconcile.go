@@ -107,106 +107,25 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		return rows.Err()
 	}
 	stale := staleAfter.Seconds()
-	checks := []struct {
-		format string
-		sql    string
-		args   []any
-	}{
-		{"running (state %s) with no step in flight: stuck", `select s.id, s.state from idemsaga.sagas s
-where s.finished_at is null and not exists (
-  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))`, nil},
-		{"has several steps in flight: %s", `select s.id, string_agg(st.step || '/' || st.phase, ', ' order by st.step)
-from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where st.status in ('dispatched', 'retrying', 'waiting')
-group by s.id having count(*) > 1`, nil},
-		{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
-from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, nil},
-		{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + store.NoWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'
-  and st.next_attempt_at is null and ` + store.NotPaused + ``, []any{stale}},
-		{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + store.NoWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + store.NotPaused + ``, []any{stale}},
-		{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + store.NoWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + store.NotPaused + ``, []any{stale}},
-		{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + store.NoWorker + `
-from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + store.NotPaused + ``, []any{stale}},
-		{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
-from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where st.status = 'failed' and i.outcome = 'succeeded'`, nil},
-		{"step recorded as succeeded has no success in the inbox: %s", `select st.saga_id, st.step || '/' || st.phase
-from idemsaga.steps st left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')
-  and not exists (select 1 from idemsaga.repairs r where r.saga_id = st.saga_id and r.operation = 'skip' and r.step = st.step and r.phase = st.phase)`, nil},
-		{"step skipped by an operator is not fenced: %s", `select r.saga_id, r.step || '/' || r.phase || ' is ' || coalesce(st.status, 'missing') || ', its key holds ' || coalesce(i.outcome, 'nothing')
-from idemsaga.repairs r
-left join idemsaga.steps st on st.saga_id = r.saga_id and st.step = r.step and st.phase = r.phase
-left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where r.operation = 'skip' and (st.status is distinct from 'succeeded' or i.outcome is null or i.outcome in ('started', 'retry', 'waiting'))`, nil},
-		{"closed with no close recorded in its repairs%s", `select s.id, '' from idemsaga.sagas s
-where s.state = 'closed' and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.operation = 'close')`, nil},
-		{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
-from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, nil},
-		{"compensated, but a step that may have taken effect was not compensated: %s", `select s.id, st.step || ' (key ' || st.key || ', ' || st.status || ', ' ||
-  case when c.status is null then 'no compensation ran' else 'its compensation is ' || c.status end || ')'
-from idemsaga.sagas s
-join idemsaga.steps st on st.saga_id = s.id and st.phase = 'forward'
-left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.phase = 'compensate'
-where s.state = 'compensated'
-  and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
-  and c.status is distinct from 'succeeded'
-  and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
-    or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, []any{noUndo}},
-		{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + store.NoWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + store.NotPaused, []any{stale}},
-		{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
-from idemsaga.callbacks cb join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
-where cb.outcome = 'pending' and st.status = 'waiting'`, nil},
-		{"a callback completed a step that did not end as it said: %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id || ': step ' || coalesce(st.status, 'missing')
-from idemsaga.callbacks cb left join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
-where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed then 'failed' else 'succeeded' end)`, nil},
-		{"several callbacks completed one step: %s", `select saga_id, step || ': ' || string_agg(event_id, ', ' order by event_id)
-from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, nil},
-		{"running on a definition version the deployment has not recorded: %s (no process can plan its moves; start a worker with that version's code)", `select s.id, s.definition || '@' || s.definition_version
-from idemsaga.sagas s where s.finished_at is null and not exists (
-  select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, nil},
-		{"running with a command parked: %s", `select d.saga_id, ` + store.DeadLetterDetail + `
-from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, nil},
-		{"finished, but a command of it is still parked: %s; drop it with `dead-letters drop`", `select d.saga_id, ` + store.DeadLetterDetail + `
-from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, nil},
-		{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, nil},
-		{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, nil},
-		{"started with submit token %s", `select s.id, t.token || ', which is recorded as ' ||
-  case when t.saga_id is null then 'unused' else 'used by saga ' || t.saga_id end
-from idemsaga.submit_tokens t join idemsaga.sagas s on s.definition = t.definition and s.idem_key = t.token
-where t.saga_id is distinct from s.id`, nil},
-		{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
-  || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
-from idemsaga.outbox where published_at is null and (attempts > 0
-  or publish_after < statement_timestamp() - $1 * interval '1 second'
-  or publish_after is null and created_at < idemsaga.now() - $1 * interval '1 second')
-order by id limit 100`, []any{stale}},
-	}
-	for _, c := range checks {
-		rows, err := pool.Query(ctx, c.sql, c.args...)
+	for _, r := range store.Rules {
+		var args []any
+		switch r.Takes {
+		case store.StaleSeconds:
+			args = []any{stale}
+		case store.StepsWithoutUndo:
+			args = []any{noUndo}
+		}
+		rows, err := pool.Query(ctx, r.SQL, args...)
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
-		if err := add(rows, c.format); err != nil {
+		if err := add(rows, r.Difference); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}
 
 	// Sagas in their final state: every forward step succeeded.
-	rows, err := pool.Query(ctx, `select s.id, s.definition || '@' || s.definition_version, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
-from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
-where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked', 'closed')
-group by s.id, s.definition, s.definition_version, s.state`)
+	rows, err := pool.Query(ctx, store.FinishedForwardSteps)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

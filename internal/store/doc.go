@@ -7,7 +7,8 @@
 // for a user's own messages, and the relay's bookkeeping of published rows
 // stay with package outbox.
 //
-// The rules the statements keep, which reconcile checks from outside:
+// The rules the statements keep, which reconcile checks from outside (each
+// check is a Rule, in this package, beside the statements that keep it):
 //   - a saga moves only from the state and version its writer read
 //     (fenced in SQL, never raised on a miss); under the saga's lock a miss
 //     is a bug (idemsaga.invariant_broken);
