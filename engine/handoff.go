@@ -38,6 +38,8 @@ type engineHandOff struct {
 	steps *attempt.Runner
 }
 
+// Committed runs what this process's step workers can take at once and
+// publishes the rest.
 func (h *engineHandOff) Committed(rows []outbox.Committed) {
 	if len(rows) == 0 {
 		return
@@ -60,6 +62,7 @@ func (h *engineHandOff) Committed(rows []outbox.Committed) {
 // (attempt.Publisher): they run their next steps themselves.
 func (h *engineHandOff) Publish(rows ...outbox.Committed) { h.relay.Publish(rows...) }
 
+// PublishAfter is the hand-off while the relay runs, nil otherwise.
 func (h *engineHandOff) PublishAfter() any {
 	if !h.relay.Running() {
 		return nil
@@ -67,6 +70,7 @@ func (h *engineHandOff) PublishAfter() any {
 	return h.after.Milliseconds()
 }
 
+// Backlog reads the engine's stream's backlog.
 func (h *engineHandOff) Backlog(ctx context.Context) (maintenance.Backlog, bool) {
 	return h.backlog.Get(ctx)
 }

@@ -51,6 +51,7 @@ type StreamBacklog struct {
 	tried   time.Time
 }
 
+// NewStreamBacklog reads stream name's backlog on the given consumers.
 func NewStreamBacklog(js jetstream.JetStream, name string, consumers ...string) *StreamBacklog {
 	return &StreamBacklog{js: js, name: name, consumers: consumers}
 }

@@ -20,6 +20,7 @@ type backlogCollector struct {
 	rows, age *prometheus.Desc
 }
 
+// NewBacklogCollector reports the outbox backlog.
 func NewBacklogCollector(pool *pgxpool.Pool) *backlogCollector {
 	return &backlogCollector{
 		pool: pool,
@@ -87,6 +88,7 @@ type streamCollector struct {
 	msgs, ag, qmsgs, qag *prometheus.Desc
 }
 
+// NewStreamCollector reports stream name's messages and backlog.
 func NewStreamCollector(js jetstream.JetStream, name string, backlog *StreamBacklog) *streamCollector {
 	return &streamCollector{js: js, name: name, backlog: backlog,
 		msgs:  prometheus.NewDesc(metrics.Namespace+"_stream_messages", "Messages in the engine's JetStream stream: commands and replies not yet acknowledged (a work queue keeps nothing else).", nil, nil),

@@ -2,6 +2,7 @@ package store
 
 // The statements of pause, resume and saga deadlines.
 
+// PauseSaga pauses saga $1; a saga paused already is left as it is (no row).
 const PauseSaga = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
 
 // ResumeSaga returns when the saga was paused.

@@ -20,15 +20,18 @@ order by s.finished_at
 limit $2
 for update of s skip locked`
 
-// The statements that delete one batch of sagas, in one transaction,
+// The statements that delete one batch of sagas ($1), in one transaction,
 // children first (the foreign keys would cascade, one row at a time).
-const DeleteSagaInbox = `delete from idemsaga.inbox where saga_id = any($1)`
-
-const DeleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
-
-const DeleteSagaSteps = `delete from idemsaga.steps where saga_id = any($1)`
-
-const DeleteSagas = `delete from idemsaga.sagas where id = any($1)`
+const (
+	// DeleteSagaInbox deletes the sagas' inbox rows.
+	DeleteSagaInbox = `delete from idemsaga.inbox where saga_id = any($1)`
+	// DeleteSagaAttempts deletes the sagas' attempt timelines.
+	DeleteSagaAttempts = `delete from idemsaga.step_attempts where saga_id = any($1)`
+	// DeleteSagaSteps deletes the sagas' steps.
+	DeleteSagaSteps = `delete from idemsaga.steps where saga_id = any($1)`
+	// DeleteSagas deletes the sagas.
+	DeleteSagas = `delete from idemsaga.sagas where id = any($1)`
+)
 
 // DeletePublishedOutbox deletes published rows past the window, in
 // batches. Unpublished rows (published_at null) never match.

@@ -14,10 +14,13 @@ created_at, updated_at, finished_at, definition_version`
 // claim never waits for the orchestrator.
 const SelectSagaByIDLocked = SelectSagaByID + ` for no key update`
 
+// SelectSagaByID reads saga $1.
 const SelectSagaByID = `select ` + SagaColumns + ` from idemsaga.sagas where id = $1`
 
+// SelectSagaByKeyFull reads the saga of definition $1 under key $2.
 const SelectSagaByKeyFull = `select ` + SagaColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
 
+// SelectSagasByKey reads the sagas of every definition under key $1.
 const SelectSagasByKey = `select ` + SagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
 
 // SelectSteps reads a saga's steps; a step is possibly done when an
@@ -135,8 +138,6 @@ const ScheduleRetry = `with f as (
 select case when not exists (select 1 from f) or not exists (select 1 from v)
   then idemsaga.invariant_broken('the retry of step ' || $2 || ' (' || $3 || ') of saga ' || $1::text || ' at attempt ' || $4::text || ' missed its row under the saga''s lock') end`
 
-// The reaper's two hot queries, each matching its partial index. They
-// only find candidates; each is then re-checked under the saga's lock.
 // MarkAttemptUnknown records that a step's last attempt, given up
 // after it, had an unknown outcome.
 const MarkAttemptUnknown = `insert into idemsaga.step_attempts as x (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
@@ -145,7 +146,9 @@ from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt 
 on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', error = excluded.error, finished_at = excluded.finished_at
 where x.outcome is null or x.outcome = 'retry'`
 
-// DueRetries and ExpiredLeases find the work of the reaper, for the
+// DueRetries and ExpiredLeases, the reaper's two hot queries, each matching
+// its partial index, find the work of the reaper (candidates only, each
+// re-checked under its saga's lock), for the
 // definition versions this process runs ($2, "name@version"): another
 // definition's or version's steps are left to the workers that have
 // its code. A paused saga's steps are neither (NotPaused), and
@@ -156,6 +159,7 @@ where st.status = 'retrying' and st.next_attempt_at <= idemsaga.now()
   and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
 order by st.next_attempt_at limit $1`
 
+// ExpiredLeases finds dispatched steps whose lease ran out.
 const ExpiredLeases = `select st.saga_id, st.step, st.phase::text from idemsaga.steps st
 where st.status = 'dispatched' and st.lease_until < idemsaga.now() and st.next_attempt_at is null
   and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
@@ -264,66 +268,6 @@ const RetryFailedStep = `with cur as (
 )
 select attempt from r`
 
-// SelectCallback reads an event already received for a step.
-const SelectCallback = `select saga_id, body_hash, outcome, detail, received_at from idemsaga.callbacks
-where definition = $1 and step = $2 and event_id = $3`
-
-// InsertCallback records a new event; an event id taken meanwhile
-// inserts nothing and returns no row.
-const InsertCallback = `insert into idemsaga.callbacks (definition, step, event_id, saga_id, body_hash, failed, result, error, outcome, detail, applied_at)
-values ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, case when $9 = 'applied' then idemsaga.now() end)
-on conflict (definition, step, event_id) do nothing
-returning received_at`
-
-// CompleteWaiting records a callback's outcome under a waiting step's
-// key ($2), fenced on the key still waiting (at attempt $3, or at an
-// earlier one whose request was accepted after its lease was taken
-// over). The saga's lock rules out a miss.
-const CompleteWaiting = `with c as (
-  update idemsaga.inbox set outcome = $4::text, result = $5::jsonb, error = $6::text
-  where saga_id = $1 and step_key = $2 and attempt <= $3 and outcome = 'waiting'
-  returning 1
-)
-select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`
-
-// WaitForCallback makes a callback step wait for its callback until
-// its deadline ($4 milliseconds from now), fenced by the attempt and
-// the saga's version ($5), which it bumps.
-const WaitForCallback = `with st as (
-  update idemsaga.steps set status = 'waiting', lease_until = idemsaga.now() + $4 * interval '1 millisecond',
-    next_attempt_at = null, updated_at = idemsaga.now()
-  where saga_id = $1 and step = $2 and phase = 'forward' and attempt = $3 and status in ('dispatched', 'retrying')
-  returning saga_id
-), s as (
-  update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()
-  where id = $1 and version = $5 and exists (select from st)
-  returning id
-)
-select case when not exists (select from s) then idemsaga.invariant_broken('a callback step could not begin to wait') end`
-
-// FirstPendingCallback finds the first callback kept for a step
-// before it waited.
-const FirstPendingCallback = `select event_id, failed, result, coalesce(error, '') from idemsaga.callbacks
-where saga_id = $1 and definition = $2 and step = $3 and outcome = 'pending'
-order by received_at, event_id limit 1`
-
-// ApplyPendingCallback marks the pending callback applied, and the
-// step's other pending ones superseded.
-const ApplyPendingCallback = `update idemsaga.callbacks set
-  outcome = case when event_id = $3 then 'applied' else 'superseded' end,
-  detail = case when event_id = $3 then $4 else 'another event completed the step first; this one changes nothing' end,
-  applied_at = case when event_id = $3 then idemsaga.now() end
-where definition = $1 and step = $2 and outcome = 'pending' and saga_id = $5`
-
-// SelectCallbacks lists a saga's callbacks, for inspection.
-const SelectCallbacks = `select step, event_id, outcome, failed, result, coalesce(error, ''), received_at, applied_at
-from idemsaga.callbacks where saga_id = $1 order by received_at, event_id`
-
-// CompleteSettled records a kept callback's outcome under a step key that
-// SettleTombstone fenced in the same transaction.
-const CompleteSettled = `update idemsaga.inbox set outcome = $3::text, result = $4::jsonb, error = $5::text
-where saga_id = $1 and step_key = $2 and outcome = 'tombstone'`
-
 // SelectStepInFlight reads a running saga's step in flight (one, as
 // reconcile checks), under its saga's lock.
 const SelectStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
@@ -361,10 +305,3 @@ select attempt from r`
 // SelectRepairs is a saga's repairs, oldest first.
 const SelectRepairs = `select operation, request_key, reason, requested_by, coalesce(step, ''), coalesce(phase::text, ''), state_after::text, created_at
 from idemsaga.repairs where saga_id = $1 order by created_at, request_key`
-
-// ReopenLateCallbacks makes the late callbacks of a callback step ($2)
-// that an operator retries pending again, so that the first one applies
-// when the step waits.
-const ReopenLateCallbacks = `update idemsaga.callbacks set outcome = 'pending',
-  detail = 'kept for the step retried by an operator; applied when it waits'
-where saga_id = $1 and step = $2 and outcome = 'late'`
