@@ -129,6 +129,7 @@ type cli struct {
 	Flags
 
 	Run         runCmd         `cmd:"" help:"Run a worker: outbox relay, step workers, orchestrator, reaper, cleaner and the HTTP API with /metrics, /healthz and /readyz, until SIGINT or SIGTERM, which drain it."`
+	Steps       stepsCmd       `cmd:"" help:"Run step workers only: take step commands from the stream, run their attempts and answer each with a reply, which the engines of run relay and apply; scales steps apart from orchestration. Until SIGINT or SIGTERM, which drain it."`
 	Migrate     migrateCmd     `cmd:"" help:"Create or update the engine's tables and the service's, and record this build's settings and definitions as the deployment's."`
 	Start       startCmd       `cmd:"" help:"Start a saga (the same key and input give the same saga)."`
 	List        listCmd        `cmd:"" help:"List sagas, newest first, filtered by definition, state, age or stuckness."`

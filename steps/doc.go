@@ -5,7 +5,9 @@
 // outcomes to the saga in the step's own transaction.
 //
 // A worker shares the engine's database: the inbox, whose rows reference
-// their saga, lives with the sagas.
+// their saga, lives with the sagas. The runtime's `steps` command (package
+// service) runs one: a process of steps only, beside the engines of `run`,
+// which relay its replies and move the sagas.
 //
 // Guarantees:
 //   - A database step's handler runs in the transaction of its inbox
