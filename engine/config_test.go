@@ -95,7 +95,7 @@ func TestStartTxUnderRepeatableRead(t *testing.T) {
 		_, err := cl.StartTx(ctx, tx2, transfer.Definition, "rr", transferInput(1, 2, 3))
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let tx2 block on tx1's key
+	testenv.WaitForLockWaiters(t, pool, 1) // tx2 waits on tx1's key
 	require.NoError(t, tx1.Commit(ctx))
 	err = <-done
 	require.ErrorIs(t, err, saga.ErrConflict)

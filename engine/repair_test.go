@@ -183,11 +183,13 @@ func TestListFilters(t *testing.T) {
 	require.Equal(t, "a", old[0].Key)
 	_, err = cl.List(ctx, engine.ListOptions{Definition: "other"})
 	require.ErrorIs(t, err, engine.ErrInvalidFilter, "no definition named other")
-	// No worker runs: every lease expires at once, so all are stuck.
-	time.Sleep(20 * time.Millisecond)
-	stuck, err := cl.List(ctx, engine.ListOptions{Stuck: true, StuckAfter: time.Millisecond})
-	require.NoError(t, err)
-	require.Len(t, stuck, 3)
+	// No worker runs: every lease expires at once, so all are stuck once
+	// the database clock passed them.
+	require.Eventually(t, func() bool {
+		stuck, err := cl.List(ctx, engine.ListOptions{Stuck: true, StuckAfter: time.Millisecond})
+		require.NoError(t, err)
+		return len(stuck) == 3
+	}, 10*time.Second, 5*time.Millisecond, "the three sagas are listed as stuck")
 	limited, err := cl.List(ctx, engine.ListOptions{Limit: 2})
 	require.NoError(t, err)
 	require.Len(t, limited, 2)
