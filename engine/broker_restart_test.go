@@ -28,7 +28,7 @@ func TestBrokerRestartLosingEverything(t *testing.T) {
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
 	stream := testenv.Name("RESTART")
-	startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.LeaseGrace = time.Second
 	})
 
@@ -41,6 +41,10 @@ func TestBrokerRestartLosingEverything(t *testing.T) {
 	// Work continues against the database while the broker is gone.
 	time.Sleep(300 * time.Millisecond)
 	_ = testenv.StartNATSAt(t, t.TempDir(), addr)
+	// The new server's cleanup runs before the engine's: stop the engine
+	// first, or it recreates its stream on a server shutting down, whose
+	// store then outlives it.
+	defer func() { require.NoError(t, e.Stop(ctx)) }()
 
 	waitAllFinished(t, pool, 2*time.Minute)
 	requireAudit(t, pool, seeded, credited, compensated)
