@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,36 +43,16 @@ func (s *syncBuffer) String() string {
 // worker runs, with the URL the embedded server logged.
 func runEmbedded(t *testing.T, cfg Config, dir string, args ...string) (url string, stop func() string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var log syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		var out bytes.Buffer
-		done <- run(ctx, cfg, append([]string{"run", "--http-addr", "", "--embedded-nats", dir}, args...), &out, &log)
-	}()
-	urlLine := regexp.MustCompile(`embedded NATS with JetStream running.* url=(nats://127\.0\.0\.1:[0-9]+)`)
-	deadline := time.After(30 * time.Second)
-	for !urlLine.MatchString(log.String()) || !strings.Contains(log.String(), "worker running") {
-		select {
-		case err := <-done:
-			t.Fatalf("run ended: %v\n%s", err, log.String())
-		case <-deadline:
-			t.Fatalf("run did not log the embedded server's URL and start within 30s:\n%s", log.String())
-		case <-time.After(10 * time.Millisecond):
-		}
+	var log string
+	stop = runInBackground(t, cfg, "worker running", func(l string) { log = l }, append([]string{"run", "--http-addr", "", "--embedded-nats", dir}, args...)...)
+	m := embeddedURL.FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("run did not log the embedded server's URL:\n%s", log)
 	}
-	stopped := false
-	stop = func() string {
-		if !stopped {
-			stopped = true
-			cancel()
-			require.NoError(t, <-done, log.String())
-		}
-		return log.String()
-	}
-	t.Cleanup(func() { stop() })
-	return urlLine.FindStringSubmatch(log.String())[1], stop
+	return m[1], stop
 }
+
+var embeddedURL = regexp.MustCompile(`embedded NATS with JetStream running.* url=(nats://127\.0\.0\.1:[0-9]+)`)
 
 // TestRunWithEmbeddedNATS: `run --embedded-nats` on a folder of its own
 // needs no NATS server: a saga started by another process finishes, the

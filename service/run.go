@@ -131,15 +131,9 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	}
 	if tp != nil {
 		cfg.TracerProvider = tp
-		// After the engine's drain: the spans of its last work go out.
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := tp.Shutdown(sctx); err != nil {
-				log.Warn("tracing: spans not all exported at stop", "error", err)
-			}
-		}()
 	}
+	// After the engine's drain.
+	defer shutdownTracing(tp, log)
 	e, err := engine.New(cfg)
 	if err != nil {
 		return err

@@ -47,14 +47,9 @@ func (s *stepsCmd) Run(ctx context.Context, f *Flags) error {
 		Definitions: f.defs, Concurrency: s.Concurrency, Logger: log}
 	if tp != nil {
 		cfg.TracerProvider = tp
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := tp.Shutdown(sctx); err != nil {
-				log.Warn("tracing: spans not all exported at stop", "error", err)
-			}
-		}()
 	}
+	// After the worker's drain.
+	defer shutdownTracing(tp, log)
 	w, err := steps.New(cfg)
 	if err != nil {
 		return err

@@ -20,8 +20,9 @@ import (
 
 // runInBackground runs a long-lived command until the returned function is
 // called, which ends it (as SIGTERM would) and returns its log; it returns
-// once the log says ready.
-func runInBackground(t *testing.T, cfg Config, ready string, args ...string) (stop func() string) {
+// once the log says ready, having handed the log so far to started (nil:
+// nothing).
+func runInBackground(t *testing.T, cfg Config, ready string, started func(log string), args ...string) (stop func() string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var log syncBuffer
@@ -39,6 +40,9 @@ func runInBackground(t *testing.T, cfg Config, ready string, args ...string) (st
 			t.Fatalf("%s did not log %q within 30s:\n%s", args[0], ready, log.String())
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+	if started != nil {
+		started(log.String())
 	}
 	stopped := false
 	stop = func() string {
@@ -79,7 +83,7 @@ func TestStepsOnlyProcess(t *testing.T) {
 		saga.Step{Name: "bye", Reaches: "byed", Kind: saga.DatabaseStep,
 			Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }},
 	)
-	stopSteps := runInBackground(t, Config{Name: "shopsteps", Definitions: []*saga.Definition{def}}, "step worker running", "steps")
+	stopSteps := runInBackground(t, Config{Name: "shopsteps", Definitions: []*saga.Definition{def}}, "step worker running", nil, "steps")
 
 	// No engine runs: a relay of the test's own publishes the start's
 	// command and the step's reply.
@@ -102,7 +106,7 @@ func TestStepsOnlyProcess(t *testing.T) {
 
 	// An engine applies the reply, runs bye and finishes the saga.
 	require.NoError(t, relay.Stop(context.Background()))
-	stopRun := runInBackground(t, shop, "worker running", "run", "--http-addr", "")
+	stopRun := runInBackground(t, shop, "worker running", nil, "run", "--http-addr", "")
 	out, _, err = runIn(t, Config{Name: "shopadmin"}, "start", "greet", "--key", "s-1", "--input", `{}`, "--wait", "--timeout", "30s")
 	require.NoError(t, err)
 	require.Contains(t, out, "byed")

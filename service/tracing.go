@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel/attribute"
@@ -56,6 +57,19 @@ func newTracerProvider(ctx context.Context, serviceName string, log *slog.Logger
 	}
 	log.Info("tracing on", "exporter", exporterName(), "sampler", sampler)
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// shutdownTracing flushes the spans tp holds (nil: tracing off), within
+// 10 s: called after a drain, so that the spans of the last work go out.
+func shutdownTracing(tp *sdktrace.TracerProvider, log *slog.Logger) {
+	if tp == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tp.Shutdown(ctx); err != nil {
+		log.Warn("tracing: spans not all exported at stop", "error", err)
+	}
 }
 
 // traceResource is the resource of the spans: service.name serviceName,
