@@ -187,7 +187,10 @@ func (sh shape) valid() bool {
 
 // text writes the statement of shape sh from its parts.
 func (sh shape) text() string {
-	ctes := []string{leads[sh.lead]}
+	var ctes []string
+	if sh.lead != LeadNone {
+		ctes = append(ctes, leads[sh.lead])
+	}
 	if sh.move {
 		ctes = append(ctes, moveParts)
 		if sh.locked {
@@ -206,35 +209,34 @@ func (sh shape) text() string {
 	if sh.reply {
 		ctes = append(ctes, replyPart)
 	}
-	text := "with " + strings.Join(ctes, ",\n") + "\n" + report(sh)
-	// Under the saga's lock, a step read retrying or waiting may end too.
-	statuses := "'dispatched'"
-	if sh.locked {
-		statuses = "'dispatched', 'retrying', 'waiting'"
-	}
-	text = strings.ReplaceAll(text, "@step_statuses", statuses)
-	if !sh.move {
-		text = strings.ReplaceAll(text, " and not exists (select from u)", "")
-	}
+	// The markers say what the parts depend on: the lead's write (none to
+	// wait for without a lead), the move's miss (always, without a move),
+	// the statuses the ended step may be in (under the saga's lock, also
+	// retrying or waiting).
+	r := []string{"{lead_wrote}", "exists (select from i)", "{and_lead_wrote}", " and exists (select from i)",
+		"{and_not_moved}", " and not exists (select from u)", "{step_statuses}", "'dispatched'"}
 	if sh.lead == LeadNone {
-		// The lead wrote nothing to wait for: its parts are not gated on it.
-		text = strings.ReplaceAll(text, " and exists (select from i)", "")
-		text = strings.ReplaceAll(text, "where exists (select from i) and ", "where ")
-		text = strings.ReplaceAll(text, "where exists (select from i)", "where true")
-		text = strings.ReplaceAll(text, "select exists (select from i),", "select true,")
-		text = strings.Replace(text, "with "+leadNone+",\n", "with ", 1)
-		text = strings.Replace(text, "with "+leadNone+"\n", "", 1)
+		r[1], r[3] = "true", ""
 	}
-	return text
+	if !sh.move {
+		r[5] = ""
+	}
+	if sh.locked {
+		r[7] = "'dispatched', 'retrying', 'waiting'"
+	}
+	text := report(sh)
+	if len(ctes) > 0 {
+		text = "with " + strings.Join(ctes, ",\n") + "\n" + text
+	}
+	return strings.NewReplacer(r...).Replace(text)
 }
 
-// leads are the leads' parts (i): one row when the lead wrote.
-var leads = map[Lead]string{LeadNone: leadNone, LeadFailure: leadFailure, LeadFailureAlone: leadFailureAlone, LeadExternal: leadExternal}
+// leads are the leads' parts (i): one row when the lead wrote. LeadNone
+// writes nothing, and its statements have no such part.
+var leads = map[Lead]string{LeadFailure: leadFailure, LeadFailureAlone: leadFailureAlone, LeadExternal: leadExternal}
 
 // The leads.
 var (
-	leadNone = `i as (select)`
-
 	leadFailure = `i as (
   update idemsaga.inbox set outcome = @inbox_outcome::text, error = @inbox_error::text, result = null
   where saga_id = @saga and step_key = @key and attempt = @attempt::int and outcome = 'succeeded'
@@ -262,21 +264,21 @@ var (
 
 // moveParts is the move, gated on the lead: the saga's update (u), fenced
 // by state and version, and the ended step's (f), in the statuses it may
-// end from (@step_statuses, set when the statement is written).
+// end from ({step_statuses}, set when the statement is written).
 const moveParts = `u as (
   update idemsaga.sagas set state = @to::text, version = version + 1, updated_at = idemsaga.now(),
     finished_at = case when @finished::bool then idemsaga.now() else finished_at end,
     error = coalesce(@saga_error::text, error),
     results = case when @result_step::text is null then results
       else results || jsonb_build_object(@result_step::text, coalesce(@saga_result::jsonb, 'null'::jsonb)) end
-  where id = @saga and state = @from::text and version = @version::bigint and exists (select from i)
+  where id = @saga and state = @from::text and version = @version::bigint{and_lead_wrote}
   returning created_at
 ), f as (
   update idemsaga.steps set status = @status::text, result = @step_result::jsonb, last_error = @step_error::text,
     possibly_done = possibly_done or @possibly_done::bool,
     lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = @saga and step = @move_step::text and phase = @move_phase::text and attempt = @move_attempt::int
-    and status in (@step_statuses)
+    and status in ({step_statuses})
     and exists (select from u)
   returning saga_id, step, phase, attempt
 )`
@@ -312,7 +314,7 @@ var commandPart = `o as (
 // move did not apply, for a later duplicate's answer.
 const keepPart = `r as (
   update idemsaga.inbox set result = @inbox_result::jsonb
-  where saga_id = @saga and step_key = @key and exists (select from i) and not exists (select from u)
+  where saga_id = @saga and step_key = @key{and_lead_wrote}{and_not_moved}
 )`
 
 // replyPart is the reply (rep), where the move did not apply: the
@@ -320,7 +322,7 @@ const keepPart = `r as (
 var replyPart = `rep as (
   ` + outboxInsert(`select @reply_subject::text, @reply_msg_id::text, @reply_payload::bytea, @saga,
     clock_timestamp() + @hand_off::bigint * interval '1 millisecond', @reply_headers::jsonb
-  where exists (select from i) and not exists (select from u)`) + `
+  where true{and_lead_wrote}{and_not_moved}`) + `
   returning id
 )`
 
@@ -348,7 +350,7 @@ func report(sh shape) string {
 	if sh.reply {
 		rep = "(select id from rep)"
 	}
-	return "select exists (select from i), " + created + ", " + dispatched + ", " + cmd + ", " + rep + ",\n  " + check
+	return "select {lead_wrote}, " + created + ", " + dispatched + ", " + cmd + ", " + rep + ",\n  " + check
 }
 
 // named is a statement written with @name parameters, numbered once, with
