@@ -38,11 +38,11 @@ func pauseFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 		if sg.Finished() {
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running saga can be paused", ErrStateForbids, id, sg.State)
 		}
-		tag, err := tx.Conn().Exec(ctx, store.PauseSaga, pguuid.Of(id))
+		paused, err := store.PauseSaga(ctx, tx.Conn(), id)
 		if err != nil {
 			return fmt.Errorf("idemsaga: pause saga %s: %w", id, err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !paused {
 			return fmt.Errorf("%w: saga %s is paused already; resume it with `resume %s`", ErrStateForbids, id, id)
 		}
 		return nil
@@ -67,16 +67,12 @@ func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairRes
 func resumeFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 	return func(tx *store.Tx, sg *saga.Instance) error {
 		id := sg.ID
-		var since time.Time
-		err := tx.Conn().QueryRow(ctx, store.ResumeSaga, pguuid.Of(id)).Scan(&since)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: saga %s is not paused", ErrStateForbids, id)
-		}
+		resumed, err := store.ResumeSaga(ctx, tx.Conn(), id)
 		if err != nil {
 			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
 		}
-		if _, err := tx.Conn().Exec(ctx, store.ResendSteps, pguuid.Of(id), since); err != nil {
-			return fmt.Errorf("idemsaga: resume saga %s: %w", id, err)
+		if !resumed {
+			return fmt.Errorf("%w: saga %s is not paused", ErrStateForbids, id)
 		}
 		return nil
 	}

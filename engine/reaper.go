@@ -315,7 +315,7 @@ func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	}
 	// Its deadline acted: a saga an operator sets going again afterwards
 	// (a retry of what the cancel parked) is not cancelled again.
-	if _, err := c.pool.Exec(ctx, store.ClearDeadline, pguuid.Of(id)); err != nil {
+	if err := store.ClearDeadline(ctx, c.pool, id); err != nil {
 		return false, fmt.Errorf("saga %s past its deadline: clear the deadline: %w", id, err)
 	}
 	if errors.Is(err, ErrRepairKeyReused) {

@@ -174,12 +174,8 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
 		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
-		tag, err := tx.Conn().Exec(ctx, store.ReopenSaga, pguuid.Of(id), sg.Version, string(resumed.State), false)
-		if err != nil {
+		if err := store.ReopenSaga(ctx, tx.Conn(), id, sg.Version, resumed.State, false); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
-		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("idemsaga: retry saga %s: %w", id, store.ErrInvariant)
 		}
 		return nil
 	}
@@ -404,9 +400,8 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	if outboxID != nil {
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
 	}
-	var created time.Time
-	if err := tx.Conn().QueryRow(ctx, store.CancelSaga,
-		pguuid.Of(sg.ID), sg.Version, string(to), msg, len(undo) == 0).Scan(&created); err != nil {
+	created, err := store.CancelSaga(ctx, tx.Conn(), sg.ID, sg.Version, to, msg, len(undo) == 0)
+	if err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
 	}
 	if len(undo) == 0 {

@@ -178,12 +178,8 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				resumed.State = saga.StateCompensating
 			}
 			resumed.Version, resumed.FinishedAt, resumed.Error = sg.Version+1, nil, ""
-			tag, err := tx.Conn().Exec(ctx, store.ReopenSaga, pguuid.Of(id), sg.Version, string(resumed.State), true)
-			if err != nil {
+			if err := store.ReopenSaga(ctx, tx.Conn(), id, sg.Version, resumed.State, true); err != nil {
 				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
-			}
-			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, store.ErrInvariant)
 			}
 		}
 		// The skip is an attempt of its own, after the one it ends.
@@ -238,12 +234,8 @@ func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *sag
 			// over a step that could still run.
 			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, store.ErrInvariant)
 		}
-		tag, err := tx.Conn().Exec(ctx, store.CloseSaga, pguuid.Of(sg.ID), sg.Version)
-		if err != nil {
+		if err := store.CloseSaga(ctx, tx.Conn(), sg.ID, sg.Version); err != nil {
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
-		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, store.ErrInvariant)
 		}
 		return nil
 	}

@@ -1,12 +1,24 @@
 package store
 
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+)
+
 // The statements of pause, resume and saga deadlines.
 
-// PauseSaga pauses saga $1; a saga paused already is left as it is (no row).
-const PauseSaga = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
+// pauseSaga pauses saga $1; a saga paused already is left as it is.
+const pauseSaga = `update idemsaga.sagas set paused_at = idemsaga.now(), updated_at = idemsaga.now() where id = $1 and paused_at is null`
 
-// ResumeSaga returns when the saga was paused.
-const ResumeSaga = `update idemsaga.sagas s set paused_at = null, updated_at = idemsaga.now()
+// resumeSaga resumes saga $1, returning when it was paused; no row when
+// it was not.
+const resumeSaga = `update idemsaga.sagas s set paused_at = null, updated_at = idemsaga.now()
 from (select paused_at from idemsaga.sagas where id = $1) old
 where s.id = $1 and s.paused_at is not null returning old.paused_at`
 
@@ -85,8 +97,8 @@ const CountPaused = `select definition, count(*) from (
   select s.id, s.definition from idemsaga.paused_definitions p join idemsaga.sagas s on s.definition = p.definition and s.finished_at is null
 ) held group by definition`
 
-// ClearDeadline clears the deadline of a saga whose deadline's repair ran.
-const ClearDeadline = `update idemsaga.sagas set deadline_at = null where id = $1 and deadline_at is not null`
+// clearDeadline clears the deadline of saga $1.
+const clearDeadline = `update idemsaga.sagas set deadline_at = null where id = $1 and deadline_at is not null`
 
 // InsertDefinitionRepair records a pause or resume of a definition under its
 // request key first: a concurrent request under the same key waits on it,
@@ -111,3 +123,33 @@ const ResumeDefinition = `delete from idemsaga.paused_definitions where definiti
 // CountDefinitionRepair records how many sagas a definition's pause or
 // resume touched.
 const CountDefinitionRepair = `update idemsaga.definition_repairs set sagas = $3 where definition = $1 and request_key = $2`
+
+// PauseSaga pauses saga id; paused is false when it was paused already.
+func PauseSaga(ctx context.Context, q Querier, id uuid.UUID) (paused bool, err error) {
+	tag, err := q.Exec(ctx, pauseSaga, pguuid.Of(id))
+	return err == nil && tag.RowsAffected() > 0, err
+}
+
+// ResumeSaga resumes saga id and marks its steps in flight to be sent
+// again at their attempt (ResendSteps); resumed is false, and nothing
+// changes, when it was not paused.
+func ResumeSaga(ctx context.Context, q Querier, id uuid.UUID) (resumed bool, err error) {
+	var since time.Time
+	err = q.QueryRow(ctx, resumeSaga, pguuid.Of(id)).Scan(&since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, err = q.Exec(ctx, ResendSteps, pguuid.Of(id), since)
+	return err == nil, err
+}
+
+// ClearDeadline clears the deadline of saga id, once its deadline's cancel
+// acted: a saga an operator sets going again afterwards is not cancelled
+// again.
+func ClearDeadline(ctx context.Context, q Querier, id uuid.UUID) error {
+	_, err := q.Exec(ctx, clearDeadline, pguuid.Of(id))
+	return err
+}

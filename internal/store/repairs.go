@@ -1,5 +1,57 @@
 package store
 
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/saga"
+)
+
+// Querier runs one statement: a connection, a pool or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReopenSaga moves saga id, read at version under its lock, back to running
+// in state to (an operator's retry or skip); clearError clears its error.
+// A miss is a bug: ErrInvariant.
+func ReopenSaga(ctx context.Context, q Querier, id uuid.UUID, version int64, to saga.State, clearError bool) error {
+	return touched(q.Exec(ctx, reopenSaga, pguuid.Of(id), version, string(to), clearError))
+}
+
+// CancelSaga moves saga id, read at version under its lock, to state to
+// with the error errText, for an operator's cancel; finished ends it
+// (nothing to compensate). It returns when the saga started.
+func CancelSaga(ctx context.Context, q Querier, id uuid.UUID, version int64, to saga.State, errText string, finished bool) (created time.Time, err error) {
+	err = q.QueryRow(ctx, cancelSaga, pguuid.Of(id), version, string(to), errText, finished).Scan(&created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = fmt.Errorf("the saga moved under its lock: %w", ErrInvariant)
+	}
+	return created, err
+}
+
+// CloseSaga ends saga id, read at version under its lock, closed by an
+// operator. A miss is a bug: ErrInvariant.
+func CloseSaga(ctx context.Context, q Querier, id uuid.UUID, version int64) error {
+	return touched(q.Exec(ctx, closeSaga, pguuid.Of(id), version))
+}
+
+// touched checks that a statement fenced under a saga's lock wrote its row.
+func touched(tag pgconn.CommandTag, err error) error {
+	if err == nil && tag.RowsAffected() == 0 {
+		return fmt.Errorf("the saga moved under its lock: %w", ErrInvariant)
+	}
+	return err
+}
+
 // ClearFailedKey clears a failed step's key ($2) for an operator's retry: a
 // database step's failure is deleted; an external step's key keeps what it
 // knows (an unknown outcome stays unknown) as a retry the next attempt may
@@ -10,10 +62,10 @@ const ClearFailedKey = `with x as (
 )
 update idemsaga.inbox set outcome = 'retry' where saga_id = $1 and step_key = $2 and outcome in ('failed', 'tombstone') and unknown`
 
-// ReopenSaga moves a saga ($1, at version $2, read under its lock) back to
+// reopenSaga moves a saga ($1, at version $2, read under its lock) back to
 // running in state $3 for an operator's retry or skip; $4 clears its
 // error.
-const ReopenSaga = `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now(),
+const reopenSaga = `update idemsaga.sagas set state = $3, finished_at = null, version = version + 1, updated_at = idemsaga.now(),
   error = case when $4::bool then null else error end
 where id = $1 and version = $2`
 
@@ -29,10 +81,10 @@ var DispatchCompensation = `with st as (
 )
 ` + outboxInsert(`select $6, $7, $8, saga_id, clock_timestamp() + $9 * interval '1 millisecond', $10::jsonb from st`) + ` returning id`
 
-// CancelSaga moves a saga an operator cancels ($1 at version $2, read under
+// cancelSaga moves a saga an operator cancels ($1 at version $2, read under
 // its lock) to state $3 with the error $4; $5 finishes it (nothing to
 // compensate). It returns when the saga started.
-const CancelSaga = `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
+const cancelSaga = `update idemsaga.sagas set state = $3, error = $4, version = version + 1, updated_at = idemsaga.now(),
   finished_at = case when $5::bool then idemsaga.now() end
 where id = $1 and version = $2 returning created_at`
 
@@ -42,7 +94,7 @@ const InsertRepair = `insert into idemsaga.repairs (saga_id, request_key, operat
 select id, $2, $3, $4, $5, $6, state, $7, $8 from idemsaga.sagas where id = $1
 returning state_after, created_at`
 
-// CloseSaga ends a saga an operator closes ($1 at version $2, read under
+// closeSaga ends a saga an operator closes ($1 at version $2, read under
 // its lock).
-const CloseSaga = `update idemsaga.sagas set state = 'closed', finished_at = idemsaga.now(), version = version + 1, updated_at = idemsaga.now()
+const closeSaga = `update idemsaga.sagas set state = 'closed', finished_at = idemsaga.now(), version = version + 1, updated_at = idemsaga.now()
 where id = $1 and version = $2`
