@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemsaga/idemsaga/internal/plan"
+	"github.com/idemsaga/idemsaga/outbox"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -229,21 +230,9 @@ func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 	if err != nil {
 		return err
 	}
-	name := def.Step(idx).Name
-	tx.Queue(store.RedispatchStep, func(row pgx.Row) error {
-		var next *int
-		var outboxID *int64
-		var invariant *int
-		if err := row.Scan(&next, &outboxID, &invariant); err != nil {
-			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
-		}
-		if next == nil || outboxID == nil {
-			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", name, phase, sg.ID, store.ErrInvariant)
-		}
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
-		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), seenAttempt, c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
+	store.QueueRedispatch(tx, store.Resend{Saga: sg.ID, Step: def.Step(idx).Name, Phase: phase, Attempt: seenAttempt, Version: sg.Version,
+		LeaseMillis: c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)),
+		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffArg()})
 	return nil
 }
 
@@ -259,20 +248,9 @@ func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 		return err
 	}
 	msgID += fmt.Sprintf("-v%d", after.Version)
-	name := def.Step(idx).Name
-	tx.Queue(store.ResendStep, func(row pgx.Row) error {
-		var outboxID *int64
-		var invariant *int
-		if err := row.Scan(&outboxID, &invariant); err != nil {
-			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, err)
-		}
-		if outboxID == nil {
-			return fmt.Errorf("send step %q (%s) of saga %s again: %w", name, phase, sg.ID, store.ErrInvariant)
-		}
-		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
-		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)), sg.Version,
-		subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()))
+	store.QueueResendAfterResume(tx, store.Resend{Saga: sg.ID, Step: def.Step(idx).Name, Phase: phase, Attempt: attemptNo, Version: sg.Version,
+		LeaseMillis: c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)),
+		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffArg()})
 	return nil
 }
 

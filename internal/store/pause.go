@@ -60,12 +60,12 @@ where st.status = 'dispatched' and st.next_attempt_at is not null and st.next_at
   and exists (select 1 from idemsaga.sagas s where s.id = st.saga_id and s.definition || '@' || s.definition_version = any($2) and ` + NotPaused + `)
 order by st.next_attempt_at limit $1`
 
-// ResendStep sends a step of a resumed saga again at the attempt seen
+// resendStep sends a step of a resumed saga again at the attempt seen
 // ($4), with a fresh lease ($5 ms) and no claim (the copy sent before
 // the pause was refused by its claim, so its lease must not count), bumps the saga's version ($6,
 // seen under its lock) and writes the command ($7-$10, and $11 its
 // headers). It returns the command's outbox id.
-var ResendStep = `with r as (
+var resendStep = `with r as (
   update idemsaga.steps set lease_until = idemsaga.now() + $5 * interval '1 millisecond', next_attempt_at = null, claimed_attempt = null, resent_attempt = null, updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is not null
   returning saga_id

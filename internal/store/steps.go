@@ -81,13 +81,13 @@ from (select 1) one left join lateral (
 // when StartSaga's snapshot did not see the saga under the key.
 const SelectSagaByKey = `select id, input_hash, state::text from idemsaga.sagas where definition = $1 and idem_key = $2`
 
-// RedispatchStep starts the next attempt of a step, fenced by the
+// redispatchStep starts the next attempt of a step, fenced by the
 // attempt seen ($4), bumps the saga's version ($6, seen under its lock)
 // and writes the attempt's command ($7-$11: subject, message id,
 // payload, hand-off, headers). The attempt it ends goes into the timeline as
 // 'lease expired', unless it is there already (a retry was scheduled).
 // It returns the new attempt and the command's outbox id.
-var RedispatchStep = `with cur as (
+var redispatchStep = `with cur as (
   select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at) as dispatched_at
   from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
 ), r as (
