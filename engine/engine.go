@@ -333,8 +333,9 @@ type Engine struct {
 	stepRunner lifecycle.Runner
 	runner     lifecycle.Runner
 
-	// dups are the copies of commands the test kit delivers, dupsInHand
-	// how many of them run.
+	// dup runs the copies of commands the test kit delivers (dups),
+	// dupsInHand how many of them run.
+	dup        *attempt.Runner
 	dups       sync.WaitGroup
 	dupsInHand atomic.Int64
 
@@ -363,15 +364,8 @@ type run struct {
 // closedChan is what Stopped returns for an engine that never ran.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func init() {
-	testhook.NewEngine = func(cfg any, faults *attempt.Faults) (any, error) { return newEngine(cfg.(Config), faults) }
-	testhook.InHand = func(e any) int { e2 := e.(*Engine); return e2.steps.InHand() + int(e2.dupsInHand.Load()) }
-}
-
 // New returns an engine; Start runs it.
-func New(cfg Config) (*Engine, error) { return newEngine(cfg, nil) }
-
-func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
+func New(cfg Config) (*Engine, error) {
 	cfg = *cfg.WithDefaults()
 	if err := cfg.validate(true); err != nil {
 		return nil, err
@@ -435,32 +429,42 @@ func newEngine(cfg Config, faults *attempt.Faults) (*Engine, error) {
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
-		Slots: cfg.StepConcurrency, Faults: faults, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
+		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
 	}
 	e.steps, err = attempt.New(acfg)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: %w", err)
 	}
-	if faults != nil {
-		// A copy goes to a runner that shares no memory with the first,
-		// as a delivery to another worker would.
-		acfg.Recent, acfg.Slots, acfg.Eager, acfg.Faults = 0, 0, false, nil
-		dup, err := attempt.New(acfg)
-		if err != nil {
-			return nil, fmt.Errorf("idemsaga: %w", err)
-		}
-		faults.Duplicate = func(cmd wire.Command) {
+	// A copy the test kit delivers goes to a runner that shares no memory
+	// with the first, as a delivery to another worker would.
+	acfg.Recent, acfg.Slots, acfg.Eager = 0, 0, false
+	if e.dup, err = attempt.New(acfg); err != nil {
+		return nil, fmt.Errorf("idemsaga: %w", err)
+	}
+	out.steps = e.steps
+	return e, nil
+}
+
+// arm gives a run the test kit's hooks (package testhook), before its
+// step workers start.
+func (e *Engine) arm(h *testhook.Hooks) {
+	if h == nil {
+		e.steps.Arm(nil)
+		return
+	}
+	if h.Faults != nil {
+		h.Faults.Duplicate = func(cmd wire.Command) {
 			e.dupsInHand.Add(1)
 			e.dups.Go(func() {
 				defer e.dupsInHand.Add(-1)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				_, _ = dup.Handle(ctx, cmd, false)
+				_, _ = e.dup.Handle(ctx, cmd, false)
 			})
 		}
 	}
-	out.steps = e.steps
-	return e, nil
+	e.steps.Arm(h.Faults)
+	h.InHand = func() int { return e.steps.InHand() + int(e.dupsInHand.Load()) }
 }
 
 // stream creates the engine's stream, or brings an existing one to the
@@ -584,6 +588,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Lock()
 		return err
 	}
+	e.arm(testhook.From(ctx))
 	if err := e.relay.Start(work); err != nil {
 		return fail(err)
 	}

@@ -421,11 +421,10 @@ func TestTracingDuplicateAndRedeliveredCommands(t *testing.T) {
 		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond,
 		RelayPollInterval: 20 * time.Millisecond, RelayHandOff: time.Second, Logger: quietLogger(), TracerProvider: p.tp,
 	}
-	v, err := testhook.NewEngine(cfg, faults)
+	e, err := engine.New(cfg)
 	require.NoError(t, err)
-	e := v.(*engine.Engine)
 	require.NoError(t, engine.Deploy(ctx, cfg))
-	require.NoError(t, e.Start(ctx))
+	require.NoError(t, e.Start(testhook.With(ctx, &testhook.Hooks{Faults: faults})))
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

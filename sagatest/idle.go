@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/idemsaga/idemsaga/internal/testhook"
 )
 
 // The kit moves the clock only while nothing is on its way: a command or
@@ -66,7 +65,7 @@ func (e *Env) skip(ctx context.Context, t T, id uuid.UUID, quiet time.Duration) 
 	// taking an outbox id.
 	if n, err := e.queued(ctx); err != nil {
 		t.Fatalf("sagatest: read the stream: %v", err)
-	} else if n > 0 || testhook.InHand(e.Engine) > 0 {
+	} else if n > 0 || e.hooks.InHand() > 0 {
 		return false
 	}
 	tag, err := e.Pool.Exec(ctx, advanceIfStill, (*wait + time.Millisecond).Milliseconds(), seq)

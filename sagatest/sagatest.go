@@ -73,6 +73,7 @@ type Env struct {
 
 	cfg    Config
 	faults *attempt.Faults
+	hooks  *testhook.Hooks
 	url    string
 	js     jetstream.JetStream
 }
@@ -112,6 +113,7 @@ func New(t T, cfg Config) *Env {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	env := &Env{cfg: cfg, faults: &attempt.Faults{}}
+	env.hooks = &testhook.Hooks{Faults: env.faults}
 	env.Pool, env.url = newDatabase(ctx, t)
 	if err := migrate(ctx, env.Pool, cfg.Migrations); err != nil {
 		t.Fatalf("sagatest: migrate: %v", err)
@@ -140,13 +142,14 @@ func New(t T, cfg Config) *Env {
 	if err := engine.Deploy(ctx, ecfg); err != nil {
 		t.Fatalf("sagatest: %v", err)
 	}
-	e, err := testhook.NewEngine(ecfg, env.faults)
+	e, err := engine.New(ecfg)
 	if err != nil {
 		t.Fatalf("sagatest: %v", err)
 	}
-	env.Engine = e.(*engine.Engine)
-	// The engine runs until the test ends, past New's own deadline.
-	if err := env.Engine.Start(context.WithoutCancel(ctx)); err != nil {
+	env.Engine = e
+	// The engine runs until the test ends, past New's own deadline, with
+	// the kit's faults.
+	if err := env.Engine.Start(testhook.With(context.WithoutCancel(ctx), env.hooks)); err != nil {
 		t.Fatalf("sagatest: start the engine: %v", err)
 	}
 	env.Client = env.Engine.Client()

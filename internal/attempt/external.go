@@ -106,7 +106,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	if err := failpoint.Inject(failpoint.StepAfterCall); err != nil {
 		return a.replyBase(), err // as a crash after the call: the outcome stays unknown
 	}
-	if a.r.cfg.Faults.take(LoseOutcome, cmd) {
+	if a.r.faults.take(LoseOutcome, cmd) {
 		return a.replyBase(), ErrCrashed
 	}
 	return a.recordCall(ctx, result, herr)

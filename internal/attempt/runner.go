@@ -93,8 +93,6 @@ type Config struct {
 	// step's outcome deletes it; a crash before leaves it to the relay's
 	// sweep, after the hand-off.
 	Eager bool
-	// Faults, if set, injects the test kit's faults.
-	Faults *Faults
 	// DeadLetters bounds the deliveries of a command the runner cannot
 	// run (its definition, version or step unknown here) before it is
 	// parked. Zero fields take the defaults.
@@ -132,7 +130,13 @@ type Runner struct {
 	offers      sync.WaitGroup
 	// inHand counts the commands the runner holds (InHand).
 	inHand atomic.Int64
+	// faults, if set, are the test kit's (Arm).
+	faults *Faults
 }
+
+// Arm sets the test kit's faults for the runner's next run (nil for none);
+// it must be called before the runner takes work.
+func (r *Runner) Arm(f *Faults) { r.faults = f }
 
 // New returns a runner.
 func New(cfg Config) (*Runner, error) {
@@ -377,8 +381,8 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 		return wire.Reply{}, nil, err
 	}
 	step := def.Step(idx)
-	if r.cfg.Faults.take(DeliverTwice, cmd) && r.cfg.Faults.Duplicate != nil {
-		r.cfg.Faults.Duplicate(cmd)
+	if r.faults.take(DeliverTwice, cmd) && r.faults.Duplicate != nil {
+		r.faults.Duplicate(cmd)
 	}
 	if given != nil && (step.Kind != saga.DatabaseStep || given.key != cmd.Key || given.attempt != cmd.Attempt) {
 		given.close(ctx) // not this attempt's: let its key go before anything waits
@@ -420,8 +424,8 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 	if err != nil {
 		return reply, a, err
 	}
-	if !reply.Duplicate && !a.dropped && (r.cfg.Faults.take(CrashAfterCommit, cmd) ||
-		a.plan.Kind == saga.DatabaseStep && r.cfg.Faults.take(LoseOutcome, cmd)) {
+	if !reply.Duplicate && !a.dropped && (r.faults.take(CrashAfterCommit, cmd) ||
+		a.plan.Kind == saga.DatabaseStep && r.faults.take(LoseOutcome, cmd)) {
 		a.pre.close(ctx)
 		a.next, a.pre = nil, nil
 		return reply, a, ErrCrashed

@@ -1,15 +1,35 @@
-// Package testhook is the test kit's door into an engine (package
-// sagatest): what it needs of one that the engine's public API must not
-// offer. Package engine fills the variables in its init.
+// Package testhook is the test kit's seam into an engine (package
+// sagatest): faults to inject and what the kit reads back, which the
+// engine's public API must not offer. Hooks travel in the context given to
+// Engine.Start, the way net/http/httptrace carries a ClientTrace: a run
+// started without them is an ordinary run.
 package testhook
 
-import "github.com/idemsaga/idemsaga/internal/attempt"
+import (
+	"context"
 
-var (
-	// NewEngine builds an engine (*engine.Engine) from its Config, with
-	// faults armed by the test kit.
-	NewEngine func(cfg any, faults *attempt.Faults) (any, error)
-	// InHand returns the step commands an engine holds: delivered and
-	// not yet answered, run at once, or copies the kit delivers.
-	InHand func(engine any) int
+	"github.com/idemsaga/idemsaga/internal/attempt"
 )
+
+// Hooks are what a test adds to one run of an engine.
+type Hooks struct {
+	// Faults are injected into the run's step attempts.
+	Faults *attempt.Faults
+	// InHand is set by Engine.Start: how many step commands the run
+	// holds (delivered and not yet answered, run at once, or copies the
+	// kit delivers).
+	InHand func() int
+}
+
+type hooksKey struct{}
+
+// With returns ctx carrying h.
+func With(ctx context.Context, h *Hooks) context.Context {
+	return context.WithValue(ctx, hooksKey{}, h)
+}
+
+// From returns the hooks ctx carries, nil if none.
+func From(ctx context.Context) *Hooks {
+	h, _ := ctx.Value(hooksKey{}).(*Hooks)
+	return h
+}
