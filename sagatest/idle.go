@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
 )
 
 // The kit moves the clock only while nothing is on its way: a command or
