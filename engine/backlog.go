@@ -55,6 +55,6 @@ func (e *Engine) ShedStart(ctx context.Context, definition string) error {
 	}
 	o.Messages, o.OldestAge = b.Msgs, age
 	o.RetryAfter = time.Duration(math.Ceil(min(max(o.RetryAfter, time.Second), retryAfterMax).Seconds())) * time.Second
-	e.c.metrics.StartsShed.WithLabelValues(definition).Inc()
+	e.c.Metrics().StartsShed.WithLabelValues(definition).Inc()
 	return o
 }

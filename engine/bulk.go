@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -102,7 +103,7 @@ func (cl *Client) Bulk(ctx context.Context, b BulkRepair) (BulkResult, error) {
 		return BulkResult{}, fmt.Errorf("%w: limit %d must be from 1 to %d; continue with the cursor", ErrInvalidFilter, b.Filter.Limit, BulkLimitMax)
 	}
 	if b.Operation == "skip" {
-		if _, err := skipOp(b.Skip, b.Repair); err != nil {
+		if err := orchestrate.CheckSkip(orchestrate.Skip(b.Skip)); err != nil {
 			return BulkResult{}, err
 		}
 	}

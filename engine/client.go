@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
@@ -32,7 +33,7 @@ const MaxKeyLength = saga.MaxKeyLength
 // command goes into the outbox in the same transaction as the saga, and a
 // relay publishes it.
 type Client struct {
-	c   *core
+	c   *orchestrate.Core
 	cfg Config
 
 	mu      sync.Mutex
@@ -57,7 +58,7 @@ func (cl *Client) Check(ctx context.Context) error {
 	if cl.checked {
 		return nil
 	}
-	if err := cl.c.checkDeployment(ctx, &cl.cfg, false); err != nil {
+	if err := checkDeployment(ctx, cl.c, &cl.cfg, false); err != nil {
 		return err
 	}
 	cl.checked = true
@@ -90,14 +91,14 @@ type StartResult struct {
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
 	// Without the caller's transaction the start is one statement, which
 	// PostgreSQL runs as its own transaction: one round trip.
-	res, sent, err := cl.start(ctx, cl.c.pool, def, key, input, cl.c.handOffArg())
+	res, sent, err := cl.start(ctx, cl.c.Pool(), def, key, input, cl.c.HandOffArg())
 	if err != nil {
 		return res, err
 	}
 	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
 	}
-	cl.c.sent(sent)
+	cl.c.Sent(sent)
 	return res, nil
 }
 
@@ -117,8 +118,8 @@ func (cl *Client) StartTx(ctx context.Context, tx pgx.Tx, def *saga.Definition, 
 // client traces. handOff is the command's publish_after in milliseconds,
 // nil for the relay to publish it; the row is returned for a publish after
 // commit.
-func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, key string, input any, handOff any) (StartResult, []outbox.Committed, error) {
-	tr := cl.c.tracer
+func (cl *Client) start(ctx context.Context, q store.Row, def *saga.Definition, key string, input any, handOff any) (StartResult, []outbox.Committed, error) {
+	tr := cl.c.Tracer()
 	if !tr.Enabled() {
 		return cl.startTraced(ctx, q, def, key, input, handOff, nil)
 	}
@@ -145,7 +146,7 @@ func (cl *Client) start(ctx context.Context, q queryer, def *saga.Definition, ke
 
 // startTraced is start; trace is the start span's context, recorded with
 // the saga and carried by its first command, nil when not traced.
-func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definition, key string, input any, handOff any, trace map[string]string) (StartResult, []outbox.Committed, error) {
+func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Definition, key string, input any, handOff any, trace map[string]string) (StartResult, []outbox.Committed, error) {
 	if def == nil {
 		return StartResult{}, nil, errors.New("idemsaga: start saga: definition is nil")
 	}
@@ -154,7 +155,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 	}
 	// The saga runs the version given, as this process or the deployment
 	// knows it.
-	registered, err := cl.c.definitionAt(ctx, def.Name(), def.Version())
+	registered, err := cl.c.DefinitionAt(ctx, def.Name(), def.Version())
 	if err != nil {
 		return StartResult{}, nil, err
 	}
@@ -175,8 +176,8 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 	if err != nil {
 		return StartResult{}, nil, err
 	}
-	if len(canonical) > cl.c.maxInput {
-		return StartResult{}, nil, &saga.InputError{Definition: def.Name(), Problem: fmt.Sprintf("it is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.maxInput)}
+	if len(canonical) > cl.c.MaxInput() {
+		return StartResult{}, nil, &saga.InputError{Definition: def.Name(), Problem: fmt.Sprintf("it is %d bytes, over the %d-byte limit (Config.MaxInputBytes); keep large payloads elsewhere and pass a reference", len(canonical), cl.c.MaxInput())}
 	}
 	sum := sha256.Sum256(canonical)
 
@@ -186,7 +187,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 	}
 	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
-	subject, msgID, payload, err := cl.c.plan.Command(sg, registered, 0, saga.PhaseForward, 1)
+	subject, msgID, payload, err := cl.c.Plan().Command(sg, registered, 0, saga.PhaseForward, 1)
 	if err != nil {
 		return StartResult{}, nil, err
 	}
@@ -203,8 +204,8 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 		stmt = store.StartSagaWithToken
 	}
 	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
-		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.plan.LeaseMillis(first.Retry),
-		subject, msgID, payload, handOff, deadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
+		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
@@ -212,7 +213,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 	if err != nil {
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 	}
-	cl.c.metrics.Deliveries.WithLabelValues(metrics.LayerStart).Inc()
+	cl.c.Metrics().Deliveries.WithLabelValues(metrics.LayerStart).Inc()
 	if inserted == 0 {
 		// The unique key already names a saga (committed, since an
 		// uncommitted one would have made us wait), or the key is a
@@ -230,15 +231,15 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 			}
 		}
-		cl.c.metrics.UniqueConflicts.WithLabelValues("sagas").Inc()
+		cl.c.Metrics().UniqueConflicts.WithLabelValues("sagas").Inc()
 		if !bytes.Equal(hash, sum[:]) {
-			cl.c.metrics.KeyReused.WithLabelValues(def.Name()).Inc()
+			cl.c.Metrics().KeyReused.WithLabelValues(def.Name()).Inc()
 			return StartResult{ID: *existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, *existing)
 		}
-		cl.c.metrics.Duplicates.WithLabelValues(metrics.LayerStart).Inc()
+		cl.c.Metrics().Duplicates.WithLabelValues(metrics.LayerStart).Inc()
 		return StartResult{ID: *existing, State: saga.State(*state), Duplicate: true}, nil, nil
 	}
-	cl.c.metrics.SagasStarted.WithLabelValues(def.Name()).Inc()
+	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
 	var sent []outbox.Committed
 	if outboxID != nil {
 		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}}
@@ -248,7 +249,7 @@ func (cl *Client) startTraced(ctx context.Context, q queryer, def *saga.Definiti
 
 // Get returns the saga with the given ID, with its step executions.
 func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
-	sg, err := loadSaga(ctx, cl.c.pool, id, false)
+	sg, err := store.LoadSaga(ctx, cl.c.Pool(), id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +258,7 @@ func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error)
 
 // GetByKey returns the saga of def started with key, with its steps.
 func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.Instance, error) {
-	sg, err := scanSaga(cl.c.pool.QueryRow(ctx, store.SelectSagaByKeyFull, definition, key))
+	sg, err := store.ScanSaga(cl.c.Pool().QueryRow(ctx, store.SelectSagaByKeyFull, definition, key))
 	if err != nil {
 		return nil, err
 	}
@@ -273,13 +274,13 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 			return sg, err
 		}
 	}
-	rows, err := cl.c.pool.Query(ctx, store.SelectSagasByKey, idOrKey)
+	rows, err := cl.c.Pool().Query(ctx, store.SelectSagasByKey, idOrKey)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: look up %q: %w", idOrKey, err)
 	}
 	var found []*saga.Instance
 	for rows.Next() {
-		sg, err := scanSaga(rows)
+		sg, err := store.ScanSaga(rows)
 		if err != nil {
 			rows.Close()
 			return nil, err
@@ -307,12 +308,12 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := cl.loadPause(ctx, sg); err != nil {
 		return err
 	}
-	rows, err := cl.c.pool.Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
+	rows, err := cl.c.Pool().Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	defer rows.Close()
-	def, _ := cl.c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
+	def, _ := cl.c.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	sg.Steps = sg.Steps[:0]
 	for rows.Next() {
 		var s saga.StepExecution
@@ -333,7 +334,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
-	arows, err := cl.c.pool.Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
+	arows, err := cl.c.Pool().Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
@@ -352,7 +353,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := arows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
-	crows, err := cl.c.pool.Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
+	crows, err := cl.c.Pool().Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
@@ -364,7 +365,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
-	rrows, err := cl.c.pool.Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
+	rrows, err := cl.c.Pool().Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
@@ -382,7 +383,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rrows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
-	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.pool, store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.Pool(), store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
 	return err
 }
 
@@ -423,7 +424,7 @@ func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
 		return fmt.Errorf("%w: version %d needs a definition, and versions start at 1", ErrInvalidFilter, opts.Version)
 	}
 	if opts.Definition != "" {
-		if _, err := cl.c.resolve(ctx, opts.Definition); errors.Is(err, saga.ErrUnknownDefinition) {
+		if _, err := cl.c.Resolve(ctx, opts.Definition); errors.Is(err, saga.ErrUnknownDefinition) {
 			return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
 		} else if err != nil {
 			return err
@@ -440,14 +441,14 @@ func (cl *Client) checkFilter(ctx context.Context, opts ListOptions) error {
 	}
 	for _, d := range descs {
 		if opts.Definition == "" || d.Name == opts.Definition {
-			def, err := cl.c.definitionAt(ctx, d.Name, d.Version)
+			def, err := cl.c.DefinitionAt(ctx, d.Name, d.Version)
 			if err != nil {
 				return err
 			}
 			defs = append(defs, def)
 		}
 	}
-	for _, d := range cl.c.versions {
+	for _, d := range cl.c.Versions() {
 		if opts.Definition == "" || d.Name() == opts.Definition {
 			defs = append(defs, d)
 		}
@@ -497,7 +498,7 @@ func parseCursor(c string) (*time.Time, pgtype.UUID, error) {
 // of all (definition ""). It reads the whole table: for dashboards, use
 // the sagas_started_total and sagas_finished_total metrics.
 func (cl *Client) Counts(ctx context.Context, definition string) (map[saga.State]int64, error) {
-	rows, err := cl.c.pool.Query(ctx, store.CountSagas, definition)
+	rows, err := cl.c.Pool().Query(ctx, store.CountSagas, definition)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: count sagas: %w", err)
 	}
@@ -529,14 +530,14 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.pool.Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
+	rows, err := cl.c.Pool().Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}
 	defer rows.Close()
 	var out []*saga.Instance
 	for rows.Next() {
-		sg, err := scanSaga(rows)
+		sg, err := store.ScanSaga(rows)
 		if err != nil {
 			return nil, err
 		}
@@ -549,7 +550,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
 	delay := 2 * time.Millisecond
 	for {
-		sg, err := loadSaga(ctx, cl.c.pool, id, false)
+		sg, err := store.LoadSaga(ctx, cl.c.Pool(), id, false)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/store"
 
 	"github.com/google/uuid"
@@ -25,61 +26,6 @@ import (
 // again (resumeDeadLetters, at its start and with every heartbeat), or a
 // person does (Client.ResendDeadLetters) or drops them
 // (Client.DropDeadLetters).
-
-// resumeBatch bounds the dead letters one pass sends again.
-const resumeBatch = 100
-
-// stepRefs returns "name@version:step" of every step this process runs.
-func (c *core) stepRefs() []string {
-	var refs []string
-	for _, d := range c.versions {
-		for _, st := range d.Steps() {
-			refs = append(refs, d.Ref()+":"+st.Name)
-		}
-	}
-	return refs
-}
-
-// resumeDeadLetters sends again the dead letters of the steps this
-// process runs, up to limit, and returns how many.
-func (c *core) resumeDeadLetters(ctx context.Context, limit int) (int, error) {
-	rows, err := c.resend(ctx, c.pool, c.stepRefs(), nil, limit, c.handOffArg())
-	if err != nil {
-		return 0, fmt.Errorf("idemsaga: send dead letters again: %w", err)
-	}
-	c.resent(rows, "worker")
-	return len(rows), nil
-}
-
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-func (c *core) resend(ctx context.Context, q querier, steps []string, ids []int64, limit int, handOff any) ([]outbox.Committed, error) {
-	rows, err := q.Query(ctx, store.ResendDeadLetters, steps, ids, limit, handOff)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (outbox.Committed, error) {
-		var r outbox.Committed
-		err := row.Scan(&r.ID, &r.Subject, &r.MsgID, &r.Payload, &r.Headers)
-		return r, err
-	})
-}
-
-// resent counts and logs committed resends, then publishes them.
-func (c *core) resent(rows []outbox.Committed, how string) {
-	for _, r := range rows {
-		def := "unknown"
-		if cmd, err := wire.DecodeCommand(r.Payload); err == nil {
-			def = cmd.Definition
-			c.log.Info("dead letter sent again", "how", how, "saga_id", cmd.SagaID, "definition", saga.Ref(cmd.Definition, cmd.DefVersion()),
-				"step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt, "msg_id", r.MsgID)
-		}
-		c.metrics.DeadLettersResumed.WithLabelValues(def, how).Inc()
-	}
-	c.sent(rows)
-}
 
 // DeadLetterFilter filters Client.DeadLetters. Zero fields do not filter.
 type DeadLetterFilter struct {
@@ -105,10 +51,10 @@ func (cl *Client) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]saga.D
 	if f.SagaID != uuid.Nil {
 		id = pguuid.Of(f.SagaID)
 	}
-	return queryDeadLetters(ctx, cl.c.pool, store.ListDeadLetters, id, f.Definition, f.Version, f.Limit)
+	return queryDeadLetters(ctx, cl.c.Pool(), store.ListDeadLetters, id, f.Definition, f.Version, f.Limit)
 }
 
-func queryDeadLetters(ctx context.Context, q querier, sql string, args ...any) ([]saga.DeadLetter, error) {
+func queryDeadLetters(ctx context.Context, q orchestrate.Querier, sql string, args ...any) ([]saga.DeadLetter, error) {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list dead letters: %w", err)
@@ -142,13 +88,13 @@ var ErrDeadLetterNotFound = errors.New("idemsaga: no such dead letter")
 func (cl *Client) ResendDeadLetters(ctx context.Context, ids ...int64) error {
 	var rows []outbox.Committed
 	err := cl.inTx(ctx, func(tx pgx.Tx) (err error) {
-		rows, err = cl.resendTx(ctx, tx, ids, cl.c.handOffArg())
+		rows, err = cl.resendTx(ctx, tx, ids, cl.c.HandOffArg())
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	cl.c.resent(rows, "resend")
+	cl.c.Resent(rows, "resend")
 	return nil
 }
 
@@ -160,7 +106,7 @@ func (cl *Client) ResendDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int
 	if err == nil {
 		for _, r := range rows {
 			if cmd, derr := wire.DecodeCommand(r.Payload); derr == nil {
-				cl.c.metrics.DeadLettersResumed.WithLabelValues(cmd.Definition, "resend").Inc()
+				cl.c.Metrics().DeadLettersResumed.WithLabelValues(cmd.Definition, "resend").Inc()
 			}
 		}
 	}
@@ -172,7 +118,7 @@ func (cl *Client) resendTx(ctx context.Context, tx pgx.Tx, ids []int64, handOff 
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("%w: give the ids of the dead letters to send again (`dead-letters list`)", ErrDeadLetterNotFound)
 	}
-	rows, err := cl.c.resend(ctx, tx, nil, ids, len(ids), handOff)
+	rows, err := cl.c.Resend(ctx, tx, nil, ids, len(ids), handOff)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: send dead letters again: %w", err)
 	}
@@ -215,7 +161,7 @@ func (cl *Client) DropDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int64
 
 // inTx runs fn in a transaction of its own.
 func (cl *Client) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := cl.c.pool.Begin(ctx)
+	tx, err := cl.c.Pool().Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: begin: %w", err)
 	}

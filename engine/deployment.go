@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/store"
 
 	"github.com/google/uuid"
@@ -24,7 +25,7 @@ var ErrDeploymentMismatch = errors.New("idemsaga: this process's settings differ
 
 // HeartbeatIntervalDefault is how often a running engine renews its row in
 // idemsaga.workers; a row older than three intervals is not live.
-const HeartbeatIntervalDefault = 5 * time.Second
+const HeartbeatIntervalDefault = orchestrate.HeartbeatInterval
 
 // who names this process in what it records.
 func who() string {
@@ -97,62 +98,6 @@ from idemsaga.definitions d where d.name = $1 and d.version = $2 and d.fingerpri
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idemsaga: record the deployment: %w", err)
-	}
-	return nil
-}
-
-// checkDeployment records what the deployment has not recorded yet and
-// compares the rest with this process's: the shared settings, and the
-// descriptions of the runnable definitions. worker adds the stream, which
-// a client does not use.
-func (c *core) checkDeployment(ctx context.Context, cfg *Config, worker bool) error {
-	// One transaction: a process that refuses to start records nothing.
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("idemsaga: check the deployment: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	by := who()
-	var errs []error
-	for _, s := range sharedSettings(cfg, worker) {
-		var value, setBy string
-		var setAt time.Time
-		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, store.CheckSetting, s.name, s.value, by)
-		}, &value, &setBy, &setAt)
-		if err != nil {
-			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
-		}
-		if value != s.value {
-			errs = append(errs, fmt.Errorf("%w: %s is %q here but %q in the deployment (recorded by %s at %s); give every process the same %s, or record a new one for all with `migrate`",
-				ErrDeploymentMismatch, s.name, s.value, value, setBy, setAt.Format(time.RFC3339), s.flag))
-		}
-	}
-	for _, d := range c.versions {
-		if !d.Runnable() {
-			continue
-		}
-		desc := d.Describe()
-		var fp, setBy string
-		var setAt time.Time
-		var recorded saga.Description
-		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, store.CheckDefinition,
-				d.Name(), desc, desc.Fingerprint(), by, d.Version())
-		}, &fp, &recorded, &setBy, &setAt)
-		if err != nil {
-			return fmt.Errorf("idemsaga: check definition %s against the deployment's: %w", d.Ref(), err)
-		}
-		if fp != desc.Fingerprint() {
-			errs = append(errs, fmt.Errorf("%w: definition %s differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, give the changed definition a new version (saga.WithVersion), or record this one for all with `migrate` and restart the others",
-				ErrDeploymentMismatch, d.Ref(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemsaga: check the deployment: %w", err)
 	}
 	return nil
 }
@@ -235,13 +180,13 @@ func policyDiffs(here, there saga.PolicyDescription) []string {
 // start, read and repair sagas while workers that have the code run the
 // steps. An unknown name is saga.ErrUnknownDefinition.
 func (cl *Client) Definition(ctx context.Context, name string) (*saga.Definition, error) {
-	return cl.c.resolve(ctx, name)
+	return cl.c.Resolve(ctx, name)
 }
 
 // Definitions returns the descriptions the deployment recorded, by name
 // and version (every version recorded, oldest first).
 func (cl *Client) Definitions(ctx context.Context) ([]saga.Description, error) {
-	rows, err := cl.c.pool.Query(ctx, `select description from idemsaga.definitions order by name, version`)
+	rows, err := cl.c.Pool().Query(ctx, `select description from idemsaga.definitions order by name, version`)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list definitions: %w", err)
 	}
@@ -265,7 +210,7 @@ type Worker struct {
 // Workers returns the engines that reported themselves within the last
 // three heartbeat intervals, with the definitions each runs.
 func (cl *Client) Workers(ctx context.Context) ([]Worker, error) {
-	rows, err := cl.c.pool.Query(ctx, `select id, host, pid, definitions, versions, started_at, seen_at from idemsaga.workers
+	rows, err := cl.c.Pool().Query(ctx, `select id, host, pid, definitions, versions, started_at, seen_at from idemsaga.workers
 where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_at`, (3 * HeartbeatIntervalDefault).Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list workers: %w", err)
@@ -287,25 +232,22 @@ where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_
 // Start beats once before it returns, so that a process resolving a
 // definition by name sees this engine's versions at once.
 func (e *Engine) beat(ctx context.Context) {
-	names := make([]string, 0, len(e.c.defs))
-	for n := range e.c.defs {
-		names = append(names, n)
-	}
+	names := e.c.Names()
 	host, _ := os.Hostname()
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := e.cfg.Pool.Exec(bctx, store.Heartbeat, pguuid.Of(e.id), host, os.Getpid(), names, e.c.versionRefs()); err != nil && ctx.Err() == nil {
+	if _, err := e.cfg.Pool.Exec(bctx, store.Heartbeat, pguuid.Of(e.id), host, os.Getpid(), names, e.c.VersionRefs()); err != nil && ctx.Err() == nil {
 		e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
 	}
 	// Rows of processes that died without deleting theirs.
 	_, _ = e.cfg.Pool.Exec(bctx, store.DeleteDeadWorkers)
 	// Commands parked while no worker ran their version: this one does.
 	for {
-		n, err := e.c.resumeDeadLetters(bctx, resumeBatch)
+		n, err := e.c.ResumeDeadLetters(bctx, orchestrate.ResumeBatch)
 		if err != nil && ctx.Err() == nil {
 			e.cfg.Logger.Warn("heartbeat: could not send parked commands again; the next heartbeat tries again", "error", err)
 		}
-		if n < resumeBatch || err != nil {
+		if n < orchestrate.ResumeBatch || err != nil {
 			break
 		}
 	}
@@ -327,4 +269,60 @@ func (e *Engine) heartbeat(ctx context.Context) {
 			e.beat(ctx)
 		}
 	}
+}
+
+// checkDeployment records what the deployment has not recorded yet and
+// compares the rest with this process's: the shared settings, and the
+// descriptions of the runnable definitions. worker adds the stream, which
+// a client does not use.
+func checkDeployment(ctx context.Context, c *orchestrate.Core, cfg *Config, worker bool) error {
+	// One transaction: a process that refuses to start records nothing.
+	tx, err := cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemsaga: check the deployment: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	by := who()
+	var errs []error
+	for _, s := range sharedSettings(cfg, worker) {
+		var value, setBy string
+		var setAt time.Time
+		err := recordOrRead(func() pgx.Row {
+			return tx.QueryRow(ctx, store.CheckSetting, s.name, s.value, by)
+		}, &value, &setBy, &setAt)
+		if err != nil {
+			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
+		}
+		if value != s.value {
+			errs = append(errs, fmt.Errorf("%w: %s is %q here but %q in the deployment (recorded by %s at %s); give every process the same %s, or record a new one for all with `migrate`",
+				ErrDeploymentMismatch, s.name, s.value, value, setBy, setAt.Format(time.RFC3339), s.flag))
+		}
+	}
+	for _, d := range c.Versions() {
+		if !d.Runnable() {
+			continue
+		}
+		desc := d.Describe()
+		var fp, setBy string
+		var setAt time.Time
+		var recorded saga.Description
+		err := recordOrRead(func() pgx.Row {
+			return tx.QueryRow(ctx, store.CheckDefinition,
+				d.Name(), desc, desc.Fingerprint(), by, d.Version())
+		}, &fp, &recorded, &setBy, &setAt)
+		if err != nil {
+			return fmt.Errorf("idemsaga: check definition %s against the deployment's: %w", d.Ref(), err)
+		}
+		if fp != desc.Fingerprint() {
+			errs = append(errs, fmt.Errorf("%w: definition %s differs from the deployment's (recorded by %s at %s): %s; run the same build everywhere, give the changed definition a new version (saga.WithVersion), or record this one for all with `migrate` and restart the others",
+				ErrDeploymentMismatch, d.Ref(), setBy, setAt.Format(time.RFC3339), describeDifference(recorded, desc)))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemsaga: check the deployment: %w", err)
+	}
+	return nil
 }

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemsaga/idemsaga/internal/plan"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -24,6 +22,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/maintenance"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -261,7 +260,7 @@ func (c *Config) validate(needNATS bool) error {
 	case c.MaxInputBytes < 0:
 		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
 	}
-	seen := map[defKey]bool{}
+	seen := map[string]bool{}
 	for _, d := range c.Definitions {
 		if d == nil {
 			return errors.New("idemsaga: Config.Definitions holds a nil definition")
@@ -269,10 +268,10 @@ func (c *Config) validate(needNATS bool) error {
 		if needNATS && !d.Runnable() {
 			return fmt.Errorf("idemsaga: Config.Definitions: %q has no handlers (it was rebuilt from a description); an engine runs steps, so give it the definition built with saga.New", d.Name())
 		}
-		if seen[keyOf(d)] {
+		if seen[d.Ref()] {
 			return fmt.Errorf("idemsaga: Config.Definitions names %s twice; give each version of a definition once (saga.WithVersion)", d.Ref())
 		}
-		seen[keyOf(d)] = true
+		seen[d.Ref()] = true
 	}
 	if longest := longestTimeout(c.Definitions); c.AckWait <= longest {
 		return fmt.Errorf("idemsaga: Config.AckWait (%s) must exceed the longest step Timeout (%s); raise it or leave it 0 for a fitting default", c.AckWait, longest)
@@ -280,22 +279,21 @@ func (c *Config) validate(needNATS bool) error {
 	return c.Retention.validate()
 }
 
-func newCore(cfg *Config, out handOff) (*core, error) {
+func newCore(cfg *Config, out orchestrate.HandOff) (*orchestrate.Core, error) {
 	m, err := metrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	return newCoreWith(cfg, m, out)
+	return newCoreWith(cfg, m, out), nil
 }
 
 // newCoreWith is newCore with the metrics already registered.
-func newCoreWith(cfg *Config, m *metrics.Metrics, out handOff) (*core, error) {
-	defs, versions := indexDefinitions(cfg.Definitions)
-	return &core{
-		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: wire.Subjects{Prefix: cfg.SubjectPrefix},
-		plan: plan.Planner{Subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes, metrics: m, log: cfg.Logger,
-		onFinished: cfg.OnFinishedFunc, tracer: tracing.New(cfg.TracerProvider), out: out,
-	}, nil
+func newCoreWith(cfg *Config, m *metrics.Metrics, out orchestrate.HandOff) *orchestrate.Core {
+	return orchestrate.New(orchestrate.Config{
+		Pool: cfg.Pool, Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
+		MaxInputBytes: cfg.MaxInputBytes, Metrics: m, Logger: cfg.Logger, Tracer: tracing.New(cfg.TracerProvider),
+		HandOff: out, OnFinished: cfg.OnFinishedFunc,
+	})
 }
 
 // NewClient returns a client that starts and reads sagas without running
@@ -320,7 +318,7 @@ type Engine struct {
 	// id names this engine in idemsaga.workers.
 	id       uuid.UUID
 	cfg      Config
-	c        *core
+	c        *orchestrate.Core
 	client   *Client
 	js       jetstream.JetStream
 	backlog  *maintenance.StreamBacklog
@@ -401,10 +399,7 @@ func New(cfg Config) (*Engine, error) {
 	// What this process commits it runs or publishes itself, right after
 	// the commit; the relay sweeps only what that missed.
 	out := &engineHandOff{relay: e.relay, after: cfg.RelayHandOff, backlog: e.backlog}
-	c, err := newCoreWith(&cfg, m, out)
-	if err != nil {
-		return nil, err
-	}
+	c := newCoreWith(&cfg, m, out)
 	e.c, e.client = c, &Client{c: c, cfg: cfg}
 	if cfg.Registerer != nil {
 		for _, col := range []struct {
@@ -429,7 +424,7 @@ func New(cfg Config) (*Engine, error) {
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
-		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.tracer,
+		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.Tracer(),
 	}
 	e.steps, err = attempt.New(acfg)
 	if err != nil {
@@ -527,7 +522,7 @@ func (e *Engine) Client() *Client { return e.client }
 
 // applyReply records one reply, as the orchestrator does for every reply
 // it consumes.
-func (e *Engine) applyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+func (e *Engine) applyReply(ctx context.Context, r wire.Reply) (orchestrate.Verdict, error) {
 	return e.c.ApplyReply(ctx, r)
 }
 
@@ -561,7 +556,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
 		return err
 	}
-	if err := e.c.checkDeployment(ctx, &e.cfg, true); err != nil {
+	if err := checkDeployment(ctx, e.c, &e.cfg, true); err != nil {
 		return err
 	}
 	e.client.markChecked()
@@ -618,7 +613,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.beat(ctx)
 	if err := e.runner.Start(work,
 		func(ctx context.Context) {
-			broker.Pool(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.handleReplyMsg)
+			broker.Pool(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.HandleReplyMsg)
 		},
 		e.reapLoop,
 		e.heartbeat,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/maintenance"
+	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -19,7 +20,7 @@ func (e *Engine) HandleCommand(ctx context.Context, cmd wire.Command) (wire.Repl
 	return e.handleCommand(ctx, cmd)
 }
 
-func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (Verdict, error) {
+func (e *Engine) ApplyReply(ctx context.Context, r wire.Reply) (orchestrate.Verdict, error) {
 	return e.applyReply(ctx, r)
 }
 
@@ -36,7 +37,7 @@ func WithDeadLetters(cfg *Config, deliveries int, backoff time.Duration) {
 // ResumeDeadLetters runs one pass of the engine's dead-letter resumer,
 // as its heartbeat does.
 func (e *Engine) ResumeDeadLetters(ctx context.Context) (int, error) {
-	return e.c.resumeDeadLetters(ctx, resumeBatch)
+	return e.c.ResumeDeadLetters(ctx, orchestrate.ResumeBatch)
 }
 
 // NewCleaner returns the cleaner an engine runs with cfg (its zero fields
@@ -54,3 +55,11 @@ func NewCleaner(pool *pgxpool.Pool, cfg RetentionConfig, logger *slog.Logger) (*
 	}
 	return maintenance.NewCleaner(pool, cfg.cleaner(), logger), nil
 }
+
+// The verdicts ApplyReply returns.
+const (
+	VerdictApplied   = orchestrate.VerdictApplied
+	VerdictDuplicate = orchestrate.VerdictDuplicate
+	VerdictStale     = orchestrate.VerdictStale
+	VerdictMissing   = orchestrate.VerdictMissing
+)

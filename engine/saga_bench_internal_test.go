@@ -77,8 +77,8 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 		b.Fatal(err)
 	}
 	w, err := attempt.New(attempt.Config{
-		Pool: pool, Subjects: c.subjects, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.metrics,
-		Publisher: out, Mover: c, Eager: eager, Tracer: c.tracer,
+		Pool: pool, Subjects: wire.Subjects{Prefix: cfg.SubjectPrefix}, Definitions: cfg.Definitions, Logger: quiet, Metrics: c.Metrics(),
+		Publisher: out, Mover: c, Eager: eager, Tracer: c.Tracer(),
 	})
 	if err != nil {
 		b.Fatal(err)

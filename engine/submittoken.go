@@ -70,7 +70,7 @@ func IsSubmitToken(key string) bool { return strings.HasPrefix(key, SubmitTokenP
 // that saga, as with any key. A token not used before it expires is
 // refused with ErrSubmitTokenInvalid, and deleted by the engine's cleaner.
 func (cl *Client) IssueToken(ctx context.Context, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
-	return cl.issueToken(ctx, cl.c.pool, def, ttl)
+	return cl.issueToken(ctx, cl.c.Pool(), def, ttl)
 }
 
 // IssueTokenTx is IssueToken inside the caller's transaction: the token
@@ -79,7 +79,7 @@ func (cl *Client) IssueTokenTx(ctx context.Context, tx pgx.Tx, def *saga.Definit
 	return cl.issueToken(ctx, tx, def, ttl)
 }
 
-func (cl *Client) issueToken(ctx context.Context, q queryer, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
+func (cl *Client) issueToken(ctx context.Context, q store.Row, def *saga.Definition, ttl time.Duration) (SubmitToken, error) {
 	if def == nil {
 		return SubmitToken{}, errors.New("idemsaga: issue submit token: definition is nil")
 	}
@@ -90,7 +90,7 @@ func (cl *Client) issueToken(ctx context.Context, q queryer, def *saga.Definitio
 		return SubmitToken{}, fmt.Errorf("idemsaga: issue submit token: a time to live of %s is outside %s to %s; give one within, or 0 for %s",
 			ttl, MinSubmitTokenTTL, MaxSubmitTokenTTL, SubmitTokenTTLDefault)
 	}
-	if _, err := cl.c.resolve(ctx, def.Name()); err != nil {
+	if _, err := cl.c.Resolve(ctx, def.Name()); err != nil {
 		return SubmitToken{}, err
 	}
 	b := make([]byte, submitTokenBytes)
@@ -104,7 +104,7 @@ func (cl *Client) issueToken(ctx context.Context, q queryer, def *saga.Definitio
 
 // explainSubmitToken returns the ErrSubmitTokenInvalid of a token that
 // started no saga of definition, saying why.
-func explainSubmitToken(ctx context.Context, q queryer, definition, token string) error {
+func explainSubmitToken(ctx context.Context, q store.Row, definition, token string) error {
 	var (
 		issuedFor         string
 		expiresAt         time.Time

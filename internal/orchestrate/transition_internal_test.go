@@ -1,4 +1,4 @@
-package engine
+package orchestrate
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
+	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -56,14 +57,11 @@ func orderDef(t *testing.T) *saga.Definition {
 	return def
 }
 
-func testCore(t *testing.T, def *saga.Definition) *core {
+func testCore(t *testing.T, def *saga.Definition) *Core {
 	t.Helper()
-	cfg := Config{Definitions: []*saga.Definition{def}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	c, err := newCore(&cfg, nil)
+	m, err := metrics.New(nil)
 	require.NoError(t, err)
-	c.subjects = wire.Subjects{Prefix: "t"}
-	c.plan.Subjects = c.subjects
-	return c
+	return New(Config{Definitions: []*saga.Definition{def}, SubjectPrefix: "t", Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
 // TestInStepMoves checks what the engine applies in a step's own

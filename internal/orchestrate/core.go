@@ -1,11 +1,13 @@
-package engine
+package orchestrate
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemsaga/idemsaga/internal/plan"
@@ -24,9 +26,11 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// core is what the client, the orchestrator, the reaper and the engine's
-// own step workers share.
-type core struct {
+// Core moves sagas on everything that is not a step's own attempt: the
+// replies the orchestrator consumes, the reaper's leases and deadlines,
+// callbacks, repairs and dead letters resent. The engine's Client and
+// Engine are its callers; every write goes through package store.
+type Core struct {
 	pool *pgxpool.Pool
 	// defs are this process's definitions, the newest version of each
 	// name; versions all of them, by name and version; remote those known
@@ -46,14 +50,81 @@ type core struct {
 	tracer *tracing.Tracer
 	// out takes the outbox rows the core's transactions commit; nil for a
 	// client that runs no worker (the rows are the relay's at once).
-	out handOff
+	out HandOff
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
 }
 
+// Config is what a Core is built from (the engine's Config, resolved).
+type Config struct {
+	Pool        *pgxpool.Pool
+	Definitions []*saga.Definition
+	// SubjectPrefix and LeaseGrace are the deployment's.
+	SubjectPrefix string
+	LeaseGrace    time.Duration
+	MaxInputBytes int
+	Metrics       *metrics.Metrics
+	Logger        *slog.Logger
+	// Tracer, if enabled, traces repairs, callbacks and the reaper.
+	Tracer *tracing.Tracer
+	// HandOff takes the rows the core's transactions commit; nil for a
+	// client that runs no worker.
+	HandOff HandOff
+	// OnFinished, if set, is called for each saga that finished
+	// (engine.Config.OnFinishedFunc).
+	OnFinished func(id uuid.UUID, definition string, state saga.State)
+}
+
+// New returns a core.
+func New(cfg Config) *Core {
+	defs, versions := indexDefinitions(cfg.Definitions)
+	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
+	return &Core{
+		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
+		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes,
+		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
+	}
+}
+
+// Pool is the core's database.
+func (c *Core) Pool() *pgxpool.Pool { return c.pool }
+
+// Plan is the core's planner.
+func (c *Core) Plan() plan.Planner { return c.plan }
+
+// Metrics are the core's metrics.
+func (c *Core) Metrics() *metrics.Metrics { return c.metrics }
+
+// Tracer is the core's tracer.
+func (c *Core) Tracer() *tracing.Tracer { return c.tracer }
+
+// MaxInput bounds a saga's input, in bytes.
+func (c *Core) MaxInput() int { return c.maxInput }
+
+// Versions are the core's definitions, every version, in Refs order.
+func (c *Core) Versions() []*saga.Definition {
+	all := slices.Collect(maps.Values(c.versions))
+	slices.SortFunc(all, func(a, b *saga.Definition) int { return strings.Compare(a.Ref(), b.Ref()) })
+	return all
+}
+
+// Local returns the definition this process runs under name, its newest
+// version.
+func (c *Core) Local(name string) (*saga.Definition, bool) { d, ok := c.defs[name]; return d, ok }
+
+// Names are the names of the definitions this process runs.
+func (c *Core) Names() []string { return slices.Sorted(maps.Keys(c.defs)) }
+
+// HandOffArg is the publish_after parameter of the core's outbox inserts
+// (HandOff.PublishAfter), NULL for a client that runs no worker.
+func (c *Core) HandOffArg() any { return c.handOffArg() }
+
+// Sent hands rows a transaction committed to the hand-off.
+func (c *Core) Sent(rows []outbox.Committed) { c.sent(rows) }
+
 // handOffArg is the publish_after parameter of the core's outbox inserts
 // (handOff.PublishAfter), NULL for a client that runs no worker.
-func (c *core) handOffArg() any {
+func (c *Core) handOffArg() any {
 	if c.out == nil {
 		return nil
 	}
@@ -61,7 +132,7 @@ func (c *core) handOffArg() any {
 }
 
 // sent hands rows a transaction committed to the hand-off.
-func (c *core) sent(rows []outbox.Committed) {
+func (c *Core) sent(rows []outbox.Committed) {
 	if c.out != nil {
 		c.out.Committed(rows)
 	}
@@ -85,7 +156,7 @@ func (fx *effects) moved(m *store.Move) *time.Time {
 	return t
 }
 
-func (c *core) emit(fx *effects) {
+func (c *Core) emit(fx *effects) {
 	for _, r := range fx.retries {
 		c.metrics.RetriesScheduled.WithLabelValues(r[0], r[1], r[2]).Inc()
 	}
@@ -97,7 +168,7 @@ func (c *core) emit(fx *effects) {
 
 // Moved reports a move that committed: a saga that finished is counted,
 // timed and handed to Config.OnFinishedFunc (attempt.Mover).
-func (c *core) Moved(m *store.Move, created time.Time) {
+func (c *Core) Moved(m *store.Move, created time.Time) {
 	if !m.Finished {
 		return
 	}
@@ -108,34 +179,6 @@ func (c *core) Moved(m *store.Move, created time.Time) {
 	if c.onFinished != nil {
 		c.onFinished(m.Saga, m.Definition, m.To)
 	}
-}
-
-type queryer interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-func scanSaga(row pgx.Row) (*saga.Instance, error) {
-	var s saga.Instance
-	var state string
-	var results map[string]json.RawMessage
-	err := row.Scan(&s.ID, &s.Definition, &s.Key, &state, &s.Version, &s.Input, &results, &s.Error,
-		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, saga.ErrNotFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read saga: %w", err)
-	}
-	s.State, s.Results = saga.State(state), results
-	return &s, nil
-}
-
-func loadSaga(ctx context.Context, q queryer, id uuid.UUID, lock bool) (*saga.Instance, error) {
-	sql := store.SelectSagaByID
-	if lock {
-		sql = store.SelectSagaByIDLocked
-	}
-	return scanSaga(q.QueryRow(ctx, sql, pguuid.Of(id)))
 }
 
 // settled is what the inbox holds for a step the engine gives up.
@@ -150,12 +193,12 @@ type settled struct {
 // can take effect after tx commits; and it reads what the key holds. A key
 // held by an attempt still running returns store.ErrBusy, without
 // waiting on it: that attempt may be waiting on the saga tx holds.
-func (c *core) settle(ctx context.Context, tx *store.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+func (c *Core) settle(ctx context.Context, tx *store.Tx, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
 	return c.settleWith(ctx, tx, store.SettleTombstone, sagaID, step, phase)
 }
 
 // settleWith is settle with the tombstone statement given.
-func (c *core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
+func (c *Core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, sagaID uuid.UUID, step string, phase saga.Phase) (settled, error) {
 	key := saga.StepKey(sagaID, step, phase)
 	var got bool
 	var s settled
@@ -185,7 +228,7 @@ func (c *core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, s
 // giveUp settles a step the engine gives up and queues the move that
 // follows: a success found in the inbox is applied; otherwise the step
 // failed, possibly done when the inbox or the step's row says so.
-func (c *core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
+func (c *Core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, possiblyDone bool, fx *effects) error {
 	step := def.Step(idx)
 	s, err := c.settle(ctx, tx, sg.ID, step.Name, phase)
 	if err != nil {

@@ -1,4 +1,4 @@
-package engine
+package orchestrate
 
 import (
 	"context"
@@ -70,14 +70,14 @@ func planRequeue(lease, queued time.Duration, b maintenance.Backlog, known bool,
 
 // claimRunning restarts the lease of an attempt found running with its
 // lease run out, and marks it claimed: its next expiry is a takeover.
-func (c *core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
+func (c *Core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, attemptNo int) {
 	lease := c.plan.LeaseMillis(plan.PolicyOf(def, idx, id.phase))
 	tx.Exec(store.MarkClaimed, nil, pguuid.Of(id.saga), id.step, string(id.phase), attemptNo, lease)
 }
 
 // requeue keeps step idx of sg at its attempt after its lease ran out with
 // no worker having claimed the command, as planRequeue decides.
-func (c *core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
+func (c *Core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
 	policy := plan.PolicyOf(def, idx, phase)
 	lease := time.Duration(c.plan.LeaseMillis(policy)) * time.Millisecond
 	var b maintenance.Backlog

@@ -1,4 +1,4 @@
-package engine
+package orchestrate
 
 import (
 	"context"
@@ -74,7 +74,7 @@ func judge(st stepRow, r wire.Reply) Verdict {
 // ApplyReply records one reply in one transaction: the step's outcome, the
 // saga's move and the next command. It is idempotent: a duplicate or
 // stale reply changes nothing.
-func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (v Verdict, err error) {
+func (c *Core) ApplyReply(ctx context.Context, r wire.Reply) (v Verdict, err error) {
 	if c.tracer.Enabled() {
 		var sp tracing.Span
 		ctx, sp = c.tracer.StartReply(ctx, r.Trace, tracing.Attempt{Saga: r.SagaID, Definition: r.Definition, Step: r.Step, Phase: string(r.Phase), Attempt: r.Attempt})
@@ -95,7 +95,7 @@ func (c *core) ApplyReply(ctx context.Context, r wire.Reply) (v Verdict, err err
 	return v, err
 }
 
-func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r wire.Reply, fx *effects) (Verdict, error) {
+func (c *Core) applyReply(ctx context.Context, def *saga.Definition, idx int, r wire.Reply, fx *effects) (Verdict, error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("acquire a connection: %w", err)
@@ -113,7 +113,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	stepFound := true
 	tx.Queue(store.SelectSagaByIDLocked, func(row pgx.Row) error {
 		var err error
-		sg, err = scanSaga(row)
+		sg, err = store.ScanSaga(row)
 		if errors.Is(err, saga.ErrNotFound) {
 			return nil
 		}
@@ -167,7 +167,7 @@ func (c *core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 
 // apply queues the writes of an applicable reply on tx, which holds the
 // saga's lock and read sg and st.
-func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, st stepRow, r wire.Reply, fx *effects) error {
+func (c *Core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, st stepRow, r wire.Reply, fx *effects) error {
 	policy := plan.PolicyOf(def, idx, r.Phase)
 	retryable := r.Outcome == wire.OutcomeRetry || r.Outcome == wire.OutcomeUnknown
 	possiblyDone := st.possiblyDone || r.Outcome == wire.OutcomeUnknown
@@ -216,7 +216,7 @@ func (c *core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 }
 
 // handleReplyMsg is the orchestrator's JetStream handler: apply, then ack.
-func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
+func (c *Core) HandleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 	r, err := wire.DecodeReply(msg.Data())
 	if err != nil {
 		c.log.Error("orchestrator: dropping undecodable reply", "subject", msg.Subject(), "error", err)
@@ -261,7 +261,7 @@ func (c *core) handleReplyMsg(ctx context.Context, msg jetstream.Msg) {
 // inbox with it. The rest goes to the orchestrator as a reply: retries,
 // and an external step's failures, which need what the inbox knows of its
 // earlier attempts.
-func (c *core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (store.Move, bool) {
+func (c *Core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (store.Move, bool) {
 	if cmd.Version <= 0 {
 		return store.Move{}, false
 	}

@@ -1,4 +1,4 @@
-package engine
+package orchestrate
 
 import (
 	"context"
@@ -30,13 +30,13 @@ type stepID struct {
 // whose lease expired, at most limit of each. It returns how many steps it
 // moved. Many processes may run it at once: each candidate is re-checked
 // under its saga's row lock, and every write is fenced by the attempt.
-func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
+func (c *Core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	// The looks travel in one round trip: most passes find nothing, and
 	// an idle process makes one every ReapInterval.
 	var due []stepID
 	var late []uuid.UUID
 	b := &pgx.Batch{}
-	names := c.versionRefs()
+	names := c.VersionRefs()
 	b.Queue(store.DeadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
 		var err error
 		late, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
@@ -87,7 +87,7 @@ func (c *core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	return moved, firstErr
 }
 
-func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) {
+func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("acquire a connection: %w", err)
@@ -105,7 +105,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	var queuedMillis int64
 	tx.Queue(store.LockSagaOfStep, func(row pgx.Row) error {
 		var err error
-		sg, err = scanSaga(row)
+		sg, err = store.ScanSaga(row)
 		if errors.Is(err, saga.ErrNotFound) {
 			return nil
 		}
@@ -138,7 +138,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		tx.SetTrace(c.tracer.Headers(ctx))
 		defer func() { sp.End("", err) }()
 	}
-	def, err := c.definitionAt(ctx, sg.Definition, sg.DefinitionVersion)
+	def, err := c.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion)
 	if err != nil {
 		return false, err
 	}
@@ -223,7 +223,7 @@ func (c *core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 // redispatch queues the next attempt of a step, fenced by the attempt seen,
 // and its command, written as the saga will be after tx (its version
 // bumped).
-func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
+func (c *Core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
 	after := *sg
 	after.Version++
 	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, seenAttempt+1)
@@ -240,7 +240,7 @@ func (c *core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 // a fresh lease, and its command written as the saga will be after tx
 // (its version bumped). The message id carries that version: the broker
 // must not drop the command as a copy of the attempt's first one.
-func (c *core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
+func (c *Core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
 	after := *sg
 	after.Version++
 	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, attemptNo)
@@ -266,13 +266,13 @@ const deadlineBudget = time.Second
 // recorded as a repair by "deadline". A step in flight (an external call,
 // or a key an attempt holds) is waited out briefly, then left to a later
 // pass. It reports whether it cancelled.
-func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
+func (c *Core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	var def string
 	var version int
 	if err := c.pool.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version); err != nil {
 		return false, nil // gone since the look
 	}
-	d, err := c.definitionAt(ctx, def, version)
+	d, err := c.DefinitionAt(ctx, def, version)
 	if err != nil {
 		return false, err
 	}
@@ -280,7 +280,7 @@ func (c *core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	reason := fmt.Sprintf("its deadline of %s passed", d.Deadline())
-	res, err := c.cancel(cctx, id, Repair{Key: deadlineRepairKey, Reason: reason, By: "deadline"}, "cancelled: "+reason)
+	res, err := c.cancel(cctx, id, Request{Key: deadlineRepairKey, Reason: reason, By: "deadline"}, "cancelled: "+reason)
 	switch {
 	case errors.Is(err, ErrStepInFlight), errors.Is(err, store.ErrBusy), errors.Is(err, context.DeadlineExceeded):
 		return false, nil // a later pass
