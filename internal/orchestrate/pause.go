@@ -119,4 +119,3 @@ func (c *Core) RepairDefinition(ctx context.Context, definition, op string, r Re
 	}
 	return res, nil
 }
-
