@@ -130,7 +130,7 @@ func (cl *Client) Bulk(ctx context.Context, b BulkRepair) (BulkResult, error) {
 		}
 		r := b.Repair
 		r.Key = BulkKey(res.Key, sg.ID)
-		one, err := cl.repair(ctx, sg.ID, b.Operation, b.Skip, r, b.DryRun)
+		one, err := cl.repair(ctx, nil, sg.ID, b.Operation, b.Skip, r, b.DryRun)
 		one.ID, one.Operation, one.Key, one.DryRun = sg.ID, b.Operation, r.Key, b.DryRun
 		if one.Before == "" {
 			one.Before = sg.State

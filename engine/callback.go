@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/saga"
@@ -91,6 +92,18 @@ var ErrInvalidCallback = errors.New("idemsaga: invalid callback")
 // the step no longer waits. Every later delivery of the event is answered
 // from its record (Replayed); one with another body is ErrCallbackReused.
 func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, error) {
+	return cl.complete(ctx, nil, cb)
+}
+
+// CompleteTx is Complete in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) CompleteTx(ctx context.Context, tx pgx.Tx, cb Callback) (CallbackResult, error) {
+	return cl.complete(ctx, tx, cb)
+}
+
+// complete is Complete, in tx if not nil.
+func (cl *Client) complete(ctx context.Context, tx pgx.Tx, cb Callback) (CallbackResult, error) {
 	id, step, err := saga.ParseCallbackToken(cb.Token)
 	if err != nil {
 		return CallbackResult{}, err
@@ -110,7 +123,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 			return CallbackResult{}, fmt.Errorf("%w: result: %w", ErrInvalidCallback, err)
 		}
 	}
-	if err := cl.resolveSaga(ctx, id); err != nil {
+	if err := cl.resolveSaga(ctx, tx, id); err != nil {
 		return CallbackResult{}, err
 	}
 	h := sha256.New()
@@ -118,7 +131,7 @@ func (cl *Client) Complete(ctx context.Context, cb Callback) (CallbackResult, er
 	h.Write(result)
 	hash := h.Sum(nil)
 
-	res, err := cl.c.Complete(ctx, id, step, orchestrate.Callback{EventID: cb.EventID, Error: cb.Error}, result, hash)
+	res, err := cl.c.Complete(ctx, tx, id, step, orchestrate.Callback{EventID: cb.EventID, Error: cb.Error}, result, hash)
 	if err != nil {
 		return CallbackResult{}, err
 	}

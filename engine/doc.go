@@ -85,4 +85,20 @@
 //     ResumeDefinition send each step in flight again at its attempt.
 //     A definition's deadline (saga.WithDeadline) cancels a saga past it
 //     as Cancel does, once, however many reapers run.
+//
+// # Repairs in your transaction
+//
+// Every write a user makes has a …Tx variant that runs in the caller's
+// pgx.Tx: StartTx, IssueTokenTx, RetryTx, CancelTx, SkipTx, CloseTx,
+// PauseTx, ResumeTx, PauseDefinitionTx, ResumeDefinitionTx, CompleteTx,
+// ResendDeadLettersTx and DropDeadLettersTx. A repair or callback runs as
+// a savepoint in tx: one that fails leaves tx as it was and usable; one
+// that succeeds takes effect when tx commits, and not at all if it rolls
+// back, so an operator's note, a ledger correction or a callback's own
+// bookkeeping commit with it. Its saga may be one tx started (StartTx).
+// What such a write sends is the relay's to publish after tx commits
+// (Config.RelayPollInterval), and Config.OnFinishedFunc and the finished
+// metrics do not see the sagas it ends, because this process does not see
+// the commit. A step key held by an attempt still running is waited out
+// inside tx (holding the locks tx holds), up to about ten seconds.
 package engine

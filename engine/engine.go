@@ -132,8 +132,9 @@ type Config struct {
 	// tokens stay too).
 	Retention RetentionConfig
 	// OnFinishedFunc, if set, is called after the commit that brings a saga
-	// to a terminal state in this process (not in other processes). It
-	// must be quick; it runs on the engine's goroutines.
+	// to a terminal state in this process (not in other processes, nor for
+	// a …Tx repair, whose commit is the caller's). It must be quick; it
+	// runs on the engine's goroutines.
 	OnFinishedFunc func(id uuid.UUID, definition string, state saga.State)
 	// ShedOldestAge makes Engine.ShedStart refuse saga starts (the HTTP
 	// API answers 503 and writes nothing) while the oldest message in the

@@ -27,7 +27,14 @@ import (
 // already, is ErrStateForbids. The pause is recorded as a repair (who,
 // when, why; Repair.Key makes it safe to send again).
 func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "pause", SkipStep{}, r, false)
+	return cl.repair(ctx, nil, id, "pause", SkipStep{}, r, false)
+}
+
+// PauseTx is Pause in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) PauseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "pause", SkipStep{}, r, false)
 }
 
 // Resume lets a paused saga go on where it stopped, with the attempts it
@@ -41,7 +48,14 @@ func (cl *Client) Pause(ctx context.Context, id uuid.UUID, r Repair) (RepairResu
 // A saga that is not paused is ErrStateForbids. The resume is recorded as
 // a repair.
 func (cl *Client) Resume(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "resume", SkipStep{}, r, false)
+	return cl.repair(ctx, nil, id, "resume", SkipStep{}, r, false)
+}
+
+// ResumeTx is Resume in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) ResumeTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "resume", SkipStep{}, r, false)
 }
 
 // DefinitionRepair is what PauseDefinition or ResumeDefinition did.
@@ -79,18 +93,26 @@ type PausedDefinition struct {
 // why, in idemsaga.definition_repairs; Repair.Key makes it safe to send
 // again.
 func (cl *Client) PauseDefinition(ctx context.Context, definition string, r Repair) (DefinitionRepair, error) {
-	return cl.definitionRepair(ctx, definition, "pause", r)
+	return cl.definitionRepair(ctx, nil, definition, "pause", r)
 }
 
-// definitionRepair pauses or resumes a definition, as op says.
-func (cl *Client) definitionRepair(ctx context.Context, definition, op string, r Repair) (DefinitionRepair, error) {
+// PauseDefinitionTx is PauseDefinition in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) PauseDefinitionTx(ctx context.Context, tx pgx.Tx, definition string, r Repair) (DefinitionRepair, error) {
+	return cl.definitionRepair(ctx, tx, definition, "pause", r)
+}
+
+// definitionRepair pauses or resumes a definition, as op says, in tx if
+// not nil.
+func (cl *Client) definitionRepair(ctx context.Context, tx pgx.Tx, definition, op string, r Repair) (DefinitionRepair, error) {
 	if err := cl.Check(ctx); err != nil {
 		return DefinitionRepair{}, err
 	}
 	if _, err := cl.c.Resolve(ctx, definition); err != nil {
 		return DefinitionRepair{}, err
 	}
-	res, err := cl.c.RepairDefinition(ctx, definition, op, orchestrate.Request(r))
+	res, err := cl.c.RepairDefinition(ctx, tx, definition, op, orchestrate.Request(r))
 	return DefinitionRepair(res), err
 }
 
@@ -98,7 +120,14 @@ func (cl *Client) definitionRepair(ctx context.Context, definition, op string, r
 // that is not paused on its own goes on as Resume makes one, with the
 // attempts it had. A definition that is not paused is ErrStateForbids.
 func (cl *Client) ResumeDefinition(ctx context.Context, definition string, r Repair) (DefinitionRepair, error) {
-	return cl.definitionRepair(ctx, definition, "resume", r)
+	return cl.definitionRepair(ctx, nil, definition, "resume", r)
+}
+
+// ResumeDefinitionTx is ResumeDefinition in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) ResumeDefinitionTx(ctx context.Context, tx pgx.Tx, definition string, r Repair) (DefinitionRepair, error) {
+	return cl.definitionRepair(ctx, tx, definition, "resume", r)
 }
 
 // PausedDefinitions lists the definitions paused as a whole.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -46,7 +47,14 @@ var ErrStateForbids = orchestrate.ErrStateForbids
 // so the retried attempt runs; every other step key keeps its record, so
 // nothing that took effect runs twice.
 func (cl *Client) Retry(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "retry", SkipStep{}, r, false)
+	return cl.repair(ctx, nil, id, "retry", SkipStep{}, r, false)
+}
+
+// RetryTx is Retry in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) RetryTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "retry", SkipStep{}, r, false)
 }
 
 // ErrUnknownRepair is returned for a repair operation the engine does not
@@ -56,16 +64,16 @@ var ErrUnknownRepair = errors.New("idemsaga: unknown repair operation")
 // Repairs names the repair operations Bulk and the HTTP API accept.
 var Repairs = []string{"retry", "cancel", "skip", "close", "pause", "resume"}
 
-// repair runs the repair named op on saga id (s is a skip's step), or,
-// with dryRun, says what it would do and writes nothing.
-func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipStep, r Repair, dryRun bool) (RepairResult, error) {
+// repair runs the repair named op on saga id (s is a skip's step), in tx
+// if not nil, or, with dryRun, says what it would do and writes nothing.
+func (cl *Client) repair(ctx context.Context, tx pgx.Tx, id uuid.UUID, op string, s SkipStep, r Repair, dryRun bool) (RepairResult, error) {
 	if !slices.Contains(Repairs, op) {
 		return RepairResult{}, fmt.Errorf("%w: %q; the repairs are %s", ErrUnknownRepair, op, strings.Join(Repairs, ", "))
 	}
-	if err := cl.resolveSaga(ctx, id); err != nil {
+	if err := cl.resolveSaga(ctx, tx, id); err != nil {
 		return RepairResult{}, err
 	}
-	res, err := cl.c.Repair(ctx, id, op, orchestrate.Skip(s), orchestrate.Request(r), dryRun)
+	res, err := cl.c.Repair(ctx, tx, id, op, orchestrate.Skip(s), orchestrate.Request(r), dryRun)
 	return RepairResult(res), publicError(err)
 }
 
@@ -84,7 +92,14 @@ func (cl *Client) repair(ctx context.Context, id uuid.UUID, op string, s SkipSte
 //
 // A saga already compensating or finished is refused.
 func (cl *Client) Cancel(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "cancel", SkipStep{}, r, false)
+	return cl.repair(ctx, nil, id, "cancel", SkipStep{}, r, false)
+}
+
+// CancelTx is Cancel in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "cancel", SkipStep{}, r, false)
 }
 
 // Repair is an operator's request to repair a saga: Retry, Cancel, Skip
@@ -162,14 +177,19 @@ var ErrRepairKeyReused = orchestrate.ErrRepairKeyReused
 // resolveSaga checks the client against the deployment, and loads the
 // definition of saga id when this process does not have its code, so
 // that the repair can plan from its description.
-func (cl *Client) resolveSaga(ctx context.Context, id uuid.UUID) error {
+func (cl *Client) resolveSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	// A repair writes commands and leases as a start does.
 	if err := cl.Check(ctx); err != nil {
 		return err
 	}
 	var def string
 	var version int
-	err := cl.c.Pool().QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version)
+	var q store.Row = cl.c.Pool()
+	if tx != nil {
+		// A saga the caller's transaction started is seen in it alone.
+		q = tx
+	}
+	err := q.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
 	}

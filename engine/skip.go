@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
+	"github.com/jackc/pgx/v5"
 )
 
 // SkipStep names the step Skip marks succeeded, and its result.
@@ -49,7 +50,14 @@ var ErrInvalidResult = orchestrate.ErrInvalidResult
 // with the step's name in the saga's repairs. A step skipped forward is
 // compensated like any succeeded step if a later one fails.
 func (cl *Client) Skip(ctx context.Context, id uuid.UUID, s SkipStep, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "skip", s, r, false)
+	return cl.repair(ctx, nil, id, "skip", s, r, false)
+}
+
+// SkipTx is Skip in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) SkipTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, s SkipStep, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "skip", s, r, false)
 }
 
 // Close closes a failed or parked saga as handled: a person repaired or
@@ -61,5 +69,12 @@ func (cl *Client) Skip(ctx context.Context, id uuid.UUID, s SkipStep, r Repair) 
 // state is refused with ErrStateForbids: a running saga is cancelled
 // (Cancel), a completed or compensated one needs nothing.
 func (cl *Client) Close(ctx context.Context, id uuid.UUID, r Repair) (RepairResult, error) {
-	return cl.repair(ctx, id, "close", SkipStep{}, r, false)
+	return cl.repair(ctx, nil, id, "close", SkipStep{}, r, false)
+}
+
+// CloseTx is Close in the caller's transaction tx, as a savepoint in it:
+// it takes effect when tx commits, and not at all if tx rolls back. See
+// "Repairs in your transaction" in the package documentation.
+func (cl *Client) CloseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r Repair) (RepairResult, error) {
+	return cl.repair(ctx, tx, id, "close", SkipStep{}, r, false)
 }

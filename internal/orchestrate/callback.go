@@ -47,13 +47,14 @@ type CallbackResult struct {
 var ErrNotCallbackStep = errors.New("idemsaga: the step is not a callback step")
 
 // Complete applies a callback to step of saga id, whose definition the
-// caller resolved: result is its canonical result, hash the digest of its
-// body that later deliveries of the event must match.
-func (c *Core) Complete(ctx context.Context, id uuid.UUID, step string, cb Callback, result json.RawMessage, hash []byte) (CallbackResult, error) {
+// caller resolved, in the caller's transaction in (nil: one of its own):
+// result is its canonical result, hash the digest of its body that later
+// deliveries of the event must match.
+func (c *Core) Complete(ctx context.Context, in pgx.Tx, id uuid.UUID, step string, cb Callback, result json.RawMessage, hash []byte) (CallbackResult, error) {
 	var res CallbackResult
 	var def *saga.Definition
 	fx := &effects{}
-	err := c.withSagaLocked(ctx, id, "complete a step of", func(tx *store.Tx, sg *saga.Instance) error {
+	err := c.withSagaLocked(ctx, in, id, "complete a step of", func(tx *store.Tx, sg *saga.Instance) error {
 		fx = &effects{}
 		res = CallbackResult{SagaID: id, Step: step, EventID: cb.EventID}
 		var err error
@@ -166,7 +167,7 @@ func (c *Core) receiveCallback(ctx context.Context, tx *store.Tx, sg *saga.Insta
 		}
 		res.State, res.Detail = after, describeApplied(step, cb.Error)
 		queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step, saga.PhaseForward), attemptNo, cb.Error, result)
-		store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 	}
 	var inserted bool
 	tx.Queue(store.InsertCallback, func(row pgx.Row) error {
@@ -266,7 +267,7 @@ func (c *Core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *s
 		return err
 	}
 	queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step.Name, saga.PhaseForward), attemptNo, refusal, result)
-	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 	tx.Exec(store.ApplyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	return nil
@@ -325,7 +326,7 @@ func (c *Core) giveUpOrComplete(ctx context.Context, tx *store.Tx, sg *saga.Inst
 		outcome = "failed"
 	}
 	tx.Exec(store.CompleteSettled, nil, pguuid.Of(sg.ID), pguuid.Of(saga.StepKey(sg.ID, step.Name, phase)), outcome, nullJSONArg(result), nullTextArg(refusal))
-	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 	tx.Exec(store.ApplyPendingCallback, nil, def.Name(), step.Name, eventID, describeApplied(step.Name, refusal), pguuid.Of(sg.ID))
 	c.metrics.Callbacks.WithLabelValues(def.Name(), step.Name, CallbackApplied).Inc()
 	c.log.Info("callback step given up after its attempts, completed by the callback kept for it", "saga_id", sg.ID, "step", step.Name, "event_id", eventID)

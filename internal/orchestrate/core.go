@@ -131,6 +131,15 @@ func (c *Core) handOffArg() any {
 	return c.out.PublishAfter()
 }
 
+// handOffFor is handOffArg for the rows tx writes: NULL in a caller's
+// transaction (store.Within), whose commit this process does not see.
+func (c *Core) handOffFor(tx *store.Tx) any {
+	if tx.Nested() {
+		return nil
+	}
+	return c.handOffArg()
+}
+
 // sent hands rows a transaction committed to the hand-off.
 func (c *Core) sent(rows []outbox.Committed) {
 	if c.out != nil {
@@ -248,7 +257,7 @@ func (c *Core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def 
 	if err != nil {
 		return err
 	}
-	store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+	store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 	return nil
 }
 

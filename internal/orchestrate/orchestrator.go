@@ -180,7 +180,7 @@ func (c *Core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 		if err != nil {
 			return err
 		}
-		store.QueueMove(tx, m, c.handOffArg(), fx.moved(m))
+		store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 		return nil
 
 	case retryable && r.Attempt < policy.MaxAttempts:

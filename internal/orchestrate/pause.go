@@ -47,7 +47,10 @@ func resumeFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance) error {
 	}
 }
 
-func (c *Core) RepairDefinition(ctx context.Context, definition, op string, r Request) (DefinitionResult, error) {
+// RepairDefinition pauses or resumes a definition as op ("pause",
+// "resume") says, recorded as r, in the caller's transaction in (nil: one
+// of its own; in it, a savepoint).
+func (c *Core) RepairDefinition(ctx context.Context, in pgx.Tx, definition, op string, r Request) (DefinitionResult, error) {
 	if r.Key == "" {
 		r.Key = uuid.NewString()
 	}
@@ -56,7 +59,13 @@ func (c *Core) RepairDefinition(ctx context.Context, definition, op string, r Re
 	}
 	sum := sha256.Sum256([]byte(op + "\x00" + r.Reason))
 	res := DefinitionResult{Definition: definition, Operation: op, Key: r.Key}
-	tx, err := c.pool.Begin(ctx)
+	var tx pgx.Tx
+	var err error
+	if in != nil {
+		tx, err = in.Begin(ctx)
+	} else {
+		tx, err = c.pool.Begin(ctx)
+	}
 	if err != nil {
 		return res, fmt.Errorf("idemsaga: %s definition %q: %w", op, definition, err)
 	}

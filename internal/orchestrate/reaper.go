@@ -232,7 +232,7 @@ func (c *Core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 	}
 	store.QueueRedispatch(tx, store.Resend{Saga: sg.ID, Step: def.Step(idx).Name, Phase: phase, Attempt: seenAttempt, Version: sg.Version,
 		LeaseMillis: c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)),
-		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffArg()})
+		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffFor(tx)})
 	return nil
 }
 
@@ -250,7 +250,7 @@ func (c *Core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 	msgID += fmt.Sprintf("-v%d", after.Version)
 	store.QueueResendAfterResume(tx, store.Resend{Saga: sg.ID, Step: def.Step(idx).Name, Phase: phase, Attempt: attemptNo, Version: sg.Version,
 		LeaseMillis: c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)),
-		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffArg()})
+		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffFor(tx)})
 	return nil
 }
 

@@ -93,7 +93,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		}
 		var outboxID int64
 		if err := tx.Conn().QueryRow(ctx, store.InsertOutbox,
-			subject, msgID, payload, pguuid.Of(id), c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
+			subject, msgID, payload, pguuid.Of(id), c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 		}
 		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
@@ -165,7 +165,7 @@ func operatorCancel(r Request) string {
 func (c *Core) cancel(ctx context.Context, id uuid.UUID, r Request, msg string) (Result, error) {
 	fx := &effects{}
 	op := repairOp{name: "cancel", r: r, notDone: new(string)}
-	return c.recorded(ctx, id, op, c.cancelFn(ctx, msg, &fx, op.notDone), func() { c.emit(fx) })
+	return c.recorded(ctx, nil, id, op, c.cancelFn(ctx, msg, &fx, op.notDone), func() { c.emit(fx) })
 }
 
 // cancelFn is Cancel's work on a saga locked in tx, with msg the saga's
@@ -227,7 +227,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 				err = fmt.Errorf("%w: saga %s completed before it could be cancelled", ErrStateForbids, id)
 			}
 			if m != nil {
-				store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+				store.QueueMove(tx, m, c.handOffFor(tx), (*fx).moved(m))
 			}
 			return errCommitted{err}
 		case s.outcome == "succeeded":
@@ -246,7 +246,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		if err != nil {
 			return err
 		}
-		store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+		store.QueueMove(tx, m, c.handOffFor(tx), (*fx).moved(m))
 		return nil
 	}
 }
@@ -298,7 +298,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		first := def.Step(undo[0]).Name
 		if err := tx.Conn().QueryRow(ctx, store.DispatchCompensation,
 			pguuid.Of(sg.ID), first, undo[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
-			c.plan.LeaseMillis(plan.PolicyOf(def, undo[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			c.plan.LeaseMillis(plan.PolicyOf(def, undo[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
 		}
 	}
@@ -373,7 +373,7 @@ var errDryRun = errors.New("idemsaga: dry run")
 // idemsaga.repairs in the same transaction, so that a request sent again
 // after a lost answer (a crash, a timeout) finds the first one's record
 // and changes nothing.
-func (c *Core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (Result, error) {
+func (c *Core) recorded(ctx context.Context, in pgx.Tx, id uuid.UUID, op repairOp, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (Result, error) {
 	r := op.r
 	if r.Key == "" {
 		r.Key = uuid.NewString()
@@ -386,7 +386,7 @@ func (c *Core) recorded(ctx context.Context, id uuid.UUID, op repairOp, fn func(
 	if op.dryRun {
 		after = nil
 	}
-	err := c.withSagaLocked(ctx, id, op.name, func(tx *store.Tx, sg *saga.Instance) error {
+	err := c.withSagaLocked(ctx, in, id, op.name, func(tx *store.Tx, sg *saga.Instance) error {
 		res = Result{ID: id, Operation: op.name, Key: r.Key, Before: sg.State, DryRun: op.dryRun}
 		var hash []byte
 		var state string
@@ -465,8 +465,9 @@ func (e errCommitted) Unwrap() error { return e.err }
 // which is returned after the commit). A key held by an attempt still
 // running (store.ErrBusy) is waited out, each time in a new
 // transaction, up to repairBusyWait. after, if not nil, runs after a
-// commit.
-func (c *Core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) error {
+// commit. With in, a caller's transaction, each try is a savepoint in it
+// (store.Within), and after does not run: the commit is the caller's.
+func (c *Core) withSagaLocked(ctx context.Context, in pgx.Tx, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) error {
 	deadline := time.Now().Add(repairBusyWait)
 	// Give up waiting before the caller's own deadline, so that it hears
 	// why (a busy key, a call in flight) rather than a timeout.
@@ -474,7 +475,7 @@ func (c *Core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 		deadline = d.Add(-time.Second)
 	}
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
-		err := c.lockedOnce(ctx, id, what, fn, after)
+		err := c.lockedOnce(ctx, in, id, what, fn, after)
 		// A key held by a running attempt, or an external call in flight,
 		// usually ends in milliseconds.
 		if !errors.Is(err, store.ErrBusy) && !errors.Is(err, ErrStepInFlight) || time.Now().Add(delay).After(deadline) {
@@ -488,13 +489,18 @@ func (c *Core) withSagaLocked(ctx context.Context, id uuid.UUID, what string, fn
 	}
 }
 
-func (c *Core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (err error) {
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+func (c *Core) lockedOnce(ctx context.Context, in pgx.Tx, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (err error) {
+	var tx *store.Tx
+	if in != nil {
+		tx = store.Within(in)
+	} else {
+		conn, err := c.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+		}
+		defer conn.Release()
+		tx = store.Begin(conn.Conn())
 	}
-	defer conn.Release()
-	tx := store.Begin(conn.Conn())
 	defer tx.Rollback(ctx)
 	var sg *saga.Instance
 	tx.Queue(store.SelectSagaByIDLocked, func(row pgx.Row) error {
@@ -528,9 +534,13 @@ func (c *Core) lockedOnce(ctx context.Context, id uuid.UUID, what string, fn fun
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
 	}
-	c.sent(tx.Published())
-	if after != nil {
-		after()
+	// In a caller's transaction nothing is committed yet: its rows are
+	// the relay's once it commits, and nothing is counted.
+	if !tx.Nested() {
+		c.sent(tx.Published())
+		if after != nil {
+			after()
+		}
 	}
 	if ferr != nil {
 		return committed.err

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
@@ -44,10 +45,10 @@ type DefinitionResult struct {
 }
 
 // Repair runs the repair named op (one of the engine's Repairs) on saga
-// id, whose definition the caller resolved (s is a skip's step), or, with
-// dryRun, says what it would do and writes nothing. The caller refuses an
+// id, whose definition the caller resolved (s is a skip's step), in the
+// caller's transaction in (nil: one of its own), or, with dryRun, says what it would do and writes nothing. The caller refuses an
 // op the engine does not have, with what the repairs are.
-func (c *Core) Repair(ctx context.Context, id uuid.UUID, op string, s Skip, r Request, dryRun bool) (Result, error) {
+func (c *Core) Repair(ctx context.Context, in pgx.Tx, id uuid.UUID, op string, s Skip, r Request, dryRun bool) (Result, error) {
 	rop := repairOp{name: op, r: r, dryRun: dryRun}
 	var fn func(tx *store.Tx, sg *saga.Instance) error
 	var after func()
@@ -76,5 +77,5 @@ func (c *Core) Repair(ctx context.Context, id uuid.UUID, op string, s Skip, r Re
 	default:
 		return Result{}, fmt.Errorf("idemsaga: unknown repair operation %q", op)
 	}
-	return c.recorded(ctx, id, rop, fn, after)
+	return c.recorded(ctx, in, id, rop, fn, after)
 }

@@ -109,6 +109,6 @@ func (c *Core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def
 			tx.Sent(outboxCommitted(*outboxID, subject.(string), msgID.(string), payload, tx.Trace()))
 		}
 		return nil
-	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffArg(), store.HeadersJSON(tx.Trace()), plan.lost)
+	}, pguuid.Of(sg.ID), name, string(phase), attemptNo, plan.timer.Milliseconds(), subject, msgID, payload, c.handOffFor(tx), store.HeadersJSON(tx.Trace()), plan.lost)
 	return plan.how, nil
 }

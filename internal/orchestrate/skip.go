@@ -126,7 +126,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				if err != nil {
 					return err
 				}
-				store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+				store.QueueMove(tx, m, c.handOffFor(tx), (*fx).moved(m))
 				return errCommitted{fmt.Errorf("%w: step %q of saga %s took effect before it could be skipped; its own result was applied and nothing was skipped", ErrStateForbids, step, id)}
 			}
 		} else {
@@ -150,7 +150,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 			return fmt.Errorf("%w: %w", ErrStateForbids, err)
 		}
 		m.StepError = note
-		store.QueueMove(tx, m, c.handOffArg(), (*fx).moved(m))
+		store.QueueMove(tx, m, c.handOffFor(tx), (*fx).moved(m))
 		return nil
 	}
 }

@@ -31,6 +31,8 @@ import (
 type Tx struct {
 	conn     *pgx.Conn
 	implicit bool
+	// nested is a savepoint in a caller's transaction (Within).
+	nested bool
 	// begun is set once BEGIN is queued (it goes with the first batch).
 	begun bool
 	// done is set once the transaction committed or rolled back.
@@ -52,6 +54,20 @@ func (t *Tx) Trace() map[string]string { return t.trace }
 // Begin returns a transaction on conn that begins with its first batch.
 // Call Rollback (a no-op after Commit) before releasing conn.
 func Begin(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
+
+// savepoint names the savepoint of a nested transaction (Within).
+const savepoint = "idemsaga_tx"
+
+// Within returns a transaction nested in outer, a caller's open
+// transaction, as a savepoint that begins with its first batch: Commit
+// releases it (the caller's commit makes its writes durable, or its
+// rollback undoes them), Rollback undoes its writes alone and leaves outer
+// usable. Its outbox rows are the relay's once outer commits: nothing is
+// published after Commit.
+func Within(outer pgx.Tx) *Tx { return &Tx{conn: outer.Conn(), nested: true} }
+
+// Nested reports a transaction within a caller's (Within).
+func (t *Tx) Nested() bool { return t.nested }
 
 // Implicit returns a transaction of one batch, sent at Commit as
 // PostgreSQL's implicit transaction. It must not Flush.
@@ -96,7 +112,11 @@ func (t *Tx) IsImplicit() bool { return t.implicit }
 func (t *Tx) next() *pgx.Batch {
 	if t.batch == nil {
 		t.batch = &pgx.Batch{}
-		if !t.begun && !t.implicit {
+		switch {
+		case t.begun || t.implicit:
+		case t.nested:
+			t.batch.Queue("savepoint " + savepoint)
+		default:
 			t.batch.Queue("begin")
 		}
 		t.begun = true
@@ -132,7 +152,10 @@ func (t *Tx) Commit(ctx context.Context) error {
 		t.done = true
 		return nil // nothing was queued
 	}
-	if !t.implicit {
+	switch {
+	case t.nested:
+		t.next().Queue("release savepoint " + savepoint)
+	case !t.implicit:
 		t.next().Queue("commit").Exec(func(tag pgconn.CommandTag) error {
 			if tag.String() == "ROLLBACK" {
 				return errors.New("the transaction had failed; COMMIT rolled it back")
@@ -141,8 +164,10 @@ func (t *Tx) Commit(ctx context.Context) error {
 		})
 	}
 	err := t.send(ctx)
-	if err == nil && t.conn.PgConn().TxStatus() != 'I' {
+	if st := t.conn.PgConn().TxStatus(); err == nil && !t.nested && st != 'I' {
 		err = errors.New("the transaction is still open after its last batch")
+	} else if err == nil && t.nested && st != 'T' {
+		err = errors.New("the caller's transaction is not open after the savepoint's release")
 	}
 	if err != nil {
 		return fmt.Errorf("write and commit: %w", err)
@@ -157,8 +182,8 @@ func (t *Tx) Commit(ctx context.Context) error {
 // error after t's COMMIT is the next transaction's (t committed; roll the
 // next one back).
 func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx, committed bool, err error) {
-	if t.done || t.implicit || !t.begun {
-		return nil, false, errors.New("store: CommitAndBegin needs an explicit transaction with its statements queued")
+	if t.done || t.implicit || t.nested || !t.begun {
+		return nil, false, errors.New("store: CommitAndBegin needs an explicit transaction of its own with its statements queued")
 	}
 	b := t.next()
 	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
@@ -186,8 +211,15 @@ func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx,
 // Rollback ends a transaction that did not commit, if one is open. A
 // connection it cannot clean is closed by the pool on release.
 func (t *Tx) Rollback(ctx context.Context) {
+	done := t.done
 	t.done = true
 	t.batch = nil
+	if t.nested {
+		if t.begun && !done {
+			_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback to savepoint "+savepoint+"; release savepoint "+savepoint)
+		}
+		return
+	}
 	if t.conn.PgConn().TxStatus() == 'I' {
 		return
 	}
