@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -35,7 +35,7 @@ func TestSuccessAppliedInStepConcurrently(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	seeded, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	stream := testenv.Name("INSTEP")
 
@@ -88,10 +88,10 @@ func TestSuccessAppliedInStepConcurrently(t *testing.T) {
   (select count(*) from idemsaga.steps where status = 'succeeded'),
   (select count(*) from idemsaga.outbox where subject like '%.cmd.%'),
   (select count(*) from idemsaga.outbox where subject like '%.reply.%'),
-  (select count(*) from transfer.ledger)`).Scan(&steps, &commands, &replies, &ledger))
+  (select count(*) from fixture.ledger)`).Scan(&steps, &commands, &replies, &ledger))
 	require.Equal(t, []int{2, 2, 0, 2}, []int{steps, commands, replies, ledger},
 		"two steps succeeded, two commands dispatched, no reply written, one ledger entry per step")
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
@@ -117,7 +117,7 @@ func TestSuccessNotAppliableInStepFallsBackToAReply(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	_, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	stream := testenv.Name("FALLBACK")
 	e := idleEngine(t, pool, nc, stream, nil, def)
@@ -134,7 +134,7 @@ func TestSuccessNotAppliableInStepFallsBackToAReply(t *testing.T) {
 	var replies, ledger, version int
 	require.NoError(t, pool.QueryRow(ctx, `select
   (select count(*) from idemsaga.outbox where subject like '%.reply.%'),
-  (select count(*) from transfer.ledger),
+  (select count(*) from fixture.ledger),
   (select version from idemsaga.sagas where id = $1)`, res.ID).Scan(&replies, &ledger, &version))
 	require.Equal(t, []int{1, 1, 1}, []int{replies, ledger, version}, "one reply, one effect, the saga untouched")
 }
@@ -151,7 +151,7 @@ func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	seeded, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	stream := testenv.Name("STALE")
 	reg := prometheus.NewRegistry()
@@ -194,7 +194,7 @@ func TestStaleSuccessInStepIsAnsweredByTheNextAttempt(t *testing.T) {
 	// The credit, applied in its step, finishes the saga.
 	_, err = e.HandleCommand(ctx, latestCommand(t, pool))
 	require.NoError(t, err)
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
@@ -401,7 +401,7 @@ func TestSuccessInStepFromWhatTheCommandSays(t *testing.T) {
 			pool := testenv.DB(t)
 			_, nc := testenv.NATS(t)
 			def := transferDef(t)
-			seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+			seeded, err := fixture.Seed(ctx, pool, 2, 1000)
 			require.NoError(t, err)
 			e := idleEngine(t, pool, nc, testenv.Name("GUESS"), nil, def)
 			res, err := e.Client().Start(ctx, def, "guess", transferInput(1, 2, 70))
@@ -438,7 +438,7 @@ func TestSuccessInStepFromWhatTheCommandSays(t *testing.T) {
 			require.Equal(t, tc.version, version, "one transition")
 
 			next := latestCommand(t, pool)
-			require.Equal(t, transfer.StepCredit, next.Step)
+			require.Equal(t, fixture.StepCredit, next.Step)
 			require.Equal(t, saga.State(state), next.State)
 			require.Equal(t, version, next.Version, "the next command carries the saga as committed")
 			require.JSONEq(t, string(input), string(next.Input))
@@ -449,7 +449,7 @@ func TestSuccessInStepFromWhatTheCommandSays(t *testing.T) {
 
 			_, err = e.HandleCommand(ctx, next)
 			require.NoError(t, err)
-			rep, err := transfer.Audit(ctx, pool, seeded)
+			rep, err := fixture.Audit(ctx, pool, seeded)
 			require.NoError(t, err)
 			require.Empty(t, rep.Differences)
 			require.Equal(t, map[string]int{"credited": 1}, rep.ByState)
@@ -605,7 +605,7 @@ func TestSuccessOfAnAttemptWithARetryScheduled(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 1000)
+	seeded, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	e := idleEngine(t, pool, nc, testenv.Name("RETRYING"), nil, def)
 	res, err := e.Client().Start(ctx, def, "retrying", transferInput(1, 2, 70))
@@ -642,7 +642,7 @@ where s.id = $1`, res.ID, cmd.Step).Scan(&state, &version, &status, &attempt, &o
 	// per step.
 	_, err = e.HandleCommand(ctx, latestCommand(t, pool))
 	require.NoError(t, err)
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 }
@@ -675,7 +675,7 @@ func TestSuccessRacingItsRetry(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 1_000_000)
+	seeded, err := fixture.Seed(ctx, pool, 2, 1_000_000)
 	require.NoError(t, err)
 	stream := testenv.Name("RACE")
 	engines := []*engine.Engine{idleEngine(t, pool, nc, stream, nil, def), idleEngine(t, pool, nc, stream, nil, def)}
@@ -741,7 +741,7 @@ where s.id = $1`, id).Scan(&state, &version, &status, &attempt, &unfinished))
 		_, err := engines[0].HandleCommand(ctx, commandOf(id))
 		require.NoError(t, err)
 	}
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": transfers}, rep.ByState)

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -24,7 +24,7 @@ func TestBrokerRestartLosingEverything(t *testing.T) {
 	srv, nc := testenv.NATS(t)
 	policy := fastPolicy
 	policy.Timeout = time.Second
-	def, err := transfer.NewDefinition(policy)
+	def, err := fixture.Transfer(policy)
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
 	stream := testenv.Name("RESTART")

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -62,7 +62,7 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
 	lease := policy.Timeout + grace
 	cluster := testenv.NATSCluster(t, 3)
 	pool := testenv.DB(t)
-	def, err := transfer.NewDefinition(policy)
+	def, err := fixture.Transfer(policy)
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
 	stream := testenv.Name("CLUSTER")
@@ -91,7 +91,7 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
 	// workers so that first commands cross the broker.
 	starters := []*engine.Client{brokerClient(t, pool, stream, def), brokerClient(t, pool, stream, def)}
 	var credited, compensated int
-	inputs := make([]transfer.Input, n)
+	inputs := make([]fixture.Input, n)
 	rng := rand.New(rand.NewPCG(7, uint64(n)))
 	for i := range inputs {
 		from := 1 + rng.Int64N(50)

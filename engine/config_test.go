@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -20,7 +20,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
-	defs := []*saga.Definition{transfer.Definition}
+	defs := []*saga.Definition{fixture.Default}
 	cases := []struct {
 		cfg  engine.Config
 		want string
@@ -31,7 +31,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: "a.b"}, "Config.Stream"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, SubjectPrefix: "a.>"}, "Config.SubjectPrefix"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, AckWait: time.Second}, "Config.AckWait"},
-		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, transfer.Definition)}, "names transfer@1 twice"},
+		{engine.Config{Pool: pool, NATS: nc, Definitions: append(defs, fixture.Default)}, "names transfer@1 twice"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, LeaseGrace: -time.Second}, "must not be negative"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamReplicas: 7}, "Config.StreamReplicas 7 must be 1 to 5"},
 		{engine.Config{Pool: pool, NATS: nc, Definitions: defs, StreamStorage: "disk"}, "Config.StreamStorage"},
@@ -52,7 +52,7 @@ func TestEngineRefusesUnmigratedDatabase(t *testing.T) {
 	_, nc := testenv.NATS(t)
 	_, err := pool.Exec(ctx, `drop schema idemsaga cascade`)
 	require.NoError(t, err)
-	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{transfer.Definition}, Logger: quietLogger()})
+	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{fixture.Default}, Logger: quietLogger()})
 	require.NoError(t, err)
 	require.ErrorContains(t, e.Start(ctx), "apply the migrations first")
 	require.NoError(t, e.Stop(ctx), "stopping an engine that never started is fine")
@@ -77,7 +77,7 @@ func TestStartTxUnderRepeatableRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{fixture.Default}})
 	require.NoError(t, err)
 	tx1, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
@@ -88,11 +88,11 @@ func TestStartTxUnderRepeatableRead(t *testing.T) {
 	_, err = tx2.Exec(ctx, `select 1 from idemsaga.sagas limit 1`) // take the snapshot now
 	require.NoError(t, err)
 
-	_, err = cl.StartTx(ctx, tx1, transfer.Definition, "rr", transferInput(1, 2, 3))
+	_, err = cl.StartTx(ctx, tx1, fixture.Default, "rr", transferInput(1, 2, 3))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := cl.StartTx(ctx, tx2, transfer.Definition, "rr", transferInput(1, 2, 3))
+		_, err := cl.StartTx(ctx, tx2, fixture.Default, "rr", transferInput(1, 2, 3))
 		done <- err
 	}()
 	testenv.WaitForLockWaiters(t, pool, 1) // tx2 waits on tx1's key

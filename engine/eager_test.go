@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
@@ -68,7 +68,7 @@ func TestDispatchedStepsRunInTheProcess(t *testing.T) {
 	for rows.Next() {
 		var id uuid.UUID
 		require.NoError(t, rows.Scan(&id))
-		firsts["c-"+saga.MessageID(saga.StepKey(id, transfer.StepDeduct, saga.PhaseForward), 1)] = true
+		firsts["c-"+saga.MessageID(saga.StepKey(id, fixture.StepDeduct, saga.PhaseForward), 1)] = true
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, firsts, n)
@@ -96,7 +96,7 @@ func TestDispatchedStepsRunInTheProcess(t *testing.T) {
 		sg, err := e.Client().Wait(wctx, res.ID)
 		cancel()
 		require.NoError(t, err)
-		require.Equal(t, transfer.StateCredited, sg.State)
+		require.Equal(t, fixture.StateCredited, sg.State)
 	}
 	mu.Lock()
 	require.Equal(t, before, len(published), "each ran in the process that started it")
@@ -114,7 +114,7 @@ func TestClaimWithTheCommitFindsTheKeyHeld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	_, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	_, nc := testenv.NATS(t)
 	stream := testenv.Name("HELD")
@@ -138,9 +138,9 @@ values ($1, $2, $3, 'forward', 2, 'succeeded', '{"by": "another attempt"}')`, pg
 	var state, result string
 	var ledger int
 	require.NoError(t, pool.QueryRow(ctx, `select s.state, s.results->>$2,
-  (select count(*) from transfer.ledger l where l.saga_id = s.id)
+  (select count(*) from fixture.ledger l where l.saga_id = s.id)
 from idemsaga.sagas s where s.id = $1`, res.ID, credit).Scan(&state, &result, &ledger))
-	require.Equal(t, string(transfer.StateCredited), state)
+	require.Equal(t, string(fixture.StateCredited), state)
 	require.JSONEq(t, `{"by": "another attempt"}`, result, "the stored success is the step's result")
 	require.Equal(t, 1, ledger, "the deduct ran; the credit's handler did not run again")
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -18,7 +18,7 @@ func TestTransferCreditsAndCompensates(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 10, 1000, 10)
+	seeded, err := fixture.Seed(ctx, pool, 10, 1000, 10)
 	require.NoError(t, err)
 	e := startEngine(t, pool, nc, testenv.Name("XFER"), []*saga.Definition{def})
 
@@ -33,7 +33,7 @@ func TestTransferCreditsAndCompensates(t *testing.T) {
 	defer cancel()
 	got, err := e.Client().Wait(wctx, ok.ID)
 	require.NoError(t, err)
-	require.Equal(t, transfer.StateCredited, got.State)
+	require.Equal(t, fixture.StateCredited, got.State)
 	got, err = e.Client().Wait(wctx, frozen.ID)
 	require.NoError(t, err)
 	require.Equal(t, saga.StateCompensated, got.State)
@@ -43,10 +43,10 @@ func TestTransferCreditsAndCompensates(t *testing.T) {
 	require.Equal(t, saga.StateCompensated, got.State)
 	require.Contains(t, got.Error, "insufficient funds")
 
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	var b1, b2, b3 int64
-	require.NoError(t, pool.QueryRow(ctx, `select (select balance from transfer.accounts where id=1), (select balance from transfer.accounts where id=2), (select balance from transfer.accounts where id=3)`).Scan(&b1, &b2, &b3))
+	require.NoError(t, pool.QueryRow(ctx, `select (select balance from fixture.accounts where id=1), (select balance from fixture.accounts where id=2), (select balance from fixture.accounts where id=3)`).Scan(&b1, &b2, &b3))
 	require.Equal(t, []int64{900, 1100, 1000}, []int64{b1, b2, b3})
 }

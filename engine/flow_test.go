@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -32,7 +32,7 @@ func submitTransfers(t *testing.T, def *saga.Definition, n int, starters ...*eng
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, uint64(n)))
-	inputs := make([]transfer.Input, n)
+	inputs := make([]fixture.Input, n)
 	for i := range inputs {
 		from := 1 + rng.Int64N(50)
 		to := 1 + (from+rng.Int64N(49))%50
@@ -72,14 +72,14 @@ func submitTransfers(t *testing.T, def *saga.Definition, n int, starters ...*eng
 
 func seedForLoad(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
-	total, err := transfer.Seed(context.Background(), pool, 51, 1_000_000, 51)
+	total, err := fixture.Seed(context.Background(), pool, 51, 1_000_000, 51)
 	require.NoError(t, err)
 	return total
 }
 
 func requireAudit(t *testing.T, pool *pgxpool.Pool, seeded int64, credited, compensated int) {
 	t.Helper()
-	rep, err := transfer.Audit(context.Background(), pool, seeded)
+	rep, err := fixture.Audit(context.Background(), pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": credited, "compensated": compensated}, rep.ByState)
@@ -232,12 +232,12 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 			Key: saga.StepKey(res.ID, step, saga.PhaseForward), Attempt: attempt, Outcome: outcome, Result: json.RawMessage(result)}
 	}
 
-	deducted := reply(transfer.StepDeduct, 1, wire.OutcomeSucceeded, `{"account":1,"amount":-10}`)
+	deducted := reply(fixture.StepDeduct, 1, wire.OutcomeSucceeded, `{"account":1,"amount":-10}`)
 	v, err := e.ApplyReply(ctx, deducted)
 	require.NoError(t, err)
 	require.Equal(t, engine.VerdictApplied, v)
 	after := snapshot()
-	require.Equal(t, transfer.StateDeducted, after.state)
+	require.Equal(t, fixture.StateDeducted, after.state)
 
 	v, err = e.ApplyReply(ctx, deducted)
 	require.NoError(t, err)
@@ -256,8 +256,8 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 
 	// Attempt 1 answers late, with a failure and then a success: stale.
 	for _, late := range []wire.Reply{
-		reply(transfer.StepCredit, 1, wire.OutcomeFailed, ``),
-		reply(transfer.StepCredit, 1, wire.OutcomeSucceeded, `{"account":2,"amount":10}`),
+		reply(fixture.StepCredit, 1, wire.OutcomeFailed, ``),
+		reply(fixture.StepCredit, 1, wire.OutcomeSucceeded, `{"account":2,"amount":10}`),
 	} {
 		v, err = e.ApplyReply(ctx, late)
 		require.NoError(t, err)
@@ -265,12 +265,12 @@ func TestReplyTwiceAndStaleReply(t *testing.T) {
 		require.Equal(t, retried, snapshot(), "a stale reply changes nothing")
 	}
 
-	v, err = e.ApplyReply(ctx, reply(transfer.StepCredit, 2, wire.OutcomeSucceeded, `{"account":2,"amount":10}`))
+	v, err = e.ApplyReply(ctx, reply(fixture.StepCredit, 2, wire.OutcomeSucceeded, `{"account":2,"amount":10}`))
 	require.NoError(t, err)
 	require.Equal(t, engine.VerdictApplied, v)
 	final := snapshot()
-	require.Equal(t, transfer.StateCredited, final.state)
-	v, err = e.ApplyReply(ctx, reply(transfer.StepCredit, 1, wire.OutcomeFailed, ``))
+	require.Equal(t, fixture.StateCredited, final.state)
+	v, err = e.ApplyReply(ctx, reply(fixture.StepCredit, 1, wire.OutcomeFailed, ``))
 	require.NoError(t, err)
 	require.Equal(t, engine.VerdictStale, v)
 	require.Equal(t, final, snapshot())
@@ -289,9 +289,9 @@ func TestLostCommandIsSentAgainAtItsAttempt(t *testing.T) {
 	// that no attempt runs past it on a busy machine.
 	policy := fastPolicy
 	policy.Timeout = 2 * time.Second
-	def, err := transfer.NewDefinition(policy)
+	def, err := fixture.Transfer(policy)
 	require.NoError(t, err)
-	seeded, err := transfer.Seed(ctx, pool, 2, 100)
+	seeded, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, LeaseGrace: 200 * time.Millisecond})
@@ -311,18 +311,18 @@ func TestLostCommandIsSentAgainAtItsAttempt(t *testing.T) {
 	defer cancel()
 	sg, err := e.Client().Wait(wctx, res.ID)
 	require.NoError(t, err)
-	require.Equal(t, transfer.StateCredited, sg.State)
+	require.Equal(t, fixture.StateCredited, sg.State)
 	var deduct saga.StepExecution
 	for _, s := range sg.Steps {
-		if s.Step == transfer.StepDeduct {
+		if s.Step == fixture.StepDeduct {
 			deduct = s
 		}
 	}
 	require.Equal(t, 1, deduct.Attempt, "sent again at the attempt it never started")
-	require.Equal(t, saga.StepKey(res.ID, transfer.StepDeduct, saga.PhaseForward), deduct.Key, "same key")
+	require.Equal(t, saga.StepKey(res.ID, fixture.StepDeduct, saga.PhaseForward), deduct.Key, "same key")
 	require.Equal(t, 1.0, metricSum(t, reg, "idemsaga_commands_requeued_total", map[string]string{"step": "deduct", "how": "resent"}))
 	require.Zero(t, metricSum(t, reg, "idemsaga_lease_takeovers_total", map[string]string{"step": "deduct"}), "an attempt never claimed is not taken over")
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 }

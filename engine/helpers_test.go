@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -25,7 +25,7 @@ import (
 var fastPolicy = saga.RetryPolicy{MaxAttempts: 5, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Timeout: 10 * time.Second}
 
 func transferDef(t testing.TB) *saga.Definition {
-	d, err := transfer.NewDefinition(fastPolicy)
+	d, err := fixture.Transfer(fastPolicy)
 	require.NoError(t, err)
 	return d
 }
@@ -77,8 +77,8 @@ func waitAllFinished(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 	}
 }
 
-func transferInput(from, to, amount int64) transfer.Input {
-	return transfer.Input{From: from, To: to, Amount: amount}
+func transferInput(from, to, amount int64) fixture.Input {
+	return fixture.Input{From: from, To: to, Amount: amount}
 }
 
 func key(i int) string { return fmt.Sprintf("tr-%05d", i) }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
@@ -35,7 +35,7 @@ func TestQueueingSpendsNoAttempt(t *testing.T) {
 	policy := fastPolicy
 	policy.Timeout = 2 * time.Second
 	policy.MaxAttempts = 2
-	def, err := transfer.NewDefinition(policy)
+	def, err := fixture.Transfer(policy)
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
 	stream := testenv.Name("QUEUED")
@@ -116,7 +116,7 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	_, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	// Not started: the test plays the reaper.
@@ -136,7 +136,7 @@ func TestExpiredLeaseIsTakenOverOnlyFromAClaim(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(ctx) }()
 	for i := 0; i < n; i += 2 {
-		k := saga.StepKey(ids[i], transfer.StepDeduct, saga.PhaseForward)
+		k := saga.StepKey(ids[i], fixture.StepDeduct, saga.PhaseForward)
 		_, err := holder.Exec(ctx, `select pg_advisory_xact_lock_shared($1, $2)`, store.LockClass, store.LockID(k))
 		require.NoError(t, err)
 	}
@@ -177,7 +177,7 @@ func lostCommandEngine(t *testing.T) (*engine.Engine, *prometheus.Registry, *pgx
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	_, err := transfer.Seed(ctx, pool, 2, 1000)
+	_, err := fixture.Seed(ctx, pool, 2, 1000)
 	require.NoError(t, err)
 	stream := testenv.Name("LOST")
 	prefix := "t." + stream

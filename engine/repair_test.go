@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -29,7 +29,7 @@ func TestCancelRunningSaga(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 100)
+	seeded, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	stream := testenv.Name("CANCEL")
 	e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, LeaseGrace: time.Hour, Logger: quietLogger(),
@@ -48,7 +48,7 @@ func TestCancelRunningSaga(t *testing.T) {
 		require.NoError(t, err)
 		sg, err := cl.Get(ctx, res.ID)
 		require.NoError(t, err)
-		v, err := e.ApplyReply(ctx, run(*sg, transfer.StepDeduct))
+		v, err := e.ApplyReply(ctx, run(*sg, fixture.StepDeduct))
 		require.NoError(t, err)
 		require.Equal(t, engine.VerdictApplied, v)
 		return *sg
@@ -59,11 +59,11 @@ func TestCancelRunningSaga(t *testing.T) {
 	require.NoError(t, err)
 	_, err = cl.Cancel(ctx, pending.ID, engine.Repair{Reason: "again"})
 	require.ErrorIs(t, err, engine.ErrStateForbids)
-	late := run(pending, transfer.StepCredit) // a late credit delivery
+	late := run(pending, fixture.StepCredit) // a late credit delivery
 	require.True(t, late.Duplicate, "the credit's key was fenced by the cancel")
 
 	ran := start("too-late")
-	run(ran, transfer.StepCredit) // took effect; its reply never arrived
+	run(ran, fixture.StepCredit) // took effect; its reply never arrived
 	_, err = cl.Cancel(ctx, ran.ID, engine.Repair{})
 	require.ErrorIs(t, err, engine.ErrStateForbids)
 	require.ErrorContains(t, err, "completed before it could be cancelled")
@@ -77,8 +77,8 @@ func TestCancelRunningSaga(t *testing.T) {
 	require.Contains(t, sg.Error, "customer changed their mind")
 	sg, err = cl.Get(ctx, ran.ID)
 	require.NoError(t, err)
-	require.Equal(t, transfer.StateCredited, sg.State)
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	require.Equal(t, fixture.StateCredited, sg.State)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 }
@@ -164,7 +164,7 @@ func TestListFilters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	def, err := transfer.NewDefinition(saga.RetryPolicy{Timeout: time.Millisecond})
+	def, err := fixture.Transfer(saga.RetryPolicy{Timeout: time.Millisecond})
 	require.NoError(t, err)
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, LeaseGrace: time.Millisecond})
 	require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestConcurrentCancels(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 2, 10_000)
+	seeded, err := fixture.Seed(ctx, pool, 2, 10_000)
 	require.NoError(t, err)
 	stream := testenv.Name("OPS")
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{def}, SubjectPrefix: "t." + stream})
@@ -242,7 +242,7 @@ func TestConcurrentCancels(t *testing.T) {
 	}
 	startEngine(t, pool, nc, stream, []*saga.Definition{def})
 	waitAllFinished(t, pool, 30*time.Second)
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"compensated": 10}, rep.ByState)
@@ -259,7 +259,7 @@ func TestRepairKeyAbsorbsResends(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	def := transferDef(t)
-	_, err := transfer.Seed(ctx, pool, 2, 10_000)
+	_, err := fixture.Seed(ctx, pool, 2, 10_000)
 	require.NoError(t, err)
 	stream := testenv.Name("RESEND")
 	cl := brokerClient(t, pool, stream, def)

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -36,8 +36,8 @@ type captured struct {
 type stateSnapshot map[string][]string
 
 var snapshotQueries = map[string]string{
-	"accounts": `select id, balance, frozen from transfer.accounts`,
-	"ledger":   `select saga_id, step, account_id, amount, created_at from transfer.ledger`,
+	"accounts": `select id, balance, frozen from fixture.accounts`,
+	"ledger":   `select saga_id, step, account_id, amount, created_at from fixture.ledger`,
 	"sagas":    `select id, state, version, results, error, finished_at from idemsaga.sagas`,
 	"steps": `select saga_id, step, phase, step_index, key, status, attempt, lease_until,
   next_attempt_at, last_error, result, created_at from idemsaga.steps`,
@@ -241,7 +241,7 @@ func TestPurgedStreamIsRecoveredByLeases(t *testing.T) {
 	policy := fastPolicy
 	policy.Timeout = time.Second
 	policy.MaxAttempts = 5
-	def, err := transfer.NewDefinition(policy)
+	def, err := fixture.Transfer(policy)
 	require.NoError(t, err)
 	seeded := seedForLoad(t, pool)
 	reg := prometheus.NewRegistry()
@@ -315,7 +315,7 @@ func TestConcurrentTakeoverOfOneExpiredLease(t *testing.T) {
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
 	const one, many = 20, 20
-	seeded, err := transfer.Seed(ctx, pool, 2, 10*(one+many))
+	seeded, err := fixture.Seed(ctx, pool, 2, 10*(one+many))
 	require.NoError(t, err)
 	stream := testenv.Name("TAKEOVER")
 
@@ -393,7 +393,7 @@ where saga_id = any($1) and step = 'deduct' and phase = 'forward' and status = '
 	require.Equal(t, float64(one+many), takeovers, "takeovers counted once each")
 
 	for _, id := range ids {
-		k := saga.StepKey(id, transfer.StepDeduct, saga.PhaseForward)
+		k := saga.StepKey(id, fixture.StepDeduct, saga.PhaseForward)
 		var attempt int
 		var status string
 		require.NoError(t, pool.QueryRow(ctx, `select attempt, status from idemsaga.steps where key = $1`, k).Scan(&attempt, &status))
@@ -410,12 +410,12 @@ where saga_id = any($1) and step = 'deduct' and phase = 'forward' and status = '
 	// inbox lets one take effect, and the reply of attempt 1 is stale.
 	startEngine(t, pool, nc, stream, []*saga.Definition{def})
 	waitAllFinished(t, pool, 2*time.Minute)
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	require.Equal(t, map[string]int{"credited": one + many}, rep.ByState)
 	var deducts, sagas int
-	require.NoError(t, pool.QueryRow(ctx, `select count(*), count(distinct saga_id) from transfer.ledger where step = 'deduct'`).Scan(&deducts, &sagas))
+	require.NoError(t, pool.QueryRow(ctx, `select count(*), count(distinct saga_id) from fixture.ledger where step = 'deduct'`).Scan(&deducts, &sagas))
 	require.Equal(t, one+many, deducts, "one deduction per saga")
 	require.Equal(t, one+many, sagas)
 

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -125,7 +125,7 @@ func TestRetentionDeletesOnlyWhatCannotBeRedelivered(t *testing.T) {
 		require.NoError(t, err)
 		if k == "run-0" {
 			execSQL(t, pool, `insert into idemsaga.inbox (step_key, saga_id, step, phase, attempt, outcome, result)
-values ($1, $2, 'deduct', 'forward', 1, 'succeeded', '{}')`, saga.StepKey(res.ID, transfer.StepDeduct, saga.PhaseForward), res.ID)
+values ($1, $2, 'deduct', 'forward', 1, 'succeeded', '{}')`, saga.StepKey(res.ID, fixture.StepDeduct, saga.PhaseForward), res.ID)
 		}
 	}
 	execSQL(t, pool, `update idemsaga.sagas set created_at = now() - interval '30 days' where idem_key like 'run-%'`)
@@ -213,7 +213,7 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 
 	// The replay window: inside it a key names its saga; past it the key
 	// is free, and starting it again creates a new saga with new step keys.
-	var in transfer.Input
+	var in fixture.Input
 	var insideInput []byte
 	var insideID uuid.UUID
 	require.NoError(t, pool.QueryRow(ctx, `select id, input from idemsaga.sagas where idem_key = $1`, key(15)).Scan(&insideID, &insideInput))
@@ -228,7 +228,7 @@ where published_at is not null and id <= (select percentile_disc(0.5) within gro
 	require.NoError(t, err)
 	require.False(t, res.Duplicate, "past the window the key starts a new saga")
 	require.NotEqual(t, expiredID, res.ID)
-	require.NotEqual(t, saga.StepKey(expiredID, transfer.StepDeduct, saga.PhaseForward), saga.StepKey(res.ID, transfer.StepDeduct, saga.PhaseForward))
+	require.NotEqual(t, saga.StepKey(expiredID, fixture.StepDeduct, saga.PhaseForward), saga.StepKey(res.ID, fixture.StepDeduct, saga.PhaseForward))
 }
 
 // TestRetentionLateCommandOfADeletedSagaIsDropped: a saga's records go
@@ -241,7 +241,7 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
 	def := transferDef(t)
-	_, err := transfer.Seed(ctx, pool, 2, 100)
+	_, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	stream := testenv.Name("RETLATE")
 	// Started by a client that runs nothing, so the test can read the
@@ -250,7 +250,7 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	res, err := brokerClient(t, pool, stream, def).Start(ctx, def, "late", transferInput(1, 2, 40))
 	require.NoError(t, err)
 	var payload []byte
-	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject = $1 order by id limit 1`, wire.Subjects{Prefix: "t." + stream}.Command(def.Name(), transfer.StepDeduct)).Scan(&payload))
+	require.NoError(t, pool.QueryRow(ctx, `select payload from idemsaga.outbox where subject = $1 order by id limit 1`, wire.Subjects{Prefix: "t." + stream}.Command(def.Name(), fixture.StepDeduct)).Scan(&payload))
 	cmd, err := wire.DecodeCommand(payload)
 	require.NoError(t, err)
 	require.Equal(t, res.ID, cmd.SagaID)
@@ -260,7 +260,7 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	defer cancel()
 	sg, err := e.Client().Wait(wctx, res.ID)
 	require.NoError(t, err)
-	require.Equal(t, transfer.StateCredited, sg.State)
+	require.Equal(t, fixture.StateCredited, sg.State)
 	require.NoError(t, e.Stop(wctx))
 
 	require.Equal(t, int64(2), countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID))
@@ -270,15 +270,15 @@ func TestRetentionLateCommandOfADeletedSagaIsDropped(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, maintenance.CleanResult{Sagas: 1, Steps: 2, Inbox: 2, Batches: 1}, got)
 
-	balances := rowsJSON(t, pool, `select id, balance from transfer.accounts`)
-	ledger := countSQL(t, pool, `select count(*) from transfer.ledger`)
+	balances := rowsJSON(t, pool, `select id, balance from fixture.accounts`)
+	ledger := countSQL(t, pool, `select count(*) from fixture.ledger`)
 	w := newReplyWorker(t, pool, "t."+stream, 0, def)
 	reply, err := w.Handle(ctx, cmd)
 	require.NoError(t, err, "the late command is answered, not delivered again forever")
 	require.True(t, reply.Duplicate)
 	require.Contains(t, reply.Error, "no longer exists")
-	require.Equal(t, balances, rowsJSON(t, pool, `select id, balance from transfer.accounts`), "no second effect")
-	require.Equal(t, ledger, countSQL(t, pool, `select count(*) from transfer.ledger`))
+	require.Equal(t, balances, rowsJSON(t, pool, `select id, balance from fixture.accounts`), "no second effect")
+	require.Equal(t, ledger, countSQL(t, pool, `select count(*) from fixture.ledger`))
 	require.Zero(t, countSQL(t, pool, `select count(*) from idemsaga.inbox where saga_id = $1`, res.ID), "and nothing recorded for a saga that is gone")
 }
 

@@ -14,7 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -43,7 +43,7 @@ func BenchmarkTransferSaga(b *testing.B) {
 func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	ctx := context.Background()
 	shared := testenv.DB(b)
-	if _, err := transfer.Seed(ctx, shared, 2, 1<<50); err != nil {
+	if _, err := fixture.Seed(ctx, shared, 2, 1<<50); err != nil {
 		b.Fatal(err)
 	}
 	pcfg := shared.Config().Copy()
@@ -54,7 +54,7 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 	}
 	b.Cleanup(pool.Close)
 
-	def, err := transfer.NewDefinition(saga.RetryPolicy{})
+	def, err := fixture.Transfer(saga.RetryPolicy{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 		b.Fatal(err)
 	}
 	cl := &Client{c: c}
-	in := transfer.Input{From: 1, To: 2, Amount: 1}
+	in := fixture.Input{From: 1, To: 2, Amount: 1}
 
 	i := 0
 	for b.Loop() {
@@ -118,7 +118,7 @@ func benchmarkTransferSaga(b *testing.B, eager, traced bool) {
 		}
 	}
 	var credited int
-	if err := shared.QueryRow(ctx, `select count(*) from idemsaga.sagas where state = $1`, transfer.StateCredited).Scan(&credited); err != nil {
+	if err := shared.QueryRow(ctx, `select count(*) from idemsaga.sagas where state = $1`, fixture.StateCredited).Scan(&credited); err != nil {
 		b.Fatal(err)
 	}
 	if credited != i {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -28,9 +28,9 @@ func TestGivenUpStepThatTookEffectIsApplied(t *testing.T) {
 			ctx := context.Background()
 			pool := testenv.DB(t)
 			_, nc := testenv.NATS(t)
-			def, err := transfer.NewDefinition(saga.RetryPolicy{MaxAttempts: 1, Timeout: time.Second})
+			def, err := fixture.Transfer(saga.RetryPolicy{MaxAttempts: 1, Timeout: time.Second})
 			require.NoError(t, err)
-			seeded, err := transfer.Seed(ctx, pool, 2, 100)
+			seeded, err := fixture.Seed(ctx, pool, 2, 100)
 			require.NoError(t, err)
 			e, err := engine.New(engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, LeaseGrace: time.Hour, Logger: quietLogger()})
 			require.NoError(t, err)
@@ -46,10 +46,10 @@ func TestGivenUpStepThatTookEffectIsApplied(t *testing.T) {
 				require.NoError(t, err)
 				return r
 			}
-			v, err := e.ApplyReply(ctx, run(transfer.StepDeduct))
+			v, err := e.ApplyReply(ctx, run(fixture.StepDeduct))
 			require.NoError(t, err)
 			require.Equal(t, engine.VerdictApplied, v)
-			credit := run(transfer.StepCredit) // committed; its reply is lost
+			credit := run(fixture.StepCredit) // committed; its reply is lost
 			require.Equal(t, wire.OutcomeSucceeded, credit.Outcome)
 
 			switch how {
@@ -70,8 +70,8 @@ func TestGivenUpStepThatTookEffectIsApplied(t *testing.T) {
 			}
 			sg, err := e.Client().Get(ctx, res.ID)
 			require.NoError(t, err)
-			require.Equal(t, transfer.StateCredited, sg.State)
-			rep, err := transfer.Audit(ctx, pool, seeded)
+			require.Equal(t, fixture.StateCredited, sg.State)
+			rep, err := fixture.Audit(ctx, pool, seeded)
 			require.NoError(t, err)
 			require.Empty(t, rep.Differences)
 		})

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -148,12 +148,12 @@ func TestStartTxFollowsTheCallersTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{transfer.Definition}})
+	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{fixture.Default}})
 	require.NoError(t, err)
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	rolled, err := cl.StartTx(ctx, tx, transfer.Definition, "rolled-back", transferInput(1, 2, 3))
+	rolled, err := cl.StartTx(ctx, tx, fixture.Default, "rolled-back", transferInput(1, 2, 3))
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 	_, err = cl.Get(ctx, rolled.ID)
@@ -161,16 +161,16 @@ func TestStartTxFollowsTheCallersTransaction(t *testing.T) {
 
 	tx, err = pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `insert into transfer.accounts (id, balance) values (77, 5)`)
+	_, err = tx.Exec(ctx, `insert into fixture.accounts (id, balance) values (77, 5)`)
 	require.NoError(t, err)
-	kept, err := cl.StartTx(ctx, tx, transfer.Definition, "committed", transferInput(77, 2, 3))
+	kept, err := cl.StartTx(ctx, tx, fixture.Default, "committed", transferInput(77, 2, 3))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	sg, err := cl.Get(ctx, kept.ID)
 	require.NoError(t, err)
 	require.Equal(t, "committed", sg.Key)
 	require.Len(t, sg.Steps, 1)
-	require.Equal(t, saga.StepKey(kept.ID, transfer.StepDeduct, saga.PhaseForward), sg.Steps[0].Key)
+	require.Equal(t, saga.StepKey(kept.ID, fixture.StepDeduct, saga.PhaseForward), sg.Steps[0].Key)
 }
 
 // TestADuplicateStartIsOneRoundTrip: a start under a key whose saga

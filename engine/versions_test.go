@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -404,7 +404,7 @@ func TestResentDeadLettersRunNothingTwice(t *testing.T) {
 	_, nc := testenv.NATS(t)
 	stream := testenv.Name("RESUME")
 	def := transferDef(t)
-	seeded, err := transfer.Seed(ctx, pool, 10, 1000)
+	seeded, err := fixture.Seed(ctx, pool, 10, 1000)
 	require.NoError(t, err)
 	cl := brokerClient(t, pool, stream, def)
 	const sagas, copies = 20, 3
@@ -432,15 +432,15 @@ func TestResentDeadLettersRunNothingTwice(t *testing.T) {
 		sg, err := cl.Wait(wctx, id)
 		cancel()
 		require.NoError(t, err)
-		require.Equal(t, transfer.StateCredited, sg.State)
+		require.Equal(t, fixture.StateCredited, sg.State)
 	}
 	require.Zero(t, countRows(t, ctx, pool, `select count(*) from idemsaga.dead_letters`))
 	require.Equal(t, float64(sagas*copies), metricSum(t, reg, "idemsaga_dead_letters_resumed_total", map[string]string{"how": "worker"}))
-	rep, err := transfer.Audit(ctx, pool, seeded)
+	rep, err := fixture.Audit(ctx, pool, seeded)
 	require.NoError(t, err)
 	require.Empty(t, rep.Differences)
 	var b1, b2 int64
-	require.NoError(t, pool.QueryRow(ctx, `select (select balance from transfer.accounts where id = 1), (select balance from transfer.accounts where id = 2)`).Scan(&b1, &b2))
+	require.NoError(t, pool.QueryRow(ctx, `select (select balance from fixture.accounts where id = 1), (select balance from fixture.accounts where id = 2)`).Scan(&b1, &b2))
 	require.Equal(t, []int64{1000 - sagas, 1000 + sagas}, []int64{b1, b2}, "each transfer moved its money once")
 	t.Logf("%d sagas, %d parked copies each, resumed by 9 concurrent passes: %d sent once each, balances moved %d times", sagas, copies, sagas*copies, sagas)
 }
