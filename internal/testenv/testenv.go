@@ -1,5 +1,6 @@
 // Package testenv gives tests real infrastructure, isolated per test: a
-// fresh PostgreSQL database cloned from a migrated template, and an
+// PostgreSQL database in a migrated template's state (cloned from it, or
+// an earlier test's brought back to it), and an
 // in-process NATS server with JetStream in a temporary folder.
 //
 // PostgreSQL is found through TEST_DATABASE_URL, then DATABASE_URL, then
@@ -116,6 +117,7 @@ func template(ctx context.Context) (string, error) {
 				return
 			}
 		}
+		templateErr = learnTemplate(ctx, conn)
 	})
 	return templateName, templateErr
 }
@@ -161,11 +163,14 @@ func Cleanup() {
 		return
 	}
 	defer admin.Close(ctx)
+	dropFree(ctx, admin)
 	_, _ = admin.Exec(ctx, "drop database if exists "+templateName+" with (force)")
 }
 
-// DB returns a pool on a new database holding the engine's tables and the
-// process's own (WithTables), dropped when the test ends.
+// DB returns a pool on a database of the test's own holding the engine's
+// tables and the process's own (WithTables), as the template has them:
+// a new one, or one an earlier test of the process used and that was
+// brought back to the template's state (see reuse).
 func DB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool, _ := DBWithURL(t)
@@ -182,14 +187,17 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatalf("testenv: PostgreSQL is required: %v", err)
 	}
-	name := "idemsaga_test_" + randomSuffix()
-	admin, err := pgx.Connect(ctx, AdminURL())
-	if err != nil {
-		t.Fatalf("testenv: connect to PostgreSQL (run scripts/ensure-postgres.sh): %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name+" template "+tmpl); err != nil {
-		t.Fatalf("testenv: create test database: %v", err)
+	name, reused := takeFree()
+	if !reused {
+		name = "idemsaga_test_" + randomSuffix()
+		admin, err := pgx.Connect(ctx, AdminURL())
+		if err != nil {
+			t.Fatalf("testenv: connect to PostgreSQL (run scripts/ensure-postgres.sh): %v", err)
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "create database "+name+" template "+tmpl); err != nil {
+			t.Fatalf("testenv: create test database: %v", err)
+		}
 	}
 	url, err := withDatabase(AdminURL(), name)
 	if err != nil {
@@ -210,11 +218,11 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 		defer cancel()
 		admin, err := pgx.Connect(ctx, AdminURL())
 		if err != nil {
-			t.Errorf("testenv: drop test database: %v", err)
+			t.Errorf("testenv: release test database: %v", err)
 			return
 		}
 		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+		if err := release(ctx, admin, name); err != nil {
 			t.Errorf("testenv: drop test database: %v", err)
 		}
 	})
