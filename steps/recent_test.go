@@ -68,11 +68,10 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 			for i := 1; i < n; i++ {
 				wg.Go(func() { replies[i], errs[i] = w.Handle(ctx, cmd) })
 			}
-			// Waiting in memory cannot be observed from here: give the
-			// deliveries time to reach the worker while the run holds the
-			// key. One that went to the database instead would wait on the
-			// key there and count as an inbox duplicate, failing the test.
-			time.Sleep(100 * time.Millisecond)
+			// Every other delivery waits in memory for the run that holds
+			// the key before it ends. One that went to the database instead
+			// would wait on the key there, never counted here.
+			require.Eventually(t, func() bool { return w.Waiting() == n-1 }, 30*time.Second, time.Millisecond)
 			close(release)
 			wg.Wait()
 

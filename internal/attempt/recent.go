@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -24,6 +25,8 @@ type recent struct {
 	// running holds, per attempt running here, a channel closed when its
 	// run ends.
 	running map[attemptKey]chan struct{}
+	// waiting counts the deliveries waiting for a run here (Waiting).
+	waiting atomic.Int64
 }
 
 // attemptKey names one attempt of a step.
@@ -84,16 +87,28 @@ func (rn *Runner) await(ctx context.Context, cmd wire.Command) (a answer, ok boo
 				close(done)
 			}, nil
 		}
+		r.waiting.Add(1)
 		r.mu.Unlock()
 		// The run ends with an answer remembered, or none (an error that
 		// left nothing committed, an external call's retry): then this
 		// delivery goes to the inbox, which decides.
 		select {
 		case <-wait:
+			r.waiting.Add(-1)
 		case <-ctx.Done():
+			r.waiting.Add(-1)
 			return answer{}, false, nil, ctx.Err()
 		}
 	}
+}
+
+// Waiting returns how many deliveries wait in memory for a run of their
+// attempt in progress here.
+func (rn *Runner) Waiting() int {
+	if rn.recent == nil {
+		return 0
+	}
+	return int(rn.recent.waiting.Load())
 }
 
 // remember keeps an answered attempt whose outcome (or, for a database
