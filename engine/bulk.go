@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/saga"
@@ -86,6 +87,20 @@ func BulkKey(key string, id uuid.UUID) string { return key + "/" + id.String() }
 // retried saga is not failed any more): a resend then leaves it alone,
 // which is what a replay must do too.
 func (cl *Client) Bulk(ctx context.Context, b BulkRepair) (BulkResult, error) {
+	return cl.bulk(ctx, nil, b)
+}
+
+// BulkTx is Bulk in the caller's transaction tx: each saga's repair is a
+// savepoint in it, so a refusal is reported in its item and the other
+// repairs take effect when tx commits, all of them or none. The sagas are
+// those Filter matches as committed when BulkTx begins. See "Repairs in
+// your transaction" in the package documentation.
+func (cl *Client) BulkTx(ctx context.Context, tx pgx.Tx, b BulkRepair) (BulkResult, error) {
+	return cl.bulk(ctx, tx, b)
+}
+
+// bulk is Bulk, in tx if not nil.
+func (cl *Client) bulk(ctx context.Context, tx pgx.Tx, b BulkRepair) (BulkResult, error) {
 	known := false
 	for _, op := range Repairs {
 		known = known || op == b.Operation
@@ -130,7 +145,7 @@ func (cl *Client) Bulk(ctx context.Context, b BulkRepair) (BulkResult, error) {
 		}
 		r := b.Repair
 		r.Key = BulkKey(res.Key, sg.ID)
-		one, err := cl.repair(ctx, nil, sg.ID, b.Operation, b.Skip, r, b.DryRun)
+		one, err := cl.repair(ctx, tx, sg.ID, b.Operation, b.Skip, r, b.DryRun)
 		one.ID, one.Operation, one.Key, one.DryRun = sg.ID, b.Operation, r.Key, b.DryRun
 		if one.Before == "" {
 			one.Before = sg.State

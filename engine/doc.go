@@ -90,8 +90,8 @@
 //
 // Every write a user makes has a …Tx variant that runs in the caller's
 // pgx.Tx: StartTx, IssueTokenTx, RetryTx, CancelTx, SkipTx, CloseTx,
-// PauseTx, ResumeTx, PauseDefinitionTx, ResumeDefinitionTx, CompleteTx,
-// ResendDeadLettersTx and DropDeadLettersTx. A repair or callback runs as
+// PauseTx, ResumeTx, BulkTx, PauseDefinitionTx, ResumeDefinitionTx,
+// CompleteTx, ResendDeadLettersTx and DropDeadLettersTx. A repair or callback runs as
 // a savepoint in tx: one that fails leaves tx as it was and usable; one
 // that succeeds takes effect when tx commits, and not at all if it rolls
 // back, so an operator's note, a ledger correction or a callback's own

@@ -278,3 +278,64 @@ func TestCompleteInTheCallersTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 }
+
+// TestBulkInTheCallersTransaction: a bulk cancel in the caller's
+// transaction cancels every saga it selected with the commit, none on a
+// rollback, and reports a saga its state refuses without holding the
+// others back.
+func TestBulkInTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	def := heldDefinition(t)
+	e := startEngine(t, pool, nc, testenv.Name("BULKTX"), []*saga.Definition{def})
+	cl := e.Client()
+	_, err := cl.PauseDefinition(ctx, def.Name(), engine.Repair{})
+	require.NoError(t, err)
+	var ids []engine.StartResult
+	for i := range 4 {
+		res, err := cl.Start(ctx, def, fmt.Sprintf("bulk-%d", i), nil)
+		require.NoError(t, err)
+		ids = append(ids, res)
+	}
+	// One is cancelled already: the bulk cancel is refused for it alone.
+	_, err = cl.Cancel(ctx, ids[0].ID, engine.Repair{})
+	require.NoError(t, err)
+	bulk := engine.BulkRepair{Operation: "cancel", Filter: engine.ListOptions{Definition: def.Name()}, Repair: engine.Repair{Key: "bulk-cancel", Reason: "recalled"}}
+
+	require.NoError(t, inTx(t, pool, false, func(tx pgx.Tx) error {
+		res, err := cl.BulkTx(ctx, tx, bulk)
+		require.Len(t, res.Items, 4)
+		return err
+	}))
+	for _, r := range ids[1:] {
+		sg, err := cl.Get(ctx, r.ID)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateInit, sg.State, "a bulk cancel rolled back cancels nothing")
+	}
+
+	var res engine.BulkResult
+	require.NoError(t, inTx(t, pool, true, func(tx pgx.Tx) error {
+		var err error
+		res, err = cl.BulkTx(ctx, tx, bulk)
+		return err
+	}))
+	refused := 0
+	for _, it := range res.Items {
+		if it.Err != nil {
+			require.ErrorIs(t, it.Err, engine.ErrStateForbids)
+			require.Equal(t, ids[0].ID, it.ID)
+			refused++
+			continue
+		}
+		require.False(t, it.Replayed, "the keys of the rolled-back bulk were not spent")
+		require.Equal(t, saga.StateCompensated, it.State)
+	}
+	require.Equal(t, 1, refused)
+	for _, r := range ids {
+		sg, err := cl.Get(ctx, r.ID)
+		require.NoError(t, err)
+		require.Equal(t, saga.StateCompensated, sg.State)
+	}
+}
