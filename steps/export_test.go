@@ -18,7 +18,3 @@ func (w *Worker) HandleRedelivered(ctx context.Context, cmd wire.Command) (wire.
 
 // Metrics returns the worker's counters.
 func (w *Worker) Metrics() *metrics.Metrics { return w.metrics }
-
-// Waiting returns how many deliveries wait in memory for a run of their
-// attempt.
-func (w *Worker) Waiting() int { return w.runner.Waiting() }

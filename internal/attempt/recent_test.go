@@ -1,11 +1,9 @@
-package steps_test
+package attempt_test
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,7 +15,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
-	"github.com/idemsaga/idemsaga/steps"
 )
 
 // TestDeliveriesOfARunningAttemptWaitInMemory: while one delivery of an
@@ -51,22 +48,17 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 					return json.RawMessage(`"ok"`), nil
 				},
 			})
-			w, err := steps.New(steps.Config{
-				Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{def},
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			})
-			require.NoError(t, err)
-			m := w.Metrics()
+			w, m := newRunner(t, pool, 16, def)
 			cmd := command(newSaga(t, pool, "slow"), "slow", "s", saga.PhaseForward, 1, nil)
 
 			const n = 6
 			replies := make([]wire.Reply, n)
 			errs := make([]error, n)
 			var wg sync.WaitGroup
-			wg.Go(func() { replies[0], errs[0] = w.Handle(ctx, cmd) })
+			wg.Go(func() { replies[0], errs[0] = w.Handle(ctx, cmd, false) })
 			<-entered
 			for i := 1; i < n; i++ {
-				wg.Go(func() { replies[i], errs[i] = w.Handle(ctx, cmd) })
+				wg.Go(func() { replies[i], errs[i] = w.Handle(ctx, cmd, false) })
 			}
 			// Every other delivery waits in memory for the run that holds
 			// the key before it ends. One that went to the database instead
@@ -117,14 +109,14 @@ func TestWaitForARunningAttemptIsBounded(t *testing.T) {
 			return nil, nil
 		},
 	})
-	w := newWorker(t, pool, def)
+	w, _ := newRunner(t, pool, 16, def)
 	cmd := command(newSaga(t, pool, "hung"), "hung", "s", saga.PhaseForward, 1, nil)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)
-	wg.Go(func() { _, _ = w.Handle(ctx, cmd) })
+	wg.Go(func() { _, _ = w.Handle(ctx, cmd, false) })
 	<-entered
-	_, err := w.Handle(ctx, cmd)
+	_, err := w.Handle(ctx, cmd, false)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "still running in this worker")
 }
