@@ -64,10 +64,7 @@ func command(sagaID uuid.UUID, def, step string, phase saga.Phase, attempt int, 
 // effectsDB returns a test database with a table for handlers' effects.
 func effectsDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testenv.DB(t)
-	_, err := pool.Exec(context.Background(), `create table effects (saga_id uuid not null, step text not null)`)
-	require.NoError(t, err)
-	return pool
+	return testenv.DB(t)
 }
 
 // writeEffect is a handler's business write: a row in effects.

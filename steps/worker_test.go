@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemsaga/idemsaga/examples/transfer"
+	"github.com/idemsaga/idemsaga/internal/fixture"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -26,7 +26,7 @@ import (
 
 func ledgerRows(t *testing.T, pool *pgxpool.Pool, sagaID uuid.UUID) map[string]int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `select step, amount from transfer.ledger where saga_id = $1`, sagaID)
+	rows, err := pool.Query(context.Background(), `select step, amount from fixture.ledger where saga_id = $1`, sagaID)
 	require.NoError(t, err)
 	out := map[string]int64{}
 	for rows.Next() {
@@ -41,7 +41,7 @@ func ledgerRows(t *testing.T, pool *pgxpool.Pool, sagaID uuid.UUID) map[string]i
 
 func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
 	var b int64
-	require.NoError(t, pool.QueryRow(context.Background(), `select balance from transfer.accounts where id = $1`, id).Scan(&b))
+	require.NoError(t, pool.QueryRow(context.Background(), `select balance from fixture.accounts where id = $1`, id).Scan(&b))
 	return b
 }
 
@@ -51,10 +51,10 @@ func balance(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
 // outcome.
 func TestSameCommandConcurrently(t *testing.T) {
 	t.Parallel()
-	def := transfer.Definition
+	def := fixture.Default
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 2, 100)
+	_, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	// Remembering nothing, the worker sends every delivery to the
 	// database, as many workers would.
@@ -73,7 +73,7 @@ func TestSameCommandConcurrently(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-gate
-			cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1+i%3, transfer.Input{From: 1, To: 2, Amount: 30})
+			cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1+i%3, fixture.Input{From: 1, To: 2, Amount: 30})
 			if i%2 == 1 {
 				// A redelivery reads the inbox before it claims.
 				replies[i], errs[i] = w.HandleRedelivered(ctx, cmd)
@@ -117,7 +117,7 @@ func TestSameCommandConcurrently(t *testing.T) {
 	for _, m := range msgIDs {
 		perAttempt[m]++
 	}
-	require.Equal(t, 1, perAttempt["r-"+saga.MessageID(saga.StepKey(id, transfer.StepDeduct, saga.PhaseForward), winner)+"-succeeded"])
+	require.Equal(t, 1, perAttempt["r-"+saga.MessageID(saga.StepKey(id, fixture.StepDeduct, saga.PhaseForward), winner)+"-succeeded"])
 }
 
 // TestHandlerErrorRollsBackInbox: a failing attempt leaves no business
@@ -127,13 +127,13 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 1, 100)
+	_, err := fixture.Seed(ctx, pool, 1, 100)
 	require.NoError(t, err)
 	var calls atomic.Int32
 	def := saga.MustNew("flaky", saga.Step{
 		Name: "write", Reaches: "written", Kind: saga.DatabaseStep,
 		Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-			if _, err := sc.Tx.Exec(ctx, `update transfer.accounts set balance = balance + 1 where id = 1`); err != nil {
+			if _, err := sc.Tx.Exec(ctx, `update fixture.accounts set balance = balance + 1 where id = 1`); err != nil {
 				return nil, err
 			}
 			if calls.Add(1) == 1 {
@@ -166,18 +166,18 @@ func TestPermanentFailureIsRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 2, 10)
+	_, err := fixture.Seed(ctx, pool, 2, 10)
 	require.NoError(t, err)
-	w := newWorker(t, pool, transfer.Definition)
+	w := newWorker(t, pool, fixture.Default)
 	id := newSaga(t, pool, "transfer")
-	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 50})
+	cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 50})
 	r, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeFailed, r.Outcome)
 	require.Contains(t, r.Error, "insufficient funds")
 
 	// Money arrives; a redelivery must still return the first outcome.
-	_, err = pool.Exec(ctx, `update transfer.accounts set balance = 1000 where id = 1`)
+	_, err = pool.Exec(ctx, `update fixture.accounts set balance = 1000 where id = 1`)
 	require.NoError(t, err)
 	again, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
@@ -193,17 +193,17 @@ func TestCompensationTombstonesForward(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 2, 100)
+	_, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
-	w := newWorker(t, pool, transfer.Definition)
-	in := transfer.Input{From: 1, To: 2, Amount: 25}
+	w := newWorker(t, pool, fixture.Default)
+	in := fixture.Input{From: 1, To: 2, Amount: 25}
 
 	// Forward never ran: compensation is a no-op and fences it.
 	lost := newSaga(t, pool, "transfer")
-	r, err := w.Handle(ctx, command(lost, "transfer", transfer.StepDeduct, saga.PhaseCompensate, 1, in))
+	r, err := w.Handle(ctx, command(lost, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
-	late, err := w.Handle(ctx, command(lost, "transfer", transfer.StepDeduct, saga.PhaseForward, 3, in))
+	late, err := w.Handle(ctx, command(lost, "transfer", fixture.StepDeduct, saga.PhaseForward, 3, in))
 	require.NoError(t, err)
 	require.True(t, late.Duplicate)
 	require.Equal(t, wire.OutcomeFailed, late.Outcome)
@@ -212,13 +212,13 @@ func TestCompensationTombstonesForward(t *testing.T) {
 
 	// Forward ran: compensation refunds, and only once under concurrency.
 	ran := newSaga(t, pool, "transfer")
-	_, err = w.Handle(ctx, command(ran, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, in))
+	_, err = w.Handle(ctx, command(ran, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, int64(75), balance(t, pool, 1))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			_, err := w.Handle(ctx, command(ran, "transfer", transfer.StepDeduct, saga.PhaseCompensate, 1+i%2, in))
+			_, err := w.Handle(ctx, command(ran, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1+i%2, in))
 			require.NoError(t, err)
 		})
 	}
@@ -242,7 +242,7 @@ func TestHandlerPanicIsRetryable(t *testing.T) {
 func TestUnknownDefinitionIsNotAcked(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	w := newWorker(t, pool, transfer.Definition)
+	w := newWorker(t, pool, fixture.Default)
 	_, err := w.Handle(context.Background(), command(newSaga(t, pool, "nope"), "nope", "x", saga.PhaseForward, 1, 1))
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
 }
@@ -257,11 +257,11 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.DB(t)
-	_, err := transfer.Seed(ctx, pool, 2, 100)
+	_, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
-	w := newWorker(t, pool, transfer.Definition)
+	w := newWorker(t, pool, fixture.Default)
 	id := newSaga(t, pool, "transfer")
-	cmd := command(id, "transfer", transfer.StepDeduct, saga.PhaseForward, 1, transfer.Input{From: 1, To: 2, Amount: 30})
+	cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 30})
 	first, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
@@ -279,7 +279,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	require.NoError(t, err)
 
 	forgetful, err := steps.New(steps.Config{
-		Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{transfer.Definition},
+		Pool: pool, SubjectPrefix: "t", Definitions: []*saga.Definition{fixture.Default},
 		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
@@ -334,7 +334,7 @@ func TestStartRefusesADatabaseBehindItsMigrations(t *testing.T) {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	w, err := steps.New(steps.Config{
-		Pool: pool, NATS: nc, Stream: "BEHIND", SubjectPrefix: "t", Definitions: []*saga.Definition{transfer.Definition},
+		Pool: pool, NATS: nc, Stream: "BEHIND", SubjectPrefix: "t", Definitions: []*saga.Definition{fixture.Default},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
