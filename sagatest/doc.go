@@ -17,8 +17,9 @@
 // PostgreSQL is found through SAGATEST_DATABASE_URL, then DATABASE_URL,
 // then postgres://postgres@127.0.0.1:5432/postgres; its user must be
 // allowed to create databases. Each Env creates one database and drops
-// it when the test ends. A missing server fails the test; it never
-// skips.
+// it when the test ends; under Main, a package's tests share databases
+// cloned from one migrated template, each brought back to it between
+// tests. A missing server fails the test; it never skips.
 //
 // # The clock
 //

@@ -2,15 +2,18 @@ package sagatest
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"testing"
 	"time"
 
 	"github.com/idemsaga/idemsaga/internal/maintenance"
+	"github.com/idemsaga/idemsaga/internal/testdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -114,10 +117,7 @@ func New(t T, cfg Config) *Env {
 	defer cancel()
 	env := &Env{cfg: cfg, faults: &attempt.Faults{}}
 	env.hooks = &testhook.Hooks{Faults: env.faults}
-	env.Pool, env.url = newDatabase(ctx, t)
-	if err := migrate(ctx, env.Pool, cfg.Migrations); err != nil {
-		t.Fatalf("sagatest: migrate: %v", err)
-	}
+	env.Pool, env.url = newDatabase(ctx, t, cfg.Migrations)
 	env.Clock = &Clock{pool: env.Pool}
 	if cfg.Setup != nil {
 		if err := cfg.Setup(ctx, env.Pool); err != nil {
@@ -166,15 +166,13 @@ func New(t T, cfg Config) *Env {
 // Database returns a database of the test's own, as New makes it (the
 // engine's tables, the migrations' and the test clock), with no engine
 // running: for tests of a saga's SQL, audits and fixtures. It is dropped
-// when the test ends.
+// when the test ends (under Main, brought back to its first state and
+// kept for the next test).
 func Database(t T, ms ...service.Migration) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, _ := newDatabase(ctx, t)
-	if err := migrate(ctx, pool, ms); err != nil {
-		t.Fatalf("sagatest: migrate: %v", err)
-	}
+	pool, _ := newDatabase(ctx, t, ms)
 	return pool
 }
 
@@ -275,19 +273,46 @@ func adminURL() string {
 	return DatabaseURLDefault
 }
 
-// newDatabase creates a database for the test, dropped when it ends.
-func newDatabase(ctx context.Context, t T) (*pgxpool.Pool, string) {
+// newDatabase returns a database for the test with the engine's
+// migrations and ms applied and the test clock in place. Under Main it is
+// cloned from a template of the process (one per set of migrations) and
+// brought back to it for the next test when this one ends; otherwise it
+// is created, migrated, and dropped when the test ends.
+func newDatabase(ctx context.Context, t T, ms []service.Migration) (*pgxpool.Pool, string) {
 	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "sagatest_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, adminURL())
-	if err != nil {
-		t.Fatalf("sagatest: PostgreSQL is required (set SAGATEST_DATABASE_URL or DATABASE_URL to a server where this user may create databases): %v", err)
+	var name string
+	release := func(ctx context.Context) error {
+		admin, err := pgx.Connect(ctx, adminURL())
+		if err != nil {
+			return err
+		}
+		defer admin.Close(ctx)
+		_, err = admin.Exec(ctx, "drop database if exists "+name+" with (force)")
+		return err
 	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
-		t.Fatalf("sagatest: create database %s: %v", name, err)
+	if testdb.Managed() {
+		key, err := migrationsKey(ms)
+		if err != nil {
+			t.Fatalf("sagatest: read the migrations: %v", err)
+		}
+		tp, err := testdb.Get(ctx, adminURL(), "sagatest", key, func(ctx context.Context, conn *pgx.Conn) error { return migrate(ctx, conn, ms) })
+		if err != nil {
+			t.Fatalf("sagatest: PostgreSQL is required (set SAGATEST_DATABASE_URL or DATABASE_URL to a server where this user may create databases): %v", err)
+		}
+		if name, err = tp.Take(ctx); err != nil {
+			t.Fatalf("sagatest: %v", err)
+		}
+		release = func(ctx context.Context) error { return tp.Release(ctx, name) }
+	} else {
+		name = testdb.Name("sagatest")
+		admin, err := pgx.Connect(ctx, adminURL())
+		if err != nil {
+			t.Fatalf("sagatest: PostgreSQL is required (set SAGATEST_DATABASE_URL or DATABASE_URL to a server where this user may create databases): %v", err)
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "create database "+name); err != nil {
+			t.Fatalf("sagatest: create database %s: %v", name, err)
+		}
 	}
 	cfg, err := pgxpool.ParseConfig(adminURL())
 	if err != nil {
@@ -303,29 +328,54 @@ func newDatabase(ctx context.Context, t T) (*pgxpool.Pool, string) {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, adminURL())
-		if err != nil {
-			t.Errorf("sagatest: drop database %s: %v", name, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+		if err := release(ctx); err != nil {
 			t.Errorf("sagatest: drop database %s: %v", name, err)
 		}
 	})
+	if !testdb.Managed() {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("sagatest: open database %s: %v", name, err)
+		}
+		defer conn.Release()
+		if err := migrate(ctx, conn.Conn(), ms); err != nil {
+			t.Fatalf("sagatest: migrate: %v", err)
+		}
+	}
 	u := cfg.ConnConfig
 	return pool, fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", u.User, u.Host, u.Port, name)
 }
 
+// migrationsKey names a set of migrations by their schemas, files and
+// contents: the template a process keeps for them.
+func migrationsKey(ms []service.Migration) (string, error) {
+	h := sha256.New()
+	for _, m := range ms {
+		files, err := service.MigrationFiles(m)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "schema %s\x00", m.Schema)
+		err = fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := fs.ReadFile(files, path)
+			fmt.Fprintf(h, "%s\x00%d\x00", path, len(b))
+			h.Write(b)
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
 // migrate applies the engine's migrations and the test's, then replaces
 // the engine's clock, idemsaga.now(), with one the test moves.
-func migrate(ctx context.Context, pool *pgxpool.Pool, ms []service.Migration) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if err := migrations.Migrate(ctx, conn.Conn()); err != nil {
+func migrate(ctx context.Context, conn *pgx.Conn, ms []service.Migration) error {
+	if err := migrations.Migrate(ctx, conn); err != nil {
 		return err
 	}
 	for _, m := range ms {
@@ -333,11 +383,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []service.Migration) er
 		if err != nil {
 			return err
 		}
-		if err := migrations.Apply(ctx, conn.Conn(), m.Schema, files); err != nil {
+		if err := migrations.Apply(ctx, conn, m.Schema, files); err != nil {
 			return err
 		}
 	}
-	_, err = conn.Exec(ctx, `create schema sagatest;
+	_, err := conn.Exec(ctx, `create schema sagatest;
 create table sagatest.clock (offset_ms bigint not null);
 insert into sagatest.clock values (0);
 create or replace function idemsaga.now() returns timestamptz language sql stable parallel safe
@@ -367,4 +417,22 @@ func startNATS(t T) *nats.Conn {
 		srv.WaitForShutdown()
 	})
 	return nc
+}
+
+// Main runs a package's tests (call it from TestMain) so that they share
+// databases: each set of migrations is applied once, to a template the
+// test databases are cloned from, and a database a test used is brought
+// back to its first state for the next test instead of dropped (one
+// whose tables, functions or settings the test changed is dropped). It
+// drops them all once the tests ended, then exits with their code.
+// Without Main every test creates, migrates and drops its own database.
+//
+//	func TestMain(m *testing.M) { sagatest.Main(m) }
+func Main(m *testing.M) {
+	testdb.Manage()
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	testdb.Cleanup(ctx, adminURL())
+	os.Exit(code)
 }

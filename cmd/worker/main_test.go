@@ -39,11 +39,8 @@ func TestMain(m *testing.M) {
 		os.Stderr.Write(out)
 		panic(err)
 	}
-	testenv.WithTables(transfer.Migrate, order.Migrate, payments.Migrate)
-	code := m.Run()
-	testenv.Cleanup()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testenv.AfterTests(func() { os.RemoveAll(dir) })
+	testenv.Main(m, transfer.Migrate, order.Migrate, payments.Migrate)
 }
 
 type result struct {

@@ -17,7 +17,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"github.com/idemsaga/idemsaga/internal/testdb"
 	"github.com/idemsaga/idemsaga/migrations"
 )
 
@@ -52,74 +52,26 @@ var tables []Migrator
 // m.Run (Main does).
 func WithTables(migrate ...Migrator) { tables = append(tables, migrate...) }
 
-var (
-	templateOnce sync.Once
-	templateName string
-	templateErr  error
-)
-
 func randomSuffix() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
 
-func withDatabase(url, db string) (string, error) {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "", err
-	}
-	cfg.Database = db
-	// Rebuild as a keyword/value string pgx understands.
-	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, db) + passwordPart(cfg.Password), nil
-}
-
-func passwordPart(p string) string {
-	if p == "" {
-		return ""
-	}
-	return " password='" + strings.ReplaceAll(p, "'", `\'`) + "'"
-}
-
-// template creates, once per test process, a database with the engine's
-// migrations and the process's own tables (WithTables) applied; test
-// databases are cloned from it.
-func template(ctx context.Context) (string, error) {
-	templateOnce.Do(func() {
-		templateName = "idemsaga_tmpl_" + randomSuffix()
-		admin, err := pgx.Connect(ctx, AdminURL())
-		if err != nil {
-			templateErr = fmt.Errorf("connect to PostgreSQL at %s (run scripts/ensure-postgres.sh): %w", AdminURL(), err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "create database "+templateName); err != nil {
-			templateErr = fmt.Errorf("create template database: %w", err)
-			return
-		}
-		url, err := withDatabase(AdminURL(), templateName)
-		if err != nil {
-			templateErr = err
-			return
-		}
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			templateErr = err
-			return
-		}
-		defer conn.Close(ctx)
+// template returns the process's template: the engine's migrations and
+// the process's own tables (WithTables) applied.
+func template(ctx context.Context) (*testdb.Template, error) {
+	return testdb.Get(ctx, AdminURL(), "idemsaga_test", "testenv", func(ctx context.Context, conn *pgx.Conn) error {
 		if err := migrations.Migrate(ctx, conn); err != nil {
-			templateErr = err
-			return
+			return err
 		}
 		for _, m := range tables {
-			if templateErr = m(ctx, conn); templateErr != nil {
-				return
+			if err := m(ctx, conn); err != nil {
+				return err
 			}
 		}
-		templateErr = learnTemplate(ctx, conn)
+		return nil
 	})
-	return templateName, templateErr
 }
 
 // afterTests are what Main runs once the tests ended (AfterTests).
@@ -137,6 +89,7 @@ func AfterTests(f func()) { afterTests = append(afterTests, f) }
 func Main(m *testing.M, migrate ...Migrator) {
 	WithTables(migrate...)
 	ignore := goleak.IgnoreCurrent()
+	testdb.Manage()
 	code := m.Run()
 	Cleanup()
 	for _, f := range afterTests {
@@ -151,20 +104,15 @@ func Main(m *testing.M, migrate ...Migrator) {
 	os.Exit(code)
 }
 
-// Cleanup drops the template database. Call it from TestMain after m.Run.
+// Cleanup drops the process's template and test databases, and says how
+// many databases its tests took. Call it from TestMain after m.Run (Main
+// does).
 func Cleanup() {
-	if templateName == "" {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, AdminURL())
-	if err != nil {
-		return
+	if line := testdb.Cleanup(ctx, AdminURL()); line != "" && os.Getenv("IDEMSAGA_TESTENV_QUIET") == "" {
+		fmt.Fprintln(os.Stderr, "testenv:", line)
 	}
-	defer admin.Close(ctx)
-	dropFree(ctx, admin)
-	_, _ = admin.Exec(ctx, "drop database if exists "+templateName+" with (force)")
 }
 
 // DB returns a pool on a database of the test's own holding the engine's
@@ -183,23 +131,15 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	tmpl, err := template(ctx)
+	tp, err := template(ctx)
 	if err != nil {
 		t.Fatalf("testenv: PostgreSQL is required: %v", err)
 	}
-	name, reused := takeFree()
-	if !reused {
-		name = "idemsaga_test_" + randomSuffix()
-		admin, err := pgx.Connect(ctx, AdminURL())
-		if err != nil {
-			t.Fatalf("testenv: connect to PostgreSQL (run scripts/ensure-postgres.sh): %v", err)
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "create database "+name+" template "+tmpl); err != nil {
-			t.Fatalf("testenv: create test database: %v", err)
-		}
+	name, err := tp.Take(ctx)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
-	url, err := withDatabase(AdminURL(), name)
+	url, err := testdb.URL(AdminURL(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,14 +156,8 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, AdminURL())
-		if err != nil {
-			t.Errorf("testenv: release test database: %v", err)
-			return
-		}
-		defer admin.Close(ctx)
-		if err := release(ctx, admin, name); err != nil {
-			t.Errorf("testenv: drop test database: %v", err)
+		if err := tp.Release(ctx, name); err != nil {
+			t.Errorf("testenv: release test database %s: %v", name, err)
 		}
 	})
 	return pool, url
