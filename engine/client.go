@@ -26,8 +26,6 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// MaxKeyLength bounds an idempotency key (saga.CheckKey).
-const MaxKeyLength = saga.MaxKeyLength
 
 // Client starts and reads sagas. It needs only the database: the first
 // command goes into the outbox in the same transaction as the saga, and a

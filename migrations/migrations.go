@@ -23,8 +23,6 @@ var files embed.FS
 // Schema is the PostgreSQL schema that holds the engine's tables.
 const Schema = "idemsaga"
 
-// VersionTable records the applied migration version.
-const VersionTable = Schema + ".schema_version"
 
 // lockKey serializes concurrent Migrate calls across processes.
 const lockKey = 0x1de5a6a

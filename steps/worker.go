@@ -152,7 +152,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.cfg.NATS == nil {
 		return errors.New("steps: Config.NATS is required to start the worker: connect with nats.Connect(NATS_URL)")
 	}
-	if err := CheckDatabase(ctx, w.cfg.Pool); err != nil {
+	if err := checkDatabase(ctx, w.cfg.Pool); err != nil {
 		return err
 	}
 	js, err := jetstream.New(w.cfg.NATS)
@@ -176,10 +176,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	})
 }
 
-// CheckDatabase fails when the database is unreachable or its schema is
+// checkDatabase fails when the database is unreachable or its schema is
 // not this build's: every command would be refused and delivered again,
 // forever.
-func CheckDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("step worker: database unreachable: %w", err)
