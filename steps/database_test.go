@@ -60,14 +60,14 @@ func TestDatabaseStepRoundTrips(t *testing.T) {
 			def := writes("trips", tc.statements, json.RawMessage(`{"n":1}`), tc.err)
 			w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
 			// Warm every statement of the paths measured.
-			warm := command(newSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
+			warm := testenv.Command(testenv.NewSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
 			for range 2 {
 				_, err := w.Handle(ctx, warm)
 				require.NoError(t, err)
 			}
 			_, err := w.HandleRedelivered(ctx, warm)
 			require.NoError(t, err)
-			cmd := command(newSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
+			cmd := testenv.Command(testenv.NewSaga(t, shared, "trips"), "trips", "write", saga.PhaseForward, 1, 1)
 			trips.Reset()
 			first, err := w.Handle(ctx, cmd)
 			require.NoError(t, err)
@@ -143,8 +143,8 @@ func TestAFailedAttemptDoesNotRunAgain(t *testing.T) {
 		},
 	})
 	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
-	id := newSaga(t, shared, "again")
-	cmd := command(id, "again", "write", saga.PhaseForward, 1, 1)
+	id := testenv.NewSaga(t, shared, "again")
+	cmd := testenv.Command(id, "again", "write", saga.PhaseForward, 1, 1)
 	reply, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, reply.Outcome, "the first delivery failed and committed nothing of the step")
@@ -167,7 +167,7 @@ func TestAFailedAttemptDoesNotRunAgain(t *testing.T) {
 	require.Equal(t, map[int]int{1: 1}, runs, "attempt 1's handler ran once")
 	mu.Unlock()
 
-	next, err := w.Handle(ctx, command(id, "again", "write", saga.PhaseForward, 2, 1))
+	next, err := w.Handle(ctx, testenv.Command(id, "again", "write", saga.PhaseForward, 2, 1))
 	require.NoError(t, err)
 	require.False(t, next.Duplicate)
 	require.Equal(t, wire.OutcomeSucceeded, next.Outcome)
@@ -205,8 +205,8 @@ func TestFailingAttemptDeliveredConcurrently(t *testing.T) {
 		},
 	})
 	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
-	id := newSaga(t, pool, "failing")
-	cmd := command(id, "failing", "write", saga.PhaseForward, 1, 1)
+	id := testenv.NewSaga(t, pool, "failing")
+	cmd := testenv.Command(id, "failing", "write", saga.PhaseForward, 1, 1)
 	replies := handleAtOnce(t, w, cmd, 32)
 	fresh := 0
 	for _, r := range replies {
@@ -250,7 +250,7 @@ func TestDuplicateThatWaitedOnTheClaim(t *testing.T) {
 			return json.RawMessage(`{"n":7}`), nil
 		},
 	})
-	cmd := command(newSaga(t, pool, "waited"), "waited", "write", saga.PhaseForward, 1, 1)
+	cmd := testenv.Command(testenv.NewSaga(t, pool, "waited"), "waited", "write", saga.PhaseForward, 1, 1)
 
 	first := make(chan error, 1)
 	go func() {
@@ -297,8 +297,8 @@ func TestRefusedConcurrently(t *testing.T) {
 		},
 	})
 	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
-	id := newSaga(t, pool, "refused")
-	replies := handleAtOnce(t, w, command(id, "refused", "write", saga.PhaseForward, 1, 1), 32)
+	id := testenv.NewSaga(t, pool, "refused")
+	replies := handleAtOnce(t, w, testenv.Command(id, "refused", "write", saga.PhaseForward, 1, 1), 32)
 	fresh := 0
 	for _, r := range replies {
 		require.Equal(t, wire.OutcomeFailed, r.Outcome)
@@ -341,8 +341,8 @@ func TestFailureOnABrokenConnectionIsRecordedOnAnother(t *testing.T) {
 			return nil, saga.Permanent(errors.New("the connection broke"))
 		},
 	})
-	id := newSaga(t, shared, "broken")
-	reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "broken", "write", saga.PhaseForward, 1, 1))
+	id := testenv.NewSaga(t, shared, "broken")
+	reply, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "broken", "write", saga.PhaseForward, 1, 1))
 	require.NoError(t, err) // not "record the failure: ... context deadline exceeded"
 	require.Equal(t, wire.OutcomeFailed, reply.Outcome)
 	require.Zero(t, countEffects(t, pool))
@@ -382,8 +382,8 @@ func TestHandlerThatEndsTheTx(t *testing.T) {
 					return nil, err
 				},
 			})
-			id := newSaga(t, shared, "ends")
-			reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "ends", "write", saga.PhaseForward, 1, 1))
+			id := testenv.NewSaga(t, shared, "ends")
+			reply, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "ends", "write", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
 			require.Equal(t, tc.outcome, reply.Outcome)
 			if tc.outcome == wire.OutcomeFailed {
@@ -456,8 +456,8 @@ func TestHandlerTransaction(t *testing.T) {
 					return json.Marshal(ids)
 				},
 			})
-			id := newSaga(t, shared, "notes")
-			reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "notes", "write", saga.PhaseForward, 1, struct{}{}))
+			id := testenv.NewSaga(t, shared, "notes")
+			reply, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "notes", "write", saga.PhaseForward, 1, struct{}{}))
 			require.NoError(t, err)
 			require.Equal(t, wire.OutcomeSucceeded, reply.Outcome)
 			require.JSONEq(t, `[1,2,3]`, string(reply.Result), "the handler saw its own writes, without the rolled-back savepoint")

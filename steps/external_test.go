@@ -75,8 +75,8 @@ func TestExternalStepHoldsNothingDuringTheCall(t *testing.T) {
 		}
 		return json.RawMessage(`{"charge":"ch-1"}`), nil
 	}, nil)
-	id := newSaga(t, shared, "holds")
-	reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "holds", "call", saga.PhaseForward, 1, 1))
+	id := testenv.NewSaga(t, shared, "holds")
+	reply, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "holds", "call", saga.PhaseForward, 1, 1))
 	require.NoError(t, err)
 	require.NoError(t, during.err)
 	require.Zero(t, during.acquired, "no connection held during the call")
@@ -112,10 +112,10 @@ func TestExternalDuplicatesCallOncePerAttempt(t *testing.T) {
 		return json.RawMessage(`{"ok":true}`), nil
 	}, nil)
 	w, _ := meteredWorker(t, pool, def, func(cfg *steps.Config) { cfg.Recent = -1 })
-	id := newSaga(t, pool, "once")
+	id := testenv.NewSaga(t, pool, "once")
 	key := saga.StepKey(id, "call", saga.PhaseForward)
 
-	replies := handleAtOnce(t, w, command(id, "once", "call", saga.PhaseForward, 1, 1), 32)
+	replies := handleAtOnce(t, w, testenv.Command(id, "once", "call", saga.PhaseForward, 1, 1), 32)
 	require.Equal(t, 1, c.of(key, 1), "one call for attempt 1")
 	fresh := 0
 	for _, r := range replies {
@@ -128,7 +128,7 @@ func TestExternalDuplicatesCallOncePerAttempt(t *testing.T) {
 	outcome, attempt, unknown := inbox(t, pool, id, key)
 	require.Equal(t, []any{"retry", 1, true}, []any{outcome, attempt, unknown}, "attempt 1 ended with an unknown outcome")
 
-	replies = handleAtOnce(t, w, command(id, "once", "call", saga.PhaseForward, 2, 1), 16)
+	replies = handleAtOnce(t, w, testenv.Command(id, "once", "call", saga.PhaseForward, 2, 1), 16)
 	require.Equal(t, 1, c.of(key, 2), "one call for attempt 2")
 	require.Equal(t, 1, c.of(key, 1), "and still one for attempt 1")
 	fresh = 0
@@ -142,7 +142,7 @@ func TestExternalDuplicatesCallOncePerAttempt(t *testing.T) {
 	outcome, attempt, unknown = inbox(t, pool, id, key)
 	require.Equal(t, []any{"succeeded", 2, true}, []any{outcome, attempt, unknown}, "it stays known that an attempt's outcome was unknown")
 
-	r, err := w.Handle(ctx, command(id, "once", "call", saga.PhaseForward, 3, 1))
+	r, err := w.Handle(ctx, testenv.Command(id, "once", "call", saga.PhaseForward, 3, 1))
 	require.NoError(t, err)
 	require.True(t, r.Duplicate)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
@@ -188,8 +188,8 @@ func TestExternalOutcomes(t *testing.T) {
 			pool := testenv.DB(t)
 			def := saga.MustNew("outcomes", saga.Step{Name: "call", Reaches: "called", Kind: saga.ExternalStep, Forward: tc.call,
 				Retry: saga.RetryPolicy{Timeout: 200 * time.Millisecond}})
-			id := newSaga(t, pool, "outcomes")
-			reply, err := newWorker(t, pool, def).Handle(ctx, command(id, "outcomes", "call", saga.PhaseForward, 1, 1))
+			id := testenv.NewSaga(t, pool, "outcomes")
+			reply, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "outcomes", "call", saga.PhaseForward, 1, 1))
 			require.NoError(t, err)
 			require.Equal(t, tc.reply, reply.Outcome, reply.Error)
 			require.False(t, reply.Duplicate)
@@ -217,18 +217,18 @@ func TestExternalAttemptTakenOverIsUnknown(t *testing.T) {
 		c.add(sc)
 		return json.RawMessage(`"charged"`), nil
 	}, nil)
-	id := newSaga(t, pool, "crashed")
+	id := testenv.NewSaga(t, pool, "crashed")
 	key := saga.StepKey(id, "call", saga.PhaseForward)
 	_, err := pool.Exec(ctx, `insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome) values ($1, $2, 'call', 'forward', 1, 'started')`, pguuid.Of(id), pguuid.Of(key))
 	require.NoError(t, err)
 
 	w := newWorker(t, pool, def)
-	r, err := w.Handle(ctx, command(id, "crashed", "call", saga.PhaseForward, 1, 1))
+	r, err := w.Handle(ctx, testenv.Command(id, "crashed", "call", saga.PhaseForward, 1, 1))
 	require.NoError(t, err)
 	require.True(t, r.Duplicate, "attempt 1 is claimed already: its delivery does not call")
 	require.Zero(t, c.of(key, 1))
 
-	r, err = w.Handle(ctx, command(id, "crashed", "call", saga.PhaseForward, 2, 1))
+	r, err = w.Handle(ctx, testenv.Command(id, "crashed", "call", saga.PhaseForward, 2, 1))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
 	require.Equal(t, 1, c.of(key, 2))
@@ -250,11 +250,11 @@ func TestExternalOutcomeAfterGiveUpIsNotRecorded(t *testing.T) {
 		<-release
 		return json.RawMessage(`"charged"`), nil
 	}, nil)
-	id := newSaga(t, pool, "late")
+	id := testenv.NewSaga(t, pool, "late")
 	key := saga.StepKey(id, "call", saga.PhaseForward)
 	done := make(chan wire.Reply, 1)
 	go func() {
-		r, err := newWorker(t, pool, def).Handle(ctx, command(id, "late", "call", saga.PhaseForward, 1, 1))
+		r, err := newWorker(t, pool, def).Handle(ctx, testenv.Command(id, "late", "call", saga.PhaseForward, 1, 1))
 		if err != nil {
 			r.Error = "handle: " + err.Error()
 		}
@@ -312,7 +312,7 @@ func TestExternalCompensationRunsWhenTheForwardStepMayHaveTakenEffect(t *testing
 				seen = sc
 				return json.RawMessage(`"refunded"`), nil
 			})
-			id := newSaga(t, pool, "comp")
+			id := testenv.NewSaga(t, pool, "comp")
 			fwdKey := saga.StepKey(id, "call", saga.PhaseForward)
 			if tc.forward != "" {
 				_, err := pool.Exec(ctx, `insert into idemsaga.inbox (saga_id, step_key, step, phase, attempt, outcome, unknown, result)
@@ -320,7 +320,7 @@ values ($1, $2, 'call', 'forward', 3, `+tc.forward+`)`, pguuid.Of(id), pguuid.Of
 				require.NoError(t, err)
 			}
 			w := newWorker(t, pool, def)
-			r, err := w.Handle(ctx, command(id, "comp", "call", saga.PhaseCompensate, 1, 1))
+			r, err := w.Handle(ctx, testenv.Command(id, "comp", "call", saga.PhaseCompensate, 1, 1))
 			require.NoError(t, err)
 			require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
 			if !tc.undo {
@@ -336,7 +336,7 @@ values ($1, $2, 'call', 'forward', 3, `+tc.forward+`)`, pguuid.Of(id), pguuid.Of
 				}
 			}
 			// A late forward delivery does not call.
-			late, err := w.Handle(ctx, command(id, "comp", "call", saga.PhaseForward, 4, 1))
+			late, err := w.Handle(ctx, testenv.Command(id, "comp", "call", saga.PhaseForward, 4, 1))
 			require.NoError(t, err)
 			require.True(t, late.Duplicate)
 			require.Zero(t, forwardCalls.Load(), "the forward key is fenced")

@@ -2,7 +2,6 @@ package steps_test
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"sync"
@@ -41,24 +40,6 @@ func meteredWorker(t testing.TB, pool *pgxpool.Pool, def *saga.Definition, chang
 	w, err := steps.New(cfg)
 	require.NoError(t, err)
 	return w, w.Metrics()
-}
-
-// newSaga writes a saga of definition def, at its first step, and returns
-// its id: the inbox's rows reference their saga.
-func newSaga(t testing.TB, pool *pgxpool.Pool, def string) uuid.UUID {
-	t.Helper()
-	id := uuid.Must(uuid.NewV7())
-	_, err := pool.Exec(context.Background(), `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
-values ($1, $2, $3, '\x00', '{}', 'init')`, pguuid.Of(id), def, id.String())
-	require.NoError(t, err)
-	return id
-}
-
-// command is attempt `attempt` of a step's phase of saga id, with input.
-func command(sagaID uuid.UUID, def, step string, phase saga.Phase, attempt int, input any) wire.Command {
-	raw, _ := json.Marshal(input)
-	return wire.Command{SagaID: sagaID, Definition: def, Step: step, Phase: phase,
-		Key: saga.StepKey(sagaID, step, phase), Attempt: attempt, Input: raw}
 }
 
 // effectsDB returns a test database with a table for handlers' effects.

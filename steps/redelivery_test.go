@@ -55,7 +55,7 @@ func TestHandleMsgReadsTheInboxOnARedelivery(t *testing.T) {
 	require.NoError(t, err)
 	cons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{Durable: "lost", Filter: "t.cmd.>", AckWait: time.Minute, MaxAckPending: 10})
 	require.NoError(t, err)
-	cmd := command(newSaga(t, shared, "lost"), "lost", "write", saga.PhaseForward, 1, 1)
+	cmd := testenv.Command(testenv.NewSaga(t, shared, "lost"), "lost", "write", saga.PhaseForward, 1, 1)
 	data, err := json.Marshal(cmd)
 	require.NoError(t, err)
 	_, err = js.Publish(ctx, "t.cmd.lost.write", data)
@@ -116,7 +116,7 @@ func TestARedeliveryAnswersAsTheClaimDoes(t *testing.T) {
 	type setup func(t *testing.T, pool *pgxpool.Pool, w *steps.Worker, id uuid.UUID)
 	ran := func(attempt int) setup {
 		return func(t *testing.T, _ *pgxpool.Pool, w *steps.Worker, id uuid.UUID) {
-			_, err := w.Handle(context.Background(), command(id, "eq", "write", saga.PhaseForward, attempt, 1))
+			_, err := w.Handle(context.Background(), testenv.Command(id, "eq", "write", saga.PhaseForward, attempt, 1))
 			require.NoError(t, err)
 		}
 	}
@@ -132,7 +132,7 @@ func TestARedeliveryAnswersAsTheClaimDoes(t *testing.T) {
 		{name: "a JSON null result", result: json.RawMessage(`null`), setup: ran(1), attempt: 1},
 		{name: "a permanent failure", err: saga.Permanent(errors.New("declined")), setup: ran(1), attempt: 1},
 		{name: "a tombstone", setup: func(t *testing.T, _ *pgxpool.Pool, w *steps.Worker, id uuid.UUID) {
-			_, err := w.Handle(context.Background(), command(id, "eq", "write", saga.PhaseCompensate, 1, 1))
+			_, err := w.Handle(context.Background(), testenv.Command(id, "eq", "write", saga.PhaseCompensate, 1, 1))
 			require.NoError(t, err)
 		}, attempt: 1},
 		{name: "a result kept in the step's row", setup: func(t *testing.T, pool *pgxpool.Pool, _ *steps.Worker, id uuid.UUID) {
@@ -163,7 +163,7 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 			var answers [2]wire.Reply
 			var writes [2][2]int // effects, outbox rows: added by the delivery
 			for i, redelivered := range []bool{false, true} {
-				id := newSaga(t, pool, "eq")
+				id := testenv.NewSaga(t, pool, "eq")
 				tc.setup(t, pool, newWorker(t, pool, def), id)
 				count := func() [2]int {
 					var c [2]int
@@ -172,7 +172,7 @@ values ($1, 'write', 'forward', 0, $2, 'succeeded', 1, '{"kept":2}')`, pguuid.Of
 				}
 				before := count()
 				w := newWorker(t, pool, def)
-				cmd := command(id, "eq", "write", saga.PhaseForward, tc.attempt, 1)
+				cmd := testenv.Command(id, "eq", "write", saga.PhaseForward, tc.attempt, 1)
 				var err error
 				if redelivered {
 					answers[i], err = w.HandleRedelivered(ctx, cmd)
@@ -213,12 +213,12 @@ func TestCommandOfAnotherDefinition(t *testing.T) {
 	cons, err := broker.EnsureConsumer(ctx, stream, broker.ConsumerConfig{Durable: "other", Filter: "o.cmd.>", AckWait: time.Minute, MaxAckPending: 10})
 	require.NoError(t, err)
 
-	finished := newSaga(t, pool, "theirs")
+	finished := testenv.NewSaga(t, pool, "theirs")
 	_, err = pool.Exec(ctx, `update idemsaga.sagas set state = 'compensated', finished_at = now() where id = $1`, pguuid.Of(finished))
 	require.NoError(t, err)
-	running := newSaga(t, pool, "theirs")
+	running := testenv.NewSaga(t, pool, "theirs")
 	for _, id := range []uuid.UUID{finished, running} {
-		data, err := json.Marshal(command(id, "theirs", "s", saga.PhaseForward, 1, nil))
+		data, err := json.Marshal(testenv.Command(id, "theirs", "s", saga.PhaseForward, 1, nil))
 		require.NoError(t, err)
 		_, err = js.Publish(ctx, "o.cmd.theirs.s", data)
 		require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/steps"
@@ -39,8 +40,8 @@ func TestTracedWorkerContinuesTheCommandsTrace(t *testing.T) {
 	t.Cleanup(func() { _ = otp.Shutdown(ctx) })
 	tr := tracing.New(otp)
 	sctx, start := tr.StartSaga(ctx, "traced", 1)
-	id := newSaga(t, pool, "traced")
-	cmd := command(id, "traced", "write", saga.PhaseForward, 1, map[string]int{})
+	id := testenv.NewSaga(t, pool, "traced")
+	cmd := testenv.Command(id, "traced", "write", saga.PhaseForward, 1, map[string]int{})
 	cmd.Trace = tr.Headers(sctx)
 	start.End("started", nil)
 

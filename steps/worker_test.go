@@ -63,7 +63,7 @@ func TestSameCommandConcurrently(t *testing.T) {
 		Recent: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
-	id := newSaga(t, pool, "transfer")
+	id := testenv.NewSaga(t, pool, "transfer")
 
 	const n = 32
 	replies := make([]wire.Reply, n)
@@ -73,7 +73,7 @@ func TestSameCommandConcurrently(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-gate
-			cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1+i%3, fixture.Input{From: 1, To: 2, Amount: 30})
+			cmd := testenv.Command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1+i%3, fixture.Input{From: 1, To: 2, Amount: 30})
 			if i%2 == 1 {
 				// A redelivery reads the inbox before it claims.
 				replies[i], errs[i] = w.HandleRedelivered(ctx, cmd)
@@ -143,9 +143,9 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 		},
 	})
 	w := newWorker(t, pool, def)
-	id := newSaga(t, pool, "flaky")
+	id := testenv.NewSaga(t, pool, "flaky")
 
-	r, err := w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 1, map[string]int{}))
+	r, err := w.Handle(ctx, testenv.Command(id, "flaky", "write", saga.PhaseForward, 1, map[string]int{}))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r.Outcome)
 	require.Contains(t, r.Error, "downstream timed out")
@@ -155,7 +155,7 @@ func TestHandlerErrorRollsBackInbox(t *testing.T) {
 	require.Equal(t, []any{"retry", 1}, []any{outcome, attempt}, "the key records the attempt's end, not an effect")
 	require.Equal(t, int64(100), balance(t, pool, 1))
 
-	r, err = w.Handle(ctx, command(id, "flaky", "write", saga.PhaseForward, 2, map[string]int{}))
+	r, err = w.Handle(ctx, testenv.Command(id, "flaky", "write", saga.PhaseForward, 2, map[string]int{}))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
 	require.False(t, r.Duplicate)
@@ -169,8 +169,8 @@ func TestPermanentFailureIsRecorded(t *testing.T) {
 	_, err := fixture.Seed(ctx, pool, 2, 10)
 	require.NoError(t, err)
 	w := newWorker(t, pool, fixture.Default)
-	id := newSaga(t, pool, "transfer")
-	cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 50})
+	id := testenv.NewSaga(t, pool, "transfer")
+	cmd := testenv.Command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 50})
 	r, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeFailed, r.Outcome)
@@ -199,11 +199,11 @@ func TestCompensationTombstonesForward(t *testing.T) {
 	in := fixture.Input{From: 1, To: 2, Amount: 25}
 
 	// Forward never ran: compensation is a no-op and fences it.
-	lost := newSaga(t, pool, "transfer")
-	r, err := w.Handle(ctx, command(lost, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1, in))
+	lost := testenv.NewSaga(t, pool, "transfer")
+	r, err := w.Handle(ctx, testenv.Command(lost, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeSucceeded, r.Outcome)
-	late, err := w.Handle(ctx, command(lost, "transfer", fixture.StepDeduct, saga.PhaseForward, 3, in))
+	late, err := w.Handle(ctx, testenv.Command(lost, "transfer", fixture.StepDeduct, saga.PhaseForward, 3, in))
 	require.NoError(t, err)
 	require.True(t, late.Duplicate)
 	require.Equal(t, wire.OutcomeFailed, late.Outcome)
@@ -211,14 +211,14 @@ func TestCompensationTombstonesForward(t *testing.T) {
 	require.Equal(t, int64(100), balance(t, pool, 1))
 
 	// Forward ran: compensation refunds, and only once under concurrency.
-	ran := newSaga(t, pool, "transfer")
-	_, err = w.Handle(ctx, command(ran, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, in))
+	ran := testenv.NewSaga(t, pool, "transfer")
+	_, err = w.Handle(ctx, testenv.Command(ran, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, in))
 	require.NoError(t, err)
 	require.Equal(t, int64(75), balance(t, pool, 1))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			_, err := w.Handle(ctx, command(ran, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1+i%2, in))
+			_, err := w.Handle(ctx, testenv.Command(ran, "transfer", fixture.StepDeduct, saga.PhaseCompensate, 1+i%2, in))
 			require.NoError(t, err)
 		})
 	}
@@ -233,7 +233,7 @@ func TestHandlerPanicIsRetryable(t *testing.T) {
 	def := saga.MustNew("panicky", saga.Step{Kind: saga.DatabaseStep, Name: "boom", Reaches: "boomed",
 		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { panic("kaboom") }})
 	w := newWorker(t, pool, def)
-	r, err := w.Handle(context.Background(), command(newSaga(t, pool, "panicky"), "panicky", "boom", saga.PhaseForward, 1, 1))
+	r, err := w.Handle(context.Background(), testenv.Command(testenv.NewSaga(t, pool, "panicky"), "panicky", "boom", saga.PhaseForward, 1, 1))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r.Outcome)
 	require.Contains(t, r.Error, "kaboom")
@@ -243,7 +243,7 @@ func TestUnknownDefinitionIsNotAcked(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
 	w := newWorker(t, pool, fixture.Default)
-	_, err := w.Handle(context.Background(), command(newSaga(t, pool, "nope"), "nope", "x", saga.PhaseForward, 1, 1))
+	_, err := w.Handle(context.Background(), testenv.Command(testenv.NewSaga(t, pool, "nope"), "nope", "x", saga.PhaseForward, 1, 1))
 	require.ErrorIs(t, err, saga.ErrUnknownDefinition)
 }
 
@@ -260,8 +260,8 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	_, err := fixture.Seed(ctx, pool, 2, 100)
 	require.NoError(t, err)
 	w := newWorker(t, pool, fixture.Default)
-	id := newSaga(t, pool, "transfer")
-	cmd := command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 30})
+	id := testenv.NewSaga(t, pool, "transfer")
+	cmd := testenv.Command(id, "transfer", fixture.StepDeduct, saga.PhaseForward, 1, fixture.Input{From: 1, To: 2, Amount: 30})
 	first, err := w.Handle(ctx, cmd)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
@@ -302,7 +302,7 @@ func TestRememberedAttemptSkipsTheDatabase(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	fw := newWorker(t, pool, flaky)
-	fc := command(newSaga(t, pool, "flaky"), "flaky", "s", saga.PhaseForward, 1, nil)
+	fc := testenv.Command(testenv.NewSaga(t, pool, "flaky"), "flaky", "s", saga.PhaseForward, 1, nil)
 	r1, err := fw.Handle(ctx, fc)
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeRetry, r1.Outcome)

@@ -49,7 +49,7 @@ func TestDeliveriesOfARunningAttemptWaitInMemory(t *testing.T) {
 				},
 			})
 			w, m := newRunner(t, pool, 16, def)
-			cmd := command(newSaga(t, pool, "slow"), "slow", "s", saga.PhaseForward, 1, nil)
+			cmd := testenv.Command(testenv.NewSaga(t, pool, "slow"), "slow", "s", saga.PhaseForward, 1, nil)
 
 			const n = 6
 			replies := make([]wire.Reply, n)
@@ -110,7 +110,7 @@ func TestWaitForARunningAttemptIsBounded(t *testing.T) {
 		},
 	})
 	w, _ := newRunner(t, pool, 16, def)
-	cmd := command(newSaga(t, pool, "hung"), "hung", "s", saga.PhaseForward, 1, nil)
+	cmd := testenv.Command(testenv.NewSaga(t, pool, "hung"), "hung", "s", saga.PhaseForward, 1, nil)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/metrics"
-	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -37,23 +35,6 @@ func newRunner(t testing.TB, pool *pgxpool.Pool, recent int, defs ...*saga.Defin
 	})
 	require.NoError(t, err)
 	return r, m
-}
-
-// newSaga writes a saga of definition def at its first step, as a start
-// would, and returns its id.
-func newSaga(t testing.TB, pool *pgxpool.Pool, def string) uuid.UUID {
-	t.Helper()
-	id := uuid.Must(uuid.NewV7())
-	_, err := pool.Exec(context.Background(), `insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state)
-values ($1, $2, $3, '\x00', '{}', 'init')`, pguuid.Of(id), def, id.String())
-	require.NoError(t, err)
-	return id
-}
-
-func command(sagaID uuid.UUID, def, step string, phase saga.Phase, attempt int, input any) wire.Command {
-	raw, _ := json.Marshal(input)
-	return wire.Command{SagaID: sagaID, Definition: def, Step: step, Phase: phase,
-		Key: saga.StepKey(sagaID, step, phase), Attempt: attempt, Input: raw}
 }
 
 func counter(t testing.TB, c prometheus.Counter) float64 {
@@ -84,7 +65,7 @@ func TestConcurrentDeliveriesTakeEffectOnce(t *testing.T) {
 		},
 	})
 	r, m := newRunner(t, pool, 0, def)
-	cmd := command(newSaga(t, pool, "once"), "once", "write", saga.PhaseForward, 1, nil)
+	cmd := testenv.Command(testenv.NewSaga(t, pool, "once"), "once", "write", saga.PhaseForward, 1, nil)
 
 	const n = 16
 	replies := make([]wire.Reply, n)
