@@ -26,7 +26,6 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-
 // Client starts and reads sagas. It needs only the database: the first
 // command goes into the outbox in the same transaction as the saga, and a
 // relay publishes it.

@@ -23,7 +23,6 @@ var files embed.FS
 // Schema is the PostgreSQL schema that holds the engine's tables.
 const Schema = "idemsaga"
 
-
 // lockKey serializes concurrent Migrate calls across processes.
 const lockKey = 0x1de5a6a
 
