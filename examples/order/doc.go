@@ -6,13 +6,16 @@
 //
 // reserve takes stock and writes its reservation through sc.Tx; release
 // gives them back. charge calls the payment service (package payments)
-// with sc.Key as its Idempotency-Key and holds no transaction while it
-// waits; refund calls it with its own key, naming the charge's
-// (sc.ForwardKey), and is harmless when nothing was charged. ship writes
+// through saga/httpcall: one request per attempt, sc.Key as its
+// Idempotency-Key, no transaction held while it waits. refund calls it
+// with its own key, naming the charge's (sc.ForwardKey): it gives the
+// charge back, or voids the key if the charge never came, so that a late
+// charge under it is refused (a compensation that closes the door). ship writes
 // the shipment, and fails for good for an address it cannot reach, which
 // refunds the charge and releases the stock.
 //
-// A charge whose answer was lost (a timeout, a dropped connection, a 500)
-// may have gone through: the step is possibly done, and when it is given
+// A charge whose answer was lost (a timeout, a dropped connection, a 500,
+// a 503 the service gives before it looks at the key) may have gone
+// through: the step is possibly done, and when it is given
 // up its refund runs first, whatever the last attempt said.
 package order

@@ -1,24 +1,21 @@
 package order
 
 import (
-	"bytes"
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/saga/httpcall"
 )
 
 //go:embed migrations/*.sql
@@ -103,9 +100,10 @@ type Config struct {
 	// PaymentsURL is the payment service's base URL, such as
 	// http://127.0.0.1:9465. Required.
 	PaymentsURL string
-	// Client makes the calls. Defaults to http.DefaultClient: each
-	// attempt's context bounds its call.
-	Client *http.Client
+	// Transport sends the calls (httpcall.Client.Transport). Defaults to
+	// http.DefaultTransport; whatever it is, each attempt makes one
+	// request, bounded by the attempt's context.
+	Transport http.RoundTripper
 	// Policy is every step's retry policy (zero fields take the
 	// defaults).
 	Policy saga.RetryPolicy
@@ -124,13 +122,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if cfg.PaymentsURL == "" {
 		return nil, errors.New("order: Config.PaymentsURL is required: the payment service's base URL")
 	}
-	if cfg.Client == nil {
-		cfg.Client = http.DefaultClient
-	}
 	if cfg.ChargeWait == 0 {
 		cfg.ChargeWait = ChargeWaitDefault
 	}
-	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), client: cfg.Client}
+	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}}
 	d, err := saga.New(DefinitionName,
 		saga.Step{
 			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
@@ -213,75 +208,46 @@ func ship(ctx context.Context, sc *saga.StepContext, in Input) (Shipment, error)
 
 // paymentAPI calls the payment service.
 type paymentAPI struct {
-	base   string
-	client *http.Client
+	base  string
+	calls *httpcall.Client
 }
 
+// The payment service's answers to a charge: 201 charged, 200 the key
+// charged before, 402 declined, 409 the key voided by a refund that came
+// first. Its 503 ("busy, nothing charged") is answered before the service
+// looks at the key, as a proxy's 503 would be: it is about one request,
+// not about the key (an earlier attempt may have charged), so it is
+// unknown, and the next attempt asks again under the same key. A 500 may
+// come after the charge committed: unknown too.
 func (p *paymentAPI) charge(ctx context.Context, sc *saga.StepContext, in Input) (payments.Charge, error) {
 	var c payments.Charge
-	status, err := p.post(ctx, "/charges", sc.Key, payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()}, &c)
+	res, err := p.calls.Do(ctx, sc, httpcall.Call{
+		Method: http.MethodPost, URL: p.base + "/charges",
+		JSON:    payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()},
+		Success: []int{http.StatusCreated, http.StatusOK},
+		Refused: []int{http.StatusPaymentRequired, http.StatusConflict},
+	})
 	switch {
-	case err != nil:
-		// A transport error or the attempt's timeout: the charge may
-		// have gone through. The step is retried under the same key,
-		// which the service answers with what it did.
-		return c, fmt.Errorf("charge order %s: %w", sc.SagaID, err)
-	case status == http.StatusCreated || status == http.StatusOK:
-		return c, nil
-	case status == http.StatusPaymentRequired:
+	case err != nil && saga.IsPermanent(err) && res != nil && res.Status == http.StatusPaymentRequired:
 		return c, saga.Permanent(fmt.Errorf("%w: customer %s", ErrDeclined, in.Customer))
-	case status == http.StatusConflict:
-		return c, saga.Permanent(errors.New("the payment service voided this charge: it was refunded before it arrived"))
-	case status == http.StatusServiceUnavailable:
-		// The service documents 503 as "nothing was charged".
-		return c, saga.NotApplied(fmt.Errorf("charge order %s: the payment service is busy", sc.SagaID))
-	default:
-		// A 500 may come after the charge committed: unknown.
-		return c, fmt.Errorf("charge order %s: the payment service answered %d", sc.SagaID, status)
+	case err != nil:
+		return c, fmt.Errorf("charge order %s: %w", sc.SagaID, err)
 	}
+	return c, res.Decode(&c)
 }
 
+// refund gives the charge back by its key, or voids the key if the charge
+// never came, so that a late charge under it is refused: a compensation
+// that closes the door. Its 503 and 500 are unknown, as the charge's are.
 func (p *paymentAPI) refund(ctx context.Context, sc *saga.StepContext, in Input) (payments.Refund, error) {
 	var r payments.Refund
-	status, err := p.post(ctx, "/refunds", sc.Key, payments.RefundRequest{Charge: sc.ForwardKey, Order: sc.SagaID, Customer: in.Customer}, &r)
-	switch {
-	case err != nil:
+	res, err := p.calls.Do(ctx, sc, httpcall.Call{
+		Method: http.MethodPost, URL: p.base + "/refunds",
+		JSON:    payments.RefundRequest{Charge: sc.ForwardKey, Order: sc.SagaID, Customer: in.Customer},
+		Success: []int{http.StatusOK},
+	})
+	if err != nil {
 		return r, fmt.Errorf("refund order %s: %w", sc.SagaID, err)
-	case status == http.StatusOK:
-		return r, nil
-	case status == http.StatusServiceUnavailable:
-		return r, saga.NotApplied(fmt.Errorf("refund order %s: the payment service is busy", sc.SagaID))
-	default:
-		return r, fmt.Errorf("refund order %s: the payment service answered %d", sc.SagaID, status)
 	}
-}
-
-// post sends body as JSON under the idempotency key and decodes a 2xx
-// answer into out. An error means no answer was read.
-func (p *paymentAPI) post(ctx context.Context, path string, key uuid.UUID, body, out any) (int, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return 0, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+path, bytes.NewReader(b))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key.String())
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if err != nil {
-		return 0, err
-	}
-	if resp.StatusCode/100 == 2 {
-		if err := json.Unmarshal(data, out); err != nil {
-			return 0, fmt.Errorf("read the payment service's answer: %w", err)
-		}
-	}
-	return resp.StatusCode, nil
+	return r, res.Decode(&r)
 }
