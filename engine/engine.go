@@ -45,6 +45,13 @@ const (
 	MaxInputBytesDefault    = 256 << 10
 )
 
+// ReconcileIntervalDefault is Config.ReconcileInterval's default.
+const ReconcileIntervalDefault = time.Minute
+
+// NoReconcile, as Config.ReconcileInterval, runs no reconcile in the
+// engine: the state_differences metric is then not exported.
+const NoReconcile time.Duration = -1
+
 // NoShedding, as Config.ShedOldestAge, sheds no start however old the
 // stream's oldest message (with ShedStreamMessages 0, none at all).
 const NoShedding time.Duration = -1
@@ -148,6 +155,13 @@ type Config struct {
 	// messages than it wait in the stream. Defaults to 0: no bound on the
 	// count, whose meaning depends on the throughput (the age's does not).
 	ShedStreamMessages int
+	// ReconcileInterval is how often the engine runs Reconcile and sets
+	// the idemsaga_state_differences gauge, by check, from what it found,
+	// so that an alert fires on a difference without anyone running the
+	// command. Each engine with a Registerer runs it, with the
+	// definitions it knows. Defaults to ReconcileIntervalDefault;
+	// NoReconcile runs none.
+	ReconcileInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -188,6 +202,9 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if d.LeaseGrace == 0 {
 		d.LeaseGrace = LeaseGraceDefault
+	}
+	if d.ReconcileInterval == 0 {
+		d.ReconcileInterval = ReconcileIntervalDefault
 	}
 	if d.ReapInterval == 0 {
 		d.ReapInterval = ReapIntervalDefault
@@ -258,6 +275,8 @@ func (c *Config) validate(needNATS bool) error {
 		return fmt.Errorf("idemsaga: Config.ShedOldestAge is %s; use a positive duration, 0 for the lease grace, or NoShedding", c.ShedOldestAge)
 	case c.ShedStreamMessages < 0:
 		return errors.New("idemsaga: Config.ShedStreamMessages must not be negative; 0 puts no bound on the count")
+	case c.ReconcileInterval < 0 && c.ReconcileInterval != NoReconcile:
+		return fmt.Errorf("idemsaga: Config.ReconcileInterval is %s; use a positive duration, 0 for %s, or NoReconcile", c.ReconcileInterval, ReconcileIntervalDefault)
 	case c.MaxInputBytes < 0:
 		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
 	}
@@ -619,6 +638,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.reapLoop,
 		e.heartbeat,
 		e.watchFailovers,
+		e.reconcileLoop,
 	); err != nil {
 		return fail(err)
 	}

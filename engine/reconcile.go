@@ -24,7 +24,27 @@ type Difference struct {
 	SagaID *uuid.UUID `json:"saga_id,omitempty"`
 	// What says what is wrong.
 	What string `json:"what"`
+	// Check names the invariant (Checks), as the state_differences
+	// metric labels it.
+	Check string `json:"check"`
 }
+
+// Checks names every invariant Reconcile checks, as Difference.Check and
+// the idemsaga_state_differences metric give them. "failed" and "parked"
+// list sagas that wait for a person; every other check must find nothing.
+var Checks = func() []string {
+	var names []string
+	for _, r := range store.Rules {
+		names = append(names, r.Check)
+	}
+	return append(names, checkFinalState, checkFinalSteps)
+}()
+
+// The checks of sagas in their final state, which Reconcile makes itself.
+const (
+	checkFinalState = "final_state"
+	checkFinalSteps = "final_steps"
+)
 
 func (d Difference) String() string {
 	if d.SagaID != nil {
@@ -94,7 +114,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		}
 	}
 	var diffs []Difference
-	add := func(rows pgx.Rows, format string) error {
+	add := func(rows pgx.Rows, format, check string) error {
 		for rows.Next() {
 			var id *uuid.UUID
 			var detail string
@@ -102,7 +122,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 				rows.Close()
 				return err
 			}
-			diffs = append(diffs, Difference{SagaID: id, What: fmt.Sprintf(format, detail)})
+			diffs = append(diffs, Difference{SagaID: id, What: fmt.Sprintf(format, detail), Check: check})
 		}
 		return rows.Err()
 	}
@@ -119,7 +139,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
-		if err := add(rows, r.Difference); err != nil {
+		if err := add(rows, r.Difference, r.Check); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}
@@ -142,9 +162,9 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		case !known:
 			continue
 		case state != final:
-			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("finished in state %q, which is not terminal for %q", state, def)})
+			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("finished in state %q, which is not terminal for %q", state, def), Check: checkFinalState})
 		case succeeded != lengths[def]:
-			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("in final state %q with %d of %d forward steps succeeded", state, succeeded, lengths[def])})
+			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("in final state %q with %d of %d forward steps succeeded", state, succeeded, lengths[def]), Check: checkFinalSteps})
 		}
 	}
 	if err := rows.Err(); err != nil && !errors.Is(err, context.Canceled) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -125,4 +126,49 @@ func TestReconcileSaysWhenNoWorkerRunsADefinition(t *testing.T) {
 		}
 	}
 	require.True(t, found, "%v", diffs)
+}
+
+// TestStateDifferencesMetric: the engine runs reconcile on its interval
+// and sets idemsaga_state_differences by check: a stuck saga shows under
+// "stuck" with every other check at 0, and the gauge goes back to 0 once
+// it is gone.
+func TestStateDifferencesMetric(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	reg := prometheus.NewRegistry()
+	def := heldDefinition(t)
+	startEngine(t, pool, nc, testenv.Name("RECMETRIC"), []*saga.Definition{def}, func(c *engine.Config) {
+		c.Registerer, c.ReconcileInterval = reg, 20*time.Millisecond
+	})
+	runs := func() float64 {
+		return metricSum(t, reg, "idemsaga_reconcile_runs_total", map[string]string{"outcome": "ok"})
+	}
+	gauge := func(check string) float64 {
+		return metricSum(t, reg, "idemsaga_state_differences", map[string]string{"check": check})
+	}
+	require.Eventually(t, func() bool { return runs() >= 1 }, 30*time.Second, 10*time.Millisecond)
+	for _, check := range engine.Checks {
+		require.Zero(t, gauge(check), check)
+	}
+
+	// A running saga with no step in flight: what no writer leaves.
+	stuck := testenv.NewSaga(t, pool, def.Name())
+	after := runs()
+	require.Eventually(t, func() bool { return runs() > after+1 && gauge("stuck") == 1 }, 30*time.Second, 10*time.Millisecond)
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{def}, 0)
+	require.NoError(t, err)
+	require.Len(t, diffs, 1)
+	require.Equal(t, "stuck", diffs[0].Check)
+	for _, check := range engine.Checks {
+		if check != "stuck" {
+			require.Zero(t, gauge(check), check)
+		}
+	}
+
+	_, err = pool.Exec(ctx, `delete from idemsaga.sagas where id = $1`, stuck)
+	require.NoError(t, err)
+	after = runs()
+	require.Eventually(t, func() bool { return runs() > after+1 && gauge("stuck") == 0 }, 30*time.Second, 10*time.Millisecond)
 }

@@ -103,7 +103,7 @@ func Reconcile(ctx context.Context, f *Flags, pool *pgxpool.Pool, staleAfter tim
 			return res, fmt.Errorf("check %s: %w", chk.Name, err)
 		}
 		for _, d := range found {
-			res.Differences = append(res.Differences, engine.Difference{What: chk.Name + ": " + d})
+			res.Differences = append(res.Differences, engine.Difference{What: chk.Name + ": " + d, Check: chk.Name})
 		}
 	}
 	if res.Differences == nil {

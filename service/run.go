@@ -44,6 +44,7 @@ type runCmd struct {
 	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the oldest command no worker was given yet has waited longer than this (0: the lease grace)."`
 	ShedStreamMsgs   int           `name:"shed-stream-messages" env:"IDEMSAGA_SHED_STREAM_MESSAGES" default:"0" help:"Also answer starts 503 while more messages than this wait in the stream for a worker (0: no bound on the count)."`
 	NoShedding       bool          `name:"no-shedding" env:"IDEMSAGA_NO_SHEDDING" help:"Accept every start, however far behind the stream is."`
+	ReconcileEvery   time.Duration `name:"reconcile-interval" env:"IDEMSAGA_RECONCILE_INTERVAL" default:"1m" help:"How often this process runs reconcile and sets the idemsaga_state_differences metric by check from what it found (failed and parked count sagas for a person; every other check must be 0); 0 runs none."`
 	EmbeddedNATS     string        `name:"embedded-nats" env:"IDEMSAGA_EMBEDDED_NATS" type:"path" default:"" placeholder:"DIR" help:"Run a NATS server with JetStream inside this process, on 127.0.0.1, storing in DIR (created when missing; one process per folder), instead of connecting to --nats-url: for a single machine. Its URL is logged; other processes on the machine connect to it with NATS_URL. It stops after the drain. Admin commands need no NATS."`
 	EmbeddedNATSPort int           `name:"embedded-nats-port" env:"IDEMSAGA_EMBEDDED_NATS_PORT" default:"0" help:"Port of --embedded-nats on 127.0.0.1; 0 picks a free one (logged). Fix one for other processes' NATS_URL."`
 }
@@ -124,6 +125,14 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	cfg.ShedOldestAge, cfg.ShedStreamMessages = r.ShedOldestAge, r.ShedStreamMsgs
 	if r.NoShedding {
 		cfg.ShedOldestAge, cfg.ShedStreamMessages = engine.NoShedding, 0
+	}
+	switch {
+	case r.ReconcileEvery < 0:
+		return fmt.Errorf("--reconcile-interval (%s) must not be negative: 0 runs no reconcile in this process", r.ReconcileEvery)
+	case r.ReconcileEvery == 0:
+		cfg.ReconcileInterval = engine.NoReconcile
+	default:
+		cfg.ReconcileInterval = r.ReconcileEvery
 	}
 	tp, err := newTracerProvider(ctx, name(*f.cfg), log)
 	if err != nil {

@@ -52,7 +52,7 @@ func reconcile(ctx context.Context, p *pgxpool.Pool, defs []*saga.Definition, st
 			if containsAny(d, "is not finished", "needs a person") {
 				continue // the engine's own checks report these
 			}
-			res.Differences = append(res.Differences, engine.Difference{What: "order: " + d})
+			res.Differences = append(res.Differences, engine.Difference{What: "order: " + d, Check: "order"})
 		}
 	}
 	total, seeded, err := transfer.Seeded(ctx, p)
@@ -85,7 +85,7 @@ func reconcile(ctx context.Context, p *pgxpool.Pool, defs []*saga.Definition, st
 		if containsAny(d, "is not finished", "failed and needs a person") {
 			continue
 		}
-		res.Differences = append(res.Differences, engine.Difference{What: "transfer: " + d})
+		res.Differences = append(res.Differences, engine.Difference{What: "transfer: " + d, Check: "transfer"})
 	}
 	return res, nil
 }

@@ -57,6 +57,10 @@ type Metrics struct {
 	// overload.
 	CommandsRequeued *prometheus.CounterVec
 	StartsShed       *prometheus.CounterVec
+	// StateDifferences is what the engine's last reconcile found, by
+	// check; ReconcileRuns counts its runs by outcome.
+	StateDifferences *prometheus.GaugeVec
+	ReconcileRuns    *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -115,6 +119,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
+	m.StateDifferences = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "state_differences",
+		Help: "Differences the engine's last reconcile found, by check (failed and parked count sagas that wait for a person; every other check must be 0).",
+	}, []string{"check"})
+	m.ReconcileRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "reconcile_runs_total",
+		Help: "Runs of the engine's reconcile, by outcome (ok, error).",
+	}, []string{"outcome"})
 	m.Deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "deliveries_total",
 		Help: "Requests seen by each dedup layer: start calls (start), rows published (broker), commands handled (inbox), replies handled (orchestrator), callbacks received (callback). The hit rate of a layer is duplicates_absorbed_total / deliveries_total.",
@@ -165,7 +177,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
 		m.DeadLettersParked, m.DeadLettersResumed,
-		m.CommandsRequeued, m.StartsShed,
+		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

@@ -10,6 +10,8 @@ type Rule struct {
 	SQL        string
 	// Takes is the query's parameter, if any.
 	Takes RuleParam
+	// Check names the rule, for Difference.Check and the metric.
+	Check string
 }
 
 // RuleParam is what a rule's query takes as $1.
@@ -30,43 +32,43 @@ const (
 var Rules = []Rule{
 	{"running (state %s) with no step in flight: stuck", `select s.id, s.state from idemsaga.sagas s
 where s.finished_at is null and not exists (
-  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))`, NoParam},
+  select 1 from idemsaga.steps st where st.saga_id = s.id and st.status in ('dispatched', 'retrying', 'waiting'))`, NoParam, "stuck"},
 	{"has several steps in flight: %s", `select s.id, string_agg(st.step || '/' || st.phase, ', ' order by st.step)
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where st.status in ('dispatched', 'retrying', 'waiting')
-group by s.id having count(*) > 1`, NoParam},
+group by s.id having count(*) > 1`, NoParam, "several_in_flight"},
 	{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, NoParam},
+where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, NoParam, "finished_in_flight"},
 	{"lease expired and not taken over: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', expired ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.lease_until < idemsaga.now() - $1 * interval '1 second'
-  and st.next_attempt_at is null and ` + NotPaused + ``, StaleSeconds},
+  and st.next_attempt_at is null and ` + NotPaused + ``, StaleSeconds, "lease_not_taken_over"},
 	{"retry overdue: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', due ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'retrying' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + NotPaused + ``, StaleSeconds},
+  and ` + NotPaused + ``, StaleSeconds, "retry_overdue"},
 	{"resumed, but its step in flight was not sent again: %s", `select st.saga_id, st.step || '/' || st.phase || ' attempt ' || st.attempt || ', resumed ' || round(extract(epoch from idemsaga.now() - st.next_attempt_at)) || 's ago' || ` + NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'dispatched' and st.next_attempt_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + NotPaused + ``, StaleSeconds},
+  and ` + NotPaused + ``, StaleSeconds, "resume_not_sent"},
 	{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + NoWorker + `
 from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
-  and ` + NotPaused + ``, StaleSeconds},
+  and ` + NotPaused + ``, StaleSeconds, "deadline_not_cancelled"},
 	{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where st.status = 'failed' and i.outcome = 'succeeded'`, NoParam},
+where st.status = 'failed' and i.outcome = 'succeeded'`, NoParam, "failed_took_effect"},
 	{"step recorded as succeeded has no success in the inbox: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'succeeded' and (i.outcome is distinct from 'succeeded')
-  and not exists (select 1 from idemsaga.repairs r where r.saga_id = st.saga_id and r.operation = 'skip' and r.step = st.step and r.phase = st.phase)`, NoParam},
+  and not exists (select 1 from idemsaga.repairs r where r.saga_id = st.saga_id and r.operation = 'skip' and r.step = st.step and r.phase = st.phase)`, NoParam, "succeeded_not_in_inbox"},
 	{"step skipped by an operator is not fenced: %s", `select r.saga_id, r.step || '/' || r.phase || ' is ' || coalesce(st.status, 'missing') || ', its key holds ' || coalesce(i.outcome, 'nothing')
 from idemsaga.repairs r
 left join idemsaga.steps st on st.saga_id = r.saga_id and st.step = r.step and st.phase = r.phase
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
-where r.operation = 'skip' and (st.status is distinct from 'succeeded' or i.outcome is null or i.outcome in ('started', 'retry', 'waiting'))`, NoParam},
+where r.operation = 'skip' and (st.status is distinct from 'succeeded' or i.outcome is null or i.outcome in ('started', 'retry', 'waiting'))`, NoParam, "skip_not_fenced"},
 	{"closed with no close recorded in its repairs%s", `select s.id, '' from idemsaga.sagas s
-where s.state = 'closed' and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.operation = 'close')`, NoParam},
+where s.state = 'closed' and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.operation = 'close')`, NoParam, "close_not_recorded"},
 	{"compensated, but a compensation did not succeed: %s", `select s.id, st.step || ' ' || st.status
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
-where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, NoParam},
+where s.state = 'compensated' and st.phase = 'compensate' and st.status <> 'succeeded'`, NoParam, "compensation_failed"},
 	{"compensated, but a step that may have taken effect was not compensated: %s", `select s.id, st.step || ' (key ' || st.key || ', ' || st.status || ', ' ||
   case when c.status is null then 'no compensation ran' else 'its compensation is ' || c.status end || ')'
 from idemsaga.sagas s
@@ -77,36 +79,36 @@ where s.state = 'compensated'
   and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
   and c.status is distinct from 'succeeded'
   and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
-    or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, StepsWithoutUndo},
+    or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, StepsWithoutUndo, "possibly_done_not_compensated"},
 	{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + NoWorker + `
-from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + NotPaused, StaleSeconds},
+from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + NotPaused, StaleSeconds, "callback_wait_overdue"},
 	{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
 from idemsaga.callbacks cb join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
-where cb.outcome = 'pending' and st.status = 'waiting'`, NoParam},
+where cb.outcome = 'pending' and st.status = 'waiting'`, NoParam, "callback_pending"},
 	{"a callback completed a step that did not end as it said: %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id || ': step ' || coalesce(st.status, 'missing')
 from idemsaga.callbacks cb left join idemsaga.steps st on st.saga_id = cb.saga_id and st.step = cb.step and st.phase = 'forward'
-where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed then 'failed' else 'succeeded' end)`, NoParam},
+where cb.outcome = 'applied' and st.status is distinct from (case when cb.failed then 'failed' else 'succeeded' end)`, NoParam, "callback_mismatch"},
 	{"several callbacks completed one step: %s", `select saga_id, step || ': ' || string_agg(event_id, ', ' order by event_id)
-from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, NoParam},
+from idemsaga.callbacks where outcome = 'applied' group by saga_id, step having count(*) > 1`, NoParam, "callbacks_several"},
 	{"running on a definition version the deployment has not recorded: %s (no process can plan its moves; start a worker with that version's code)", `select s.id, s.definition || '@' || s.definition_version
 from idemsaga.sagas s where s.finished_at is null and not exists (
-  select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, NoParam},
+  select 1 from idemsaga.definitions d where d.name = s.definition and d.version = s.definition_version)`, NoParam, "version_not_recorded"},
 	{"running with a command parked: %s", `select d.saga_id, ` + DeadLetterDetail + `
-from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, NoParam},
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is null order by d.id`, NoParam, "command_parked"},
 	{"finished, but a command of it is still parked: %s; drop it with `dead-letters drop`", `select d.saga_id, ` + DeadLetterDetail + `
-from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, NoParam},
-	{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, NoParam},
-	{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, NoParam},
+from idemsaga.dead_letters d join idemsaga.sagas s on s.id = d.saga_id where s.finished_at is not null order by d.id`, NoParam, "finished_command_parked"},
+	{"failed and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'failed'`, NoParam, "failed"},
+	{"parked and needs a person: %s", `select s.id, coalesce(s.error, 'no error recorded') from idemsaga.sagas s where s.state = 'parked'`, NoParam, "parked"},
 	{"started with submit token %s", `select s.id, t.token || ', which is recorded as ' ||
   case when t.saga_id is null then 'unused' else 'used by saga ' || t.saga_id end
 from idemsaga.submit_tokens t join idemsaga.sagas s on s.definition = t.definition and s.idem_key = t.token
-where t.saga_id is distinct from s.id`, NoParam},
+where t.saga_id is distinct from s.id`, NoParam, "submit_token"},
 	{"%s", `select null::uuid, 'outbox row ' || id || ' (' || subject || ') unpublished for ' || round(extract(epoch from idemsaga.now() - created_at)) || 's'
   || coalesce(', ' || attempts || ' failed publishes, last: ' || last_error, '')
 from idemsaga.outbox where published_at is null and (attempts > 0
   or publish_after < statement_timestamp() - $1 * interval '1 second'
   or publish_after is null and created_at < idemsaga.now() - $1 * interval '1 second')
-order by id limit 100`, StaleSeconds},
+order by id limit 100`, StaleSeconds, "outbox_stale"},
 }
 
 // FinishedForwardSteps reads each saga that finished in a state other
