@@ -25,6 +25,14 @@ const (
 	// a worker that shares nothing in memory with the first, so the
 	// database alone decides which copy takes effect.
 	DeliverTwice
+	// LateForward: once the step's compensation succeeded, its forward
+	// request arrives late, under the forward key: a request a proxy
+	// held, or a slow first attempt. A database step's command is
+	// answered by its key's record; an external or callback step's
+	// handler runs once more, and the other system must refuse it (a
+	// compensation that closes the door voids the key). Its outcome
+	// reaches no one. Step names the step; the phase is the forward one.
+	LateForward
 )
 
 // Fault selects the attempts a fault hits.
@@ -42,6 +50,7 @@ type Fault struct {
 
 var kinds = map[FaultKind]attempt.FaultKind{
 	LoseOutcome: attempt.LoseOutcome, CrashAfterCommit: attempt.CrashAfterCommit, DeliverTwice: attempt.DeliverTwice,
+	LateForward: attempt.LateForward,
 }
 
 // Inject arms a fault for the attempts to come.

@@ -471,3 +471,84 @@ func TestConfirmationsBeforeTheAnswerAndTwice(t *testing.T) {
 	rep := v.audit(map[string]int{"shipped": n})
 	require.Equal(t, int64(100*n), rep.Charged)
 }
+
+// recorder is a transport that keeps the status of every charge answered.
+type recorder struct {
+	mu      sync.Mutex
+	charges []int
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && req.URL.Path == "/charges" {
+		r.mu.Lock()
+		r.charges = append(r.charges, resp.StatusCode)
+		r.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (r *recorder) last() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.charges) == 0 {
+		return 0
+	}
+	return r.charges[len(r.charges)-1]
+}
+
+// TestCompensationClosesTheDoor: a charge given up as possibly done is
+// refunded by its key, which voids the key when the charge never came;
+// the test kit's LateForward then sends the charge again after the
+// refund, as a request held on the way would arrive, and the payment
+// service refuses it (409). A refund that only "undoes what happened"
+// leaves the door open: the same late charge takes the money, and the
+// audit sees an order charged and compensated.
+func TestCompensationClosesTheDoor(t *testing.T) {
+	t.Parallel()
+	for _, closes := range []bool{true, false} {
+		name := "the refund voids the key"
+		if !closes {
+			name = "a refund that leaves the key open"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rec := &recorder{}
+			v := start(t, func(path, _ string, n int) fault {
+				if path == "/charges" && n <= policy.MaxAttempts {
+					return fail500 // never charged; the engine cannot know
+				}
+				return pass // the late charge reaches the service
+			}, func(cfg order.Config) (*saga.Definition, error) {
+				cfg.Transport = rec
+				d, err := order.NewDefinition(cfg)
+				if err != nil || closes {
+					return d, err
+				}
+				steps := d.Steps()
+				steps[1].Compensate = func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+					return nil, nil // nothing was charged that it knows of
+				}
+				return saga.New(order.DefinitionName, steps...)
+			})
+			v.dropConfirmations.Store(true)
+			v.kit.Inject(sagatest.Fault{Kind: sagatest.LateForward, Step: order.StepCharge})
+			sg := v.run("late", ann("1 Main St"))
+			require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
+			require.Equal(t, 1, v.kit.Fired(sagatest.LateForward))
+			if closes {
+				require.Eventually(t, func() bool { return rec.last() == http.StatusConflict }, 30*time.Second, 10*time.Millisecond, "the late charge is refused")
+				state, _ := v.charge(sg.ID)
+				require.Equal(t, "voided", state)
+				v.audit(map[string]int{"compensated": 1})
+				return
+			}
+			require.Eventually(t, func() bool { return rec.last() == http.StatusCreated }, 30*time.Second, 10*time.Millisecond, "the late charge takes the money")
+			state, _ := v.charge(sg.ID)
+			require.Equal(t, "charged", state)
+			rep, err := order.Audit(context.Background(), v.pool)
+			require.NoError(t, err)
+			require.NotEmpty(t, rep.Differences, "the audit sees the money taken from a compensated order")
+		})
+	}
+}

@@ -25,6 +25,10 @@ const (
 	// DeliverTwice: another copy of the command is delivered at once, to
 	// a runner that shares nothing in memory with this one.
 	DeliverTwice
+	// LateForward: once a step's compensation succeeded, its forward
+	// request arrives late, under the forward key (a request a proxy held,
+	// a slow first attempt). The fault matches the forward phase.
+	LateForward
 )
 
 // ErrCrashed is what an attempt returns where the test kit made its
