@@ -31,6 +31,13 @@ type Callback struct {
 	// step failed for good, without effect, and the saga compensates the
 	// steps before it. Give Result or Error, not both.
 	Error string
+	// Body and Signature are the callback as delivered and its signature
+	// (saga.CallbackSignatureHeader), checked against the definition's
+	// secrets when it signs its callbacks (saga.WithCallbackSecrets)
+	// before anything is written: a missing or wrong one is
+	// saga.ErrCallbackSignature. Unused otherwise.
+	Body      []byte
+	Signature string
 }
 
 // Callback outcomes, CallbackResult.Outcome.
@@ -123,7 +130,12 @@ func (cl *Client) complete(ctx context.Context, tx pgx.Tx, cb Callback) (Callbac
 			return CallbackResult{}, fmt.Errorf("%w: result: %w", ErrInvalidCallback, err)
 		}
 	}
-	if err := cl.resolveSaga(ctx, tx, id); err != nil {
+	def, err := cl.resolveSaga(ctx, tx, id)
+	if err != nil {
+		return CallbackResult{}, err
+	}
+	if err := def.VerifyCallback(cb.Body, cb.Signature); err != nil {
+		cl.c.Metrics().Callbacks.WithLabelValues(def.Name(), step, "refused").Inc()
 		return CallbackResult{}, err
 	}
 	h := sha256.New()

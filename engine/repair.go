@@ -70,7 +70,7 @@ func (cl *Client) repair(ctx context.Context, tx pgx.Tx, id uuid.UUID, op string
 	if !slices.Contains(Repairs, op) {
 		return RepairResult{}, fmt.Errorf("%w: %q; the repairs are %s", ErrUnknownRepair, op, strings.Join(Repairs, ", "))
 	}
-	if err := cl.resolveSaga(ctx, tx, id); err != nil {
+	if _, err := cl.resolveSaga(ctx, tx, id); err != nil {
 		return RepairResult{}, err
 	}
 	res, err := cl.c.Repair(ctx, tx, id, op, orchestrate.Skip(s), orchestrate.Request(r), dryRun)
@@ -174,13 +174,13 @@ func publicError(err error) error {
 // written.
 var ErrRepairKeyReused = orchestrate.ErrRepairKeyReused
 
-// resolveSaga checks the client against the deployment, and loads the
-// definition of saga id when this process does not have its code, so
-// that the repair can plan from its description.
-func (cl *Client) resolveSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+// resolveSaga checks the client against the deployment, and returns the
+// definition of saga id, loaded from its description when this process
+// does not have its code, so that the repair can plan from it.
+func (cl *Client) resolveSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) (*saga.Definition, error) {
 	// A repair writes commands and leases as a start does.
 	if err := cl.Check(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	var def string
 	var version int
@@ -191,11 +191,10 @@ func (cl *Client) resolveSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) erro
 	}
 	err := q.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %s", saga.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: %s", saga.ErrNotFound, id)
 	}
 	if err != nil {
-		return fmt.Errorf("idemsaga: read saga %s: %w", id, err)
+		return nil, fmt.Errorf("idemsaga: read saga %s: %w", id, err)
 	}
-	_, err = cl.c.DefinitionAt(ctx, def, version)
-	return err
+	return cl.c.DefinitionAt(ctx, def, version)
 }

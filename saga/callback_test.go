@@ -72,3 +72,30 @@ func TestCallbackStepWait(t *testing.T) {
 	require.Equal(t, 90*time.Minute, back.Step(0).Wait)
 	require.Equal(t, d.Describe().Fingerprint(), back.Describe().Fingerprint())
 }
+
+// TestCallbackSignatures: a signature of any of a definition's secrets
+// over the body checks; another body, secret or none does not; a
+// definition rebuilt from its description knows its callbacks are signed
+// and, without the secrets, refuses every one.
+func TestCallbackSignatures(t *testing.T) {
+	t.Parallel()
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	plain := saga.MustNew("pay", saga.Step{Name: "ask", Reaches: "asked", Kind: saga.CallbackStep, Forward: noop})
+	def := saga.WithCallbackSecrets(plain, []byte("a"), []byte("b"))
+	body := []byte(`{"event_id":"e","result":1}`)
+	require.NoError(t, plain.VerifyCallback(body, ""), "unsigned definitions check nothing")
+	require.NoError(t, def.VerifyCallback(body, saga.SignCallback([]byte("a"), body)))
+	require.NoError(t, def.VerifyCallback(body, saga.SignCallback([]byte("b"), body)))
+	for _, s := range []string{"", saga.SignCallback([]byte("c"), body), saga.SignCallback([]byte("a"), []byte(`{}`)), "sha256="} {
+		require.ErrorIs(t, def.VerifyCallback(body, s), saga.ErrCallbackSignature, s)
+	}
+	require.True(t, def.Describe().SignedCallbacks)
+	require.NotEqual(t, plain.Describe().Fingerprint(), def.Describe().Fingerprint())
+	require.NotContains(t, def.Describe().Fingerprint(), "a\"", "the secrets are not described")
+	rebuilt, err := saga.FromDescription(def.Describe())
+	require.NoError(t, err)
+	require.True(t, rebuilt.SignedCallbacks())
+	require.ErrorIs(t, rebuilt.VerifyCallback(body, saga.SignCallback([]byte("a"), body)), saga.ErrCallbackSignature)
+	require.Panics(t, func() { saga.WithCallbackSecrets(plain) })
+	require.Panics(t, func() { saga.WithCallbackSecrets(plain, []byte{}) })
+}

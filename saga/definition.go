@@ -126,6 +126,11 @@ type Definition struct {
 	// members.
 	inputName   string
 	inputFields []string
+	// signed says callbacks must carry a signature (WithCallbackSecrets);
+	// secrets are the keys that check it, none in a definition rebuilt
+	// from its description, which then refuses every callback.
+	signed  bool
+	secrets [][]byte
 	// deadline is the time a saga has to finish (WithDeadline), 0 for
 	// none.
 	deadline time.Duration

@@ -23,6 +23,9 @@ type Description struct {
 	// Deadline is the definition's saga deadline (WithDeadline), empty
 	// for none.
 	Deadline string `json:"deadline,omitempty"`
+	// SignedCallbacks says its callbacks must be signed
+	// (WithCallbackSecrets); the secrets are never described.
+	SignedCallbacks bool `json:"signed_callbacks,omitempty"`
 
 	// Version is the definition's version (Definition.Version); a
 	// description without one is of version 1.
@@ -80,6 +83,7 @@ func (d *Definition) Describe() Description {
 	if d.deadline > 0 {
 		desc.Deadline = d.deadline.String()
 	}
+	desc.SignedCallbacks = d.signed
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
@@ -141,7 +145,7 @@ func FromDescription(desc Description) (*Definition, error) {
 	if desc.Version < 0 {
 		return nil, fmt.Errorf("%w: description of %q: version %d; versions start at 1", ErrInvalidDefinition, desc.Name, desc.Version)
 	}
-	d.inputName, d.inputFields, d.version = desc.Input, desc.InputFields, max(desc.Version, 1)
+	d.inputName, d.inputFields, d.version, d.signed = desc.Input, desc.InputFields, max(desc.Version, 1), desc.SignedCallbacks
 	if desc.Deadline != "" {
 		if d.deadline, err = time.ParseDuration(desc.Deadline); err != nil || d.deadline <= 0 {
 			return nil, fmt.Errorf("%w: description of %q: deadline %q is not a positive duration", ErrInvalidDefinition, desc.Name, desc.Deadline)

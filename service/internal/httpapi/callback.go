@@ -49,6 +49,9 @@ const (
 	// ProblemNotCallbackStep: the token names a step that takes no
 	// callbacks (422).
 	ProblemNotCallbackStep = "urn:idemsaga:problem:not-a-callback-step"
+	// ProblemCallbackSignature: the definition signs its callbacks and
+	// this one's signature is missing or wrong (401).
+	ProblemCallbackSignature = "urn:idemsaga:problem:callback-signature"
 )
 
 // callback handles POST /v1/callbacks/{token}.
@@ -89,8 +92,14 @@ func (a *api) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
-	res, err := a.cfg.Client.Complete(ctx, engine.Callback{Token: token, EventID: req.EventID, Result: []byte(req.Result), Error: req.Error})
+	res, err := a.cfg.Client.Complete(ctx, engine.Callback{Token: token, EventID: req.EventID, Result: []byte(req.Result), Error: req.Error,
+		Body: body, Signature: r.Header.Get(saga.CallbackSignatureHeader)})
 	switch {
+	case errors.Is(err, saga.ErrCallbackSignature):
+		a.cfg.Logger.Warn("callback refused: its signature is missing or wrong", "token", token, "error", err)
+		writeProblem(w, newProblem(http.StatusUnauthorized, ProblemCallbackSignature, "Callback signature not valid",
+			trimPrefix(err.Error())+"; nothing was written"))
+		return
 	case errors.Is(err, saga.ErrNotFound):
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "No such step", trimPrefix(err.Error())))
 		return

@@ -136,3 +136,67 @@ func TestCallbackOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.Equal(t, engine.CallbackLate, completed(t, r).Outcome)
 }
+
+// TestSignedCallbacks: a definition that signs its callbacks takes only
+// a callback signed, over the body as delivered, with one of its secrets
+// (the old or the new one while they rotate); a missing, wrong or stale
+// signature is refused with 401 before anything is written, and counted.
+func TestSignedCallbacks(t *testing.T) {
+	t.Parallel()
+	oldSecret, newSecret := []byte("old-secret"), []byte("new-secret")
+	tokens := make(chan string, 10)
+	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	def := saga.WithCallbackSecrets(saga.MustNew("signed",
+		saga.Step{Name: "ask", Reaches: "asked", Kind: saga.CallbackStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: noop,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				tokens <- sc.CallbackToken()
+				return nil, nil
+			}},
+		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy}), oldSecret, newSecret)
+	e := engineEnvWith(t, def)
+	r := e.do(t, http.MethodPost, "/v1/sagas/signed", startHeaders("s-1"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	id := started(t, r).ID
+	var token string
+	select {
+	case token = <-tokens:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no request sent")
+	}
+	require.Eventually(t, func() bool {
+		return e.count(t, `select count(*) from idemsaga.steps where saga_id = $1 and step = 'ask' and status = 'waiting'`, id) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+
+	path := "/v1/callbacks/" + token
+	body := `{"event_id":"evt-1","result":{"amount":10}}`
+	sig := func(secret []byte, b string) hdr { return hdr{saga.CallbackSignatureHeader, saga.SignCallback(secret, []byte(b))} }
+	for _, tc := range []struct {
+		name    string
+		headers []hdr
+		detail  string
+	}{
+		{"no signature", []hdr{jsonType()}, "send Idemsaga-Signature"},
+		{"another secret", []hdr{jsonType(), sig([]byte("guess"), body)}, "matches none"},
+		{"another body", []hdr{jsonType(), sig(newSecret, `{"event_id":"evt-1","result":{"amount":1000}}`)}, "matches none"},
+		{"not a signature", []hdr{jsonType(), {saga.CallbackSignatureHeader, "sha256=zz"}}, "matches none"},
+	} {
+		r := e.do(t, http.MethodPost, path, tc.headers, body)
+		require.Equal(t, http.StatusUnauthorized, r.status, "%s: %s", tc.name, r.body)
+		p := r.problem(t)
+		require.Equal(t, httpapi.ProblemCallbackSignature, p.Type, tc.name)
+		require.Contains(t, p.Detail, tc.detail, tc.name)
+	}
+	require.Zero(t, e.count(t, `select count(*) from idemsaga.callbacks`), "a refused callback writes nothing")
+	require.Equal(t, 1, e.count(t, `select count(*) from idemsaga.steps where saga_id = $1 and step = 'ask' and status = 'waiting'`, id))
+
+	// Signed with either secret of the rotation: applied once.
+	r = e.do(t, http.MethodPost, path, []hdr{jsonType(), sig(oldSecret, body)}, body)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.Equal(t, engine.CallbackApplied, completed(t, r).Outcome)
+	r = e.do(t, http.MethodPost, path, []hdr{jsonType(), sig(newSecret, body)}, body)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.Equal(t, "true", r.header.Get(httpapi.ReplayedHeader))
+	require.Eventually(t, func() bool {
+		return e.count(t, `select count(*) from idemsaga.sagas where id = $1 and state = 'thanked'`, id) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+}
