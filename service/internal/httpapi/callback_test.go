@@ -169,7 +169,9 @@ func TestSignedCallbacks(t *testing.T) {
 
 	path := "/v1/callbacks/" + token
 	body := `{"event_id":"evt-1","result":{"amount":10}}`
-	sig := func(secret []byte, b string) hdr { return hdr{saga.CallbackSignatureHeader, saga.SignCallback(secret, []byte(b))} }
+	sig := func(secret []byte, b string) hdr {
+		return hdr{saga.CallbackSignatureHeader, saga.SignCallback(secret, []byte(b))}
+	}
 	for _, tc := range []struct {
 		name    string
 		headers []hdr
