@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -88,8 +87,9 @@ var ErrNotCallbackStep = orchestrate.ErrNotCallbackStep
 
 // ErrInvalidCallback is returned by Complete for a callback that is
 // malformed (an event id that breaks the key rules, a result that is not
-// JSON, both a result and an error). Nothing is written.
-var ErrInvalidCallback = errors.New("idemsaga: invalid callback")
+// JSON, both a result and an error), or whose result the step's
+// CheckCallback refused (saga.Step). Nothing is written.
+var ErrInvalidCallback = orchestrate.ErrInvalidCallback
 
 // Complete delivers a callback to the CallbackStep its token names, any
 // number of times. The event id's first delivery decides, under a unique

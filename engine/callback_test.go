@@ -603,3 +603,57 @@ func TestDeployRefusesAVersionChangedUnderItsSagas(t *testing.T) {
 		Stream: "SAGATEST", SubjectPrefix: "sagatest"}))
 	require.EqualValues(t, 2, countSQL(t, env.Pool, `select count(*) from idemsaga.definitions where name = 'pay'`))
 }
+
+// TestCallbackResultChecked: a callback whose result its step's
+// CheckCallback refuses (an amount other than the one asked for) is
+// refused with ErrInvalidCallback and writes nothing; the right one is
+// applied. A process with only the definition's description cannot
+// check, and refuses it.
+func TestCallbackResultChecked(t *testing.T) {
+	t.Parallel()
+	tokens := make(chan string, 4)
+	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	type pay struct {
+		Amount int `json:"amount"`
+	}
+	def := saga.MustNew("checked",
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.CallbackStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: noop,
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				tokens <- sc.CallbackToken()
+				return nil, nil
+			},
+			CheckCallback: func(ctx context.Context, sc *saga.StepContext, result json.RawMessage) error {
+				var asked, got pay
+				if err := json.Unmarshal(sc.Input, &asked); err != nil {
+					return err
+				}
+				if err := json.Unmarshal(result, &got); err != nil || got.Amount != asked.Amount {
+					return fmt.Errorf("charged %d, asked %d", got.Amount, asked.Amount)
+				}
+				return nil
+			}},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	res, err := env.Client.Start(ctx, def, "o-1", pay{Amount: 5})
+	require.NoError(t, err)
+	token := <-tokens
+	waitStatus(t, env, res.ID, "charge", saga.StepWaiting)
+
+	_, err = env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "e-1", Result: json.RawMessage(`{"amount":50}`)})
+	require.ErrorIs(t, err, engine.ErrInvalidCallback)
+	require.ErrorContains(t, err, "charged 50, asked 5")
+	var callbacks int
+	require.NoError(t, env.Pool.QueryRow(ctx, `select count(*) from idemsaga.callbacks`).Scan(&callbacks))
+	require.Zero(t, callbacks, "a refused callback writes nothing")
+
+	remote, err := engine.NewClient(engine.Config{Pool: env.Pool, SubjectPrefix: "sagatest", LeaseGrace: 5 * time.Second})
+	require.NoError(t, err)
+	_, err = remote.Complete(ctx, engine.Callback{Token: token, EventID: "e-2", Result: json.RawMessage(`{"amount":5}`)})
+	require.ErrorIs(t, err, engine.ErrInvalidCallback, "a process without the check's code refuses")
+
+	got, err := env.Client.Complete(ctx, engine.Callback{Token: token, EventID: "e-2", Result: json.RawMessage(`{"amount":5}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.CallbackApplied, got.Outcome)
+	require.Equal(t, saga.State("shipped"), env.Wait(t, res.ID).State)
+}

@@ -101,6 +101,14 @@ type Step struct {
 	// clock; past it the step is given up as possibly done. Defaults to
 	// CallbackWaitDefault; at most CallbackWaitMax.
 	Wait time.Duration
+	// CheckCallback, for a CallbackStep only, checks a callback's result
+	// against what the step asked for (the amount, the currency, the
+	// order), with sc as the step's forward attempt sees it (the input,
+	// the earlier results), before the callback is applied. An error
+	// refuses the callback: nothing is written, and the other system is
+	// told why (engine.ErrInvalidCallback). It must not call other
+	// systems: it runs under the saga's lock. Optional.
+	CheckCallback func(ctx context.Context, sc *StepContext, result json.RawMessage) error
 }
 
 // CallbackWaitDefault is how long a CallbackStep waits for its callback
@@ -183,6 +191,8 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx), saga.ExternalStep (it calls another system with sc.Key) or saga.CallbackStep (it sends a request and waits for the other system's callback)", s.Name)
 		}
 		switch {
+		case s.Kind != CallbackStep && s.CheckCallback != nil:
+			return nil, bad(field+".CheckCallback", "step %q is a %s step; only a saga.CallbackStep takes callbacks (remove CheckCallback)", s.Name, s.Kind)
 		case s.Kind != CallbackStep && s.Wait != 0:
 			return nil, bad(field+".Wait", "step %q is a %s step; only a saga.CallbackStep waits (remove Wait)", s.Name, s.Kind)
 		case s.Kind == CallbackStep && s.Wait == 0:

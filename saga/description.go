@@ -42,6 +42,9 @@ type StepDescription struct {
 	CompensateRetry PolicyDescription `json:"compensate_retry"`
 	// Wait is a callback step's Step.Wait.
 	Wait string `json:"wait,omitempty"`
+	// ChecksCallbacks says the step has a CheckCallback, which lives in
+	// the definition's code.
+	ChecksCallbacks bool `json:"checks_callbacks,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -89,6 +92,7 @@ func (d *Definition) Describe() Description {
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
 		if s.Kind == CallbackStep {
 			desc.Steps[i].Wait = s.Wait.String()
+			desc.Steps[i].ChecksCallbacks = s.CheckCallback != nil
 		}
 	}
 	return desc
@@ -123,6 +127,9 @@ func FromDescription(desc Description) (*Definition, error) {
 				return nil, fmt.Errorf("%w: description of %q: step %q: wait %q: %v", ErrInvalidDefinition, desc.Name, s.Name, s.Wait, err)
 			}
 			st.Wait = w
+			if s.ChecksCallbacks {
+				st.CheckCallback = describedCheck
+			}
 		default:
 			return nil, fmt.Errorf("%w: description of %q: step %q has kind %q", ErrInvalidDefinition, desc.Name, s.Name, s.Kind)
 		}
@@ -158,6 +165,12 @@ func FromDescription(desc Description) (*Definition, error) {
 // process: it tells the compensation exists, and refuses to run.
 func describedHandler(_ context.Context, sc *StepContext) (json.RawMessage, error) {
 	return nil, fmt.Errorf("idemsaga: the handlers of saga %q are not in this process; run its steps in a worker built with its code", sc.Definition)
+}
+
+// describedCheck stands for a callback check that lives in another
+// process: a callback it cannot check is refused.
+func describedCheck(_ context.Context, sc *StepContext, _ json.RawMessage) error {
+	return fmt.Errorf("step %q of saga %q checks its callbacks in its code, which is not in this process; deliver the callback to a process built with it", sc.Step, sc.Definition)
 }
 
 // Runnable reports whether the definition has its handlers, so that an

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -42,6 +43,10 @@ type CallbackResult struct {
 	Replayed        bool
 }
 
+// ErrInvalidCallback is returned for a callback that is not well formed,
+// or whose result its step's CheckCallback refused. Nothing is written.
+var ErrInvalidCallback = errors.New("idemsaga: invalid callback")
+
 // ErrNotCallbackStep is returned for a callback to a step that is not a
 // callback step.
 var ErrNotCallbackStep = errors.New("idemsaga: the step is not a callback step")
@@ -53,6 +58,7 @@ var ErrNotCallbackStep = errors.New("idemsaga: the step is not a callback step")
 func (c *Core) Complete(ctx context.Context, in pgx.Tx, id uuid.UUID, step string, cb Callback, result json.RawMessage, hash []byte) (CallbackResult, error) {
 	var res CallbackResult
 	var def *saga.Definition
+	var refused bool
 	fx := &effects{}
 	err := c.withSagaLocked(ctx, in, id, "complete a step of", func(tx *store.Tx, sg *saga.Instance) error {
 		fx = &effects{}
@@ -71,8 +77,19 @@ func (c *Core) Complete(ctx context.Context, in pgx.Tx, id uuid.UUID, step strin
 		if replayed, err := c.replayCallback(ctx, tx, sg, step, cb.EventID, hash, &res); replayed || err != nil {
 			return err
 		}
+		if check := def.Step(idx).CheckCallback; check != nil && cb.Error == "" {
+			sc := &saga.StepContext{SagaID: sg.ID, Definition: sg.Definition, Step: step, Phase: saga.PhaseForward,
+				Key: saga.StepKey(sg.ID, step, saga.PhaseForward), Input: bytes.Clone(sg.Input), Results: maps.Clone(sg.Results)}
+			if err := check(ctx, sc, result); err != nil {
+				refused = true
+				return fmt.Errorf("%w: the step's check refused its result: %w", ErrInvalidCallback, err)
+			}
+		}
 		return c.receiveCallback(ctx, tx, sg, def, idx, cb, result, hash, &res, fx)
 	}, func() { c.emit(fx) })
+	if refused {
+		c.metrics.Callbacks.WithLabelValues(def.Name(), step, "refused").Inc()
+	}
 	if err != nil {
 		return CallbackResult{}, err
 	}
