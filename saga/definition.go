@@ -101,6 +101,17 @@ type Step struct {
 	// clock; past it the step is given up as possibly done. Defaults to
 	// CallbackWaitDefault; at most CallbackWaitMax.
 	Wait time.Duration
+	// Verify, for an ExternalStep or a CallbackStep, asks the other system
+	// what the step's key did when an attempt's outcome is unknown (its
+	// answer lost, a 500, a timeout), before the engine retries,
+	// compensates or parks: it runs with the attempt's StepContext,
+	// under the same key. It answers as a handler does, about the key:
+	// nil with the step's result if the key took effect (for a callback
+	// step: the request was accepted), saga.NotApplied if it did not (the
+	// attempt is then not possibly done), any other error if it cannot
+	// tell (the give-up rule as without Verify). Its answer is recorded
+	// with the attempt and counted. Optional.
+	Verify HandlerFunc
 	// CheckCallback, for a CallbackStep only, checks a callback's result
 	// against what the step asked for (the amount, the currency, the
 	// order), with sc as the step's forward attempt sees it (the input,
@@ -191,6 +202,8 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx), saga.ExternalStep (it calls another system with sc.Key) or saga.CallbackStep (it sends a request and waits for the other system's callback)", s.Name)
 		}
 		switch {
+		case s.Kind == DatabaseStep && s.Verify != nil:
+			return nil, bad(field+".Verify", "step %q is a database step: its outcome is never unknown (remove Verify)", s.Name)
 		case s.Kind != CallbackStep && s.CheckCallback != nil:
 			return nil, bad(field+".CheckCallback", "step %q is a %s step; only a saga.CallbackStep takes callbacks (remove CheckCallback)", s.Name, s.Kind)
 		case s.Kind != CallbackStep && s.Wait != 0:

@@ -45,6 +45,8 @@ type StepDescription struct {
 	// ChecksCallbacks says the step has a CheckCallback, which lives in
 	// the definition's code.
 	ChecksCallbacks bool `json:"checks_callbacks,omitempty"`
+	// Verifies says the step has a Verify.
+	Verifies bool `json:"verifies,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -90,6 +92,7 @@ func (d *Definition) Describe() Description {
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
+		desc.Steps[i].Verifies = s.Verify != nil
 		if s.Kind == CallbackStep {
 			desc.Steps[i].Wait = s.Wait.String()
 			desc.Steps[i].ChecksCallbacks = s.CheckCallback != nil
@@ -142,6 +145,9 @@ func FromDescription(desc Description) (*Definition, error) {
 		}
 		if s.Compensates {
 			st.Compensate = describedHandler
+		}
+		if s.Verifies {
+			st.Verify = describedHandler
 		}
 		steps[i] = st
 	}

@@ -109,14 +109,49 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	if a.r.faults.take(LoseOutcome, cmd) {
 		return a.replyBase(), ErrCrashed
 	}
-	return a.recordCall(ctx, result, herr)
+	note := ""
+	if unknown(herr) && cmd.Phase == saga.PhaseForward && a.step.Verify != nil {
+		result, note, herr = a.verify(ctx, herr)
+	}
+	return a.recordCall(ctx, result, herr, note)
+}
+
+// unknown reports an outcome the engine cannot read as done or not done.
+func unknown(herr error) bool {
+	return herr != nil && !saga.IsPermanent(herr) && !saga.IsNotApplied(herr)
+}
+
+// verify asks the step's Verify what its key did after a call whose
+// outcome is unknown, with time of its own (the call may have used all
+// the attempt's): done gives the step's result, not done makes the
+// attempt NotApplied, anything else leaves it unknown. note is what the
+// attempt's record says of a success Verify found.
+func (a *attempt) verify(ctx context.Context, herr error) (result []byte, note string, err error) {
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.policy.Timeout)
+	defer cancel()
+	got, verr := invoke(vctx, a.step.Verify, a.context(nil, nil))
+	answer := "unknown"
+	switch {
+	case verr == nil:
+		answer = "done"
+		note = fmt.Sprintf("the call's outcome was unknown (%v); Verify found the key took effect", herr)
+		result, err = got, nil
+	case saga.IsNotApplied(verr):
+		answer = "not_done"
+		err = saga.NotApplied(fmt.Errorf("%w; Verify found the key did not take effect: %w", herr, verr))
+	default:
+		err = fmt.Errorf("%w; Verify could not tell: %w", herr, verr)
+	}
+	a.r.cfg.Metrics.Verified.WithLabelValues(a.cmd.Definition, a.cmd.Step, answer).Inc()
+	a.r.cfg.Logger.Info("step worker: verified an unknown outcome", "saga_id", a.cmd.SagaID, "step", a.cmd.Step, "attempt", a.cmd.Attempt, "key", a.cmd.Key, "answer", answer)
+	return result, note, err
 }
 
 // recordCall records an external attempt's outcome in a short transaction
 // of its own, fenced by the attempt: a success, in the step when the plan
 // allows; a failure for good or NotApplied, as known; any other error as
 // unknown. An attempt given up or taken over meanwhile records nothing.
-func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wire.Reply, error) {
+func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, note string) (wire.Reply, error) {
 	reply := a.replyBase()
 	w := store.Record{Lead: store.LeadExternal, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
 	var m *store.Move
@@ -172,6 +207,13 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error) (wi
 		return reply, nil
 	}
 	a.stored = reply.Outcome == wire.OutcomeSucceeded || reply.Outcome == wire.OutcomeFailed
+	if note != "" {
+		// Rare (a Verify that found the key done): a round trip of its
+		// own, so the attempt shows what decided it.
+		if _, err := a.r.cfg.Pool.Exec(rctx, store.NoteVerifiedAttempt, pguuid.Of(a.cmd.SagaID), a.cmd.Step, string(a.cmd.Phase), a.cmd.Attempt, note); err != nil {
+			a.r.cfg.Logger.Warn("step worker: could not note on the attempt what Verify found; the step's success stands", "saga_id", a.cmd.SagaID, "step", a.cmd.Step, "error", err)
+		}
+	}
 	a.afterMove(m, &out)
 	return reply, nil
 }

@@ -61,6 +61,9 @@ type Metrics struct {
 	// check; ReconcileRuns counts its runs by outcome.
 	StateDifferences *prometheus.GaugeVec
 	ReconcileRuns    *prometheus.CounterVec
+	// Verified counts the answers of steps' Verify, by step and answer
+	// (done, not_done, unknown).
+	Verified *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -119,6 +122,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
+	m.Verified = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "verified_total",
+		Help: "Answers of steps' Verify after an attempt whose outcome was unknown, by answer (done, not_done, unknown).",
+	}, []string{"definition", "step", "answer"})
 	m.StateDifferences = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "state_differences",
 		Help: "Differences the engine's last reconcile found, by check (failed and parked count sagas that wait for a person; every other check must be 0).",
@@ -177,7 +184,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
 		m.DeadLettersParked, m.DeadLettersResumed,
-		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns,
+		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns, m.Verified,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)
