@@ -31,6 +31,7 @@ type chaosCmd struct {
 	DBName      string        `name:"db-name" default:"idemsaga_chaos" help:"Database created afresh on the DATABASE_URL server."`
 	Saga        string        `default:"transfer" enum:"transfer,order" help:"What to run: transfers (database steps) or orders (an external payment step, against a payment service that loses answers)."`
 	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
+	NoVerify    bool          `name:"no-verify" help:"Run the orders without their charge's Verify (--saga order), to compare: unknown outcomes are then decided by the give-up rule alone."`
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
@@ -86,7 +87,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	defer pool.Close()
 	var work chaosWorkload = &transferChaos{}
 	if c.Saga == "order" {
-		work = &orderChaos{}
+		work = &orderChaos{noVerify: c.NoVerify}
 	}
 	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err

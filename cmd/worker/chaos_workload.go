@@ -91,10 +91,12 @@ func (w *transferChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga
 // losing answers after it charged, failing before it charged, and
 // answering some charges after the step's timeout.
 type orderChaos struct {
-	svc    *payments.Service
-	srv    *http.Server
-	url    string
-	client atomic.Pointer[engine.Client]
+	// noVerify leaves out the charge's Verify (chaos --no-verify).
+	noVerify bool
+	svc      *payments.Service
+	srv      *http.Server
+	url      string
+	client   atomic.Pointer[engine.Client]
 }
 
 // chaosChargeWait is how long an order of a chaos run waits for its
@@ -143,7 +145,8 @@ func (w *orderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, seed uint6
 }
 
 func (w *orderChaos) env() []string {
-	return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url, "IDEMSAGA_CHARGE_WAIT=" + chaosChargeWait.String()}
+	return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url, "IDEMSAGA_CHARGE_WAIT=" + chaosChargeWait.String(),
+		fmt.Sprintf("IDEMSAGA_ORDER_VERIFY=%t", !w.noVerify)}
 }
 func (w *orderChaos) connect(client *engine.Client) { w.client.Store(client) }
 func (w *orderChaos) count(c *chaosCmd) int         { return c.Orders }
@@ -164,7 +167,7 @@ func (w *orderChaos) close() {
 }
 
 func (w *orderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
-	return order.NewDefinition(order.Config{PaymentsURL: w.url, Policy: p, ChargeWait: chaosChargeWait})
+	return order.NewDefinition(order.Config{PaymentsURL: w.url, Policy: p, ChargeWait: chaosChargeWait, WithoutVerify: w.noVerify})
 }
 
 func (w *orderChaos) jobs(n int, seed uint64) []chaosJob {

@@ -25,6 +25,7 @@ type exampleFlags struct {
 	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
 	MaxBackoff  time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
 	PaymentsURL string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
+	OrderVerify bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
 	ChargeWait  time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
 }
 
@@ -67,7 +68,7 @@ func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err e
 	if transferDef, err = transfer.NewDefinition(policy); err != nil {
 		return nil, nil, err
 	}
-	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait})
+	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait, WithoutVerify: !x.OrderVerify})
 	return transferDef, orderDef, err
 }
 

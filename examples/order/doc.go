@@ -14,6 +14,11 @@
 // the shipment, and fails for good for an address it cannot reach, which
 // refunds the charge and releases the stock.
 //
+// After an attempt whose outcome is unknown, the charge's Verify asks the
+// service about the key (GET /charges/{key}): a charge found is the step's
+// success, with no second request; none found makes the attempt not
+// applied. Config.WithoutVerify leaves it out, for comparison.
+//
 // A charge whose answer was lost (a timeout, a dropped connection, a 500,
 // a 503 the service gives before it looks at the key) may have gone
 // through: the step is possibly done, and when it is given

@@ -107,6 +107,10 @@ type Config struct {
 	// Policy is every step's retry policy (zero fields take the
 	// defaults).
 	Policy saga.RetryPolicy
+	// WithoutVerify leaves out the charge's Verify (which asks the
+	// payment service what the key did after an unknown outcome), to
+	// compare the two: the chaos run's --no-verify.
+	WithoutVerify bool
 	// ChargeWait is how long an order waits for the payment service's
 	// confirmation of its charge; past it the charge is refunded.
 	// Defaults to ChargeWaitDefault.
@@ -126,6 +130,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 		cfg.ChargeWait = ChargeWaitDefault
 	}
 	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}}
+	var verify saga.HandlerFunc
+	if !cfg.WithoutVerify {
+		verify = saga.Handle(p.verify)
+	}
 	d, err := saga.New(DefinitionName,
 		saga.Step{
 			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
@@ -137,7 +145,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			// confirms it later by callback (Confirmation is the step's
 			// result).
 			Name: StepCharge, Reaches: StateCharged, Kind: saga.CallbackStep, Wait: cfg.ChargeWait,
-			Forward: saga.Handle(p.charge), Compensate: saga.Handle(p.refund),
+			Forward: saga.Handle(p.charge), Compensate: saga.Handle(p.refund), Verify: verify,
 			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
 		},
 		saga.Step{
@@ -234,6 +242,31 @@ func (p *paymentAPI) charge(ctx context.Context, sc *saga.StepContext, in Input)
 		return c, fmt.Errorf("charge order %s: %w", sc.SagaID, err)
 	}
 	return c, res.Decode(&c)
+}
+
+// verify asks the payment service what the charge's key did after an
+// attempt whose outcome is unknown: a charge found is the step's success
+// (no second charge request), none found makes the attempt not applied.
+// A charge request still on its way could take effect after a "none";
+// the next attempt's request under the same key is answered with it, and
+// a step given up is refunded by its key only when some attempt stayed
+// unknown (docs/concepts.md).
+func (p *paymentAPI) verify(ctx context.Context, sc *saga.StepContext, in Input) (payments.Charge, error) {
+	var c payments.Charge
+	res, err := p.calls.Do(ctx, sc, httpcall.Call{
+		Method: http.MethodGet, URL: p.base + "/charges/" + sc.Key.String(),
+		Success: []int{http.StatusOK}, NotApplied: []int{http.StatusNotFound},
+	})
+	if err != nil {
+		return c, fmt.Errorf("ask the payment service about charge %s: %w", sc.Key, err)
+	}
+	if err := res.Decode(&c); err != nil {
+		return c, err
+	}
+	if c.State == "voided" {
+		return c, saga.NotApplied(fmt.Errorf("the payment service voided key %s: nothing was charged", sc.Key))
+	}
+	return c, nil
 }
 
 // refund gives the charge back by its key, or voids the key if the charge

@@ -235,6 +235,13 @@ func TestOrdersEndAsTheirInputsSay(t *testing.T) {
 	require.Equal(t, int64(98), stock, "only the shipped order keeps its stock")
 }
 
+// withoutVerify is the order saga without its charge's Verify: the give-up
+// rule alone.
+func withoutVerify(cfg order.Config) (*saga.Definition, error) {
+	cfg.WithoutVerify = true
+	return order.NewDefinition(cfg)
+}
+
 // TestGiveUpRule: a charge any of whose attempts had an unknown outcome
 // is possibly done; when it is given up, its refund runs first, under its
 // own key, then the reservation is released, whatever the last attempt
@@ -262,7 +269,7 @@ func TestGiveUpRule(t *testing.T) {
 					return tc.charge(n)
 				}
 				return pass
-			})
+			}, withoutVerify)
 			// The confirmations are lost too: nothing tells the saga the
 			// charge went through.
 			v.dropConfirmations.Store(true)
@@ -520,7 +527,7 @@ func TestCompensationClosesTheDoor(t *testing.T) {
 				}
 				return pass // the late charge reaches the service
 			}, func(cfg order.Config) (*saga.Definition, error) {
-				cfg.Transport = rec
+				cfg.Transport, cfg.WithoutVerify = rec, true
 				d, err := order.NewDefinition(cfg)
 				if err != nil || closes {
 					return d, err
@@ -551,4 +558,56 @@ func TestCompensationClosesTheDoor(t *testing.T) {
 			require.NotEmpty(t, rep.Differences, "the audit sees the money taken from a compensated order")
 		})
 	}
+}
+
+// TestVerifyAsksThePaymentService: with the charge's Verify, an unknown
+// outcome is decided by asking the service about the key. Charges made
+// whose answers were lost are found (one charge request, no refund, the
+// order ships); 500s that never charged are found absent, so the order
+// is compensated without a refund and without being possibly done.
+func TestVerifyAsksThePaymentService(t *testing.T) {
+	t.Parallel()
+	t.Run("charged, every answer lost", func(t *testing.T) {
+		t.Parallel()
+		rec := &recorder{}
+		v := start(t, func(path, _ string, _ int) fault {
+			if path == "/charges" {
+				return lose
+			}
+			return pass
+		}, func(cfg order.Config) (*saga.Definition, error) { cfg.Transport = rec; return order.NewDefinition(cfg) })
+		sg := v.run("verified", ann("1 Main St"))
+		require.Equal(t, order.StateShipped, sg.State, sg.Error)
+		charge := v.step(sg, order.StepCharge, saga.PhaseForward)
+		require.False(t, charge.PossiblyDone)
+		rec.mu.Lock()
+		require.Len(t, rec.charges, 0, "the lost answer is no status; Verify found the charge: no second request")
+		rec.mu.Unlock()
+		state, _ := v.charge(sg.ID)
+		require.Equal(t, "charged", state)
+		require.Equal(t, 1.0, metric(t, v.reg, "idemsaga_verified_total", "answer", "done"))
+		v.audit(map[string]int{"shipped": 1})
+	})
+	t.Run("500s that never charged", func(t *testing.T) {
+		t.Parallel()
+		v := start(t, func(path, _ string, _ int) fault {
+			if path == "/charges" {
+				return fail500
+			}
+			return pass
+		})
+		v.dropConfirmations.Store(true)
+		sg := v.run("verified", ann("1 Main St"))
+		require.Equal(t, saga.StateCompensated, sg.State, sg.Error)
+		charge := v.step(sg, order.StepCharge, saga.PhaseForward)
+		require.Equal(t, saga.StepFailed, charge.Status)
+		require.False(t, charge.PossiblyDone, "the service said, for each attempt, that the key charged nothing")
+		for _, s := range sg.Steps {
+			require.False(t, s.Step == order.StepCharge && s.Phase == saga.PhaseCompensate, "nothing to refund")
+		}
+		state, _ := v.charge(sg.ID)
+		require.Equal(t, "none", state)
+		require.Equal(t, float64(policy.MaxAttempts), metric(t, v.reg, "idemsaga_verified_total", "answer", "not_done"))
+		v.audit(map[string]int{"compensated": 1})
+	})
 }
