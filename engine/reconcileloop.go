@@ -24,12 +24,16 @@ func (e *Engine) reconcileLoop(ctx context.Context) {
 	}
 }
 
+// reconcileTimeout bounds one run of the engine's reconcile, whatever its
+// interval: ticks that come during a run are dropped.
+const reconcileTimeout = time.Minute
+
 // reconcileOnce runs Reconcile once and sets the gauge by check, every
 // check included (0 when it found nothing). A run that fails leaves the
 // gauge as the last run set it, and counts as an error.
 func (e *Engine) reconcileOnce(ctx context.Context) {
 	m := e.c.Metrics()
-	rctx, cancel := context.WithTimeout(ctx, min(e.cfg.ReconcileInterval, time.Minute))
+	rctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 	defer cancel()
 	diffs, err := Reconcile(rctx, e.cfg.Pool, e.c.Versions(), 0)
 	if err != nil {
