@@ -158,7 +158,7 @@ func TestSlowStepRunWhereCommittedIsNotSweptMeanwhile(t *testing.T) {
 	_, err := pool.Exec(ctx, `create table effects (saga_id uuid, step text, phase text)`)
 	require.NoError(t, err)
 	slow := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-		if _, err := sc.Tx.Exec(ctx, `select pg_sleep(0.4)`); err != nil {
+		if _, err := sc.Tx.Exec(ctx, `select pg_sleep(1.5)`); err != nil {
 			return nil, err
 		}
 		return recorder("slow", nil)(ctx, sc)
@@ -175,8 +175,9 @@ func TestSlowStepRunWhereCommittedIsNotSweptMeanwhile(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) {
 		c.Registerer = reg
-		c.RelayHandOff = 50 * time.Millisecond // far shorter than the step
+		c.RelayHandOff = 300 * time.Millisecond // far shorter than the step
 		c.RelayPollInterval = 10 * time.Millisecond
+		c.ReconcileInterval = engine.NoReconcile
 	})
 	res, err := e.Client().Start(ctx, def, "slow", map[string]int{})
 	require.NoError(t, err)

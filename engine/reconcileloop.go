@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// reconcileLoop runs Reconcile at once and then every ReconcileInterval,
+// reconcileLoop runs Reconcile every ReconcileInterval, the first one
+// interval after the start (not while the engine starts up),
 // setting the state_differences gauge from each run, until ctx ends. An
 // engine that exports no metrics, or has NoReconcile, runs none.
 func (e *Engine) reconcileLoop(ctx context.Context) {
@@ -15,12 +16,12 @@ func (e *Engine) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(e.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
-		e.reconcileOnce(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		e.reconcileOnce(ctx)
 	}
 }
 
