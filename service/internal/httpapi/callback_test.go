@@ -20,16 +20,24 @@ import (
 // token.
 func pledgeEnv(t *testing.T) (*env, chan string) {
 	t.Helper()
+	e, tokens, _ := pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return d })
+	return e, tokens
+}
+
+// pledgeEnvWith is pledgeEnv with the definition changed by with, and
+// that definition.
+func pledgeEnvWith(t *testing.T, with func(*saga.Definition) *saga.Definition) (*env, chan string, *saga.Definition) {
+	t.Helper()
 	tokens := make(chan string, 10)
 	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
-	def := saga.MustNew("pledge",
+	def := with(saga.MustNew("pledge",
 		saga.Step{Name: "ask", Reaches: "asked", Kind: saga.CallbackStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: noop,
 			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 				tokens <- sc.CallbackToken()
 				return nil, nil
 			}},
-		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy})
-	return engineEnvWith(t, def), tokens
+		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy}))
+	return engineEnvWith(t, def), tokens, def
 }
 
 func completed(t testing.TB, r response) httpapi.Completed {
@@ -144,17 +152,8 @@ func TestCallbackOverHTTP(t *testing.T) {
 func TestSignedCallbacks(t *testing.T) {
 	t.Parallel()
 	oldSecret, newSecret := []byte("old-secret"), []byte("new-secret")
-	tokens := make(chan string, 10)
-	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
-	def := saga.WithCallbackSecrets(saga.MustNew("signed",
-		saga.Step{Name: "ask", Reaches: "asked", Kind: saga.CallbackStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: noop,
-			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
-				tokens <- sc.CallbackToken()
-				return nil, nil
-			}},
-		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy}), oldSecret, newSecret)
-	e := engineEnvWith(t, def)
-	r := e.do(t, http.MethodPost, "/v1/sagas/signed", startHeaders("s-1"), `{}`)
+	e, tokens, _ := pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return saga.WithCallbackSecrets(d, oldSecret, newSecret) })
+	r := e.do(t, http.MethodPost, "/v1/sagas/pledge", startHeaders("s-1"), `{}`)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	id := started(t, r).ID
 	var token string
