@@ -450,12 +450,6 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: %w", err)
 	}
-	// A copy the test kit delivers goes to a runner that shares no memory
-	// with the first, as a delivery to another worker would.
-	acfg.Recent, acfg.Slots, acfg.Eager = 0, 0, false
-	if e.dup, err = attempt.New(acfg); err != nil {
-		return nil, fmt.Errorf("idemsaga: %w", err)
-	}
 	out.steps = e.steps
 	return e, nil
 }
@@ -466,6 +460,16 @@ func (e *Engine) arm(h *testhook.Hooks) {
 	if h == nil {
 		e.steps.Arm(nil)
 		return
+	}
+	if h.Faults != nil && e.dup == nil {
+		// A copy the kit delivers goes to a runner that shares no memory
+		// with the first, as a delivery to another worker would.
+		if dup, err := e.steps.Twin(); err == nil {
+			e.dup = dup
+		} else {
+			e.cfg.Logger.Error("test kit: no runner for the copies DeliverTwice delivers; they run on the engine's own", "error", err)
+			e.dup = e.steps
+		}
 	}
 	if h.Faults != nil {
 		h.Faults.Duplicate = func(cmd wire.Command) {

@@ -1,6 +1,7 @@
 package attempt
 
 import (
+	"context"
 	"errors"
 	"sync"
 
@@ -97,4 +98,37 @@ func (f *Faults) take(kind FaultKind, cmd wire.Command) bool {
 		return true
 	}
 	return false
+}
+
+// lateForward delivers, when the test kit's LateForward fault hits it,
+// the forward request of a step whose compensation just succeeded: a
+// database step's command, which its key's inbox record answers; an
+// external or callback step's call, made by its handler under the forward
+// key as a request held on the way would arrive. Its outcome reaches no
+// one, as a late request's does not: the other system must refuse it.
+func (r *Runner) lateForward(ctx context.Context, a *attempt) {
+	fwd := a.cmd
+	fwd.Phase, fwd.Key, fwd.Attempt = saga.PhaseForward, saga.StepKey(fwd.SagaID, fwd.Step, saga.PhaseForward), 1
+	if !r.faults.take(LateForward, fwd) {
+		return
+	}
+	if a.step.Kind == saga.DatabaseStep {
+		_, err := r.Handle(ctx, fwd, true)
+		r.cfg.Logger.Info("test kit: a late forward command was delivered", "saga_id", fwd.SagaID, "step", fwd.Step, "error", err)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.step.Retry.Timeout)
+	defer cancel()
+	late := &attempt{r: r, cmd: fwd, def: a.def, step: a.step}
+	_, err := invoke(cctx, a.step.Forward, late.context(nil, nil))
+	r.cfg.Logger.Info("test kit: a late forward request was made", "saga_id", fwd.SagaID, "step", fwd.Step, "error", err)
+}
+
+// Twin returns a runner of r's configuration that shares nothing in
+// memory with it (no recent answers, no slots, no eager runs): the
+// worker that the test kit's DeliverTwice delivers its copies to.
+func (r *Runner) Twin() (*Runner, error) {
+	cfg := r.cfg
+	cfg.Recent, cfg.Slots, cfg.Eager = 0, 0, false
+	return New(cfg)
 }

@@ -771,30 +771,6 @@ func (a *attempt) context(tx saga.Tx, fwd *stored) *saga.StepContext {
 	return sc
 }
 
-// lateForward delivers, when the test kit's LateForward fault hits it,
-// the forward request of a step whose compensation just succeeded: a
-// database step's command, which its key's inbox record answers; an
-// external or callback step's call, made by its handler under the forward
-// key as a request held on the way would arrive. Its outcome reaches no
-// one, as a late request's does not: the other system must refuse it.
-func (r *Runner) lateForward(ctx context.Context, a *attempt) {
-	fwd := a.cmd
-	fwd.Phase, fwd.Key, fwd.Attempt = saga.PhaseForward, saga.StepKey(fwd.SagaID, fwd.Step, saga.PhaseForward), 1
-	if !r.faults.take(LateForward, fwd) {
-		return
-	}
-	if a.step.Kind == saga.DatabaseStep {
-		_, err := r.Handle(ctx, fwd, true)
-		r.cfg.Logger.Info("test kit: a late forward command was delivered", "saga_id", fwd.SagaID, "step", fwd.Step, "error", err)
-		return
-	}
-	cctx, cancel := context.WithTimeout(ctx, a.step.Retry.Timeout)
-	defer cancel()
-	late := &attempt{r: r, cmd: fwd, def: a.def, step: a.step}
-	_, err := invoke(cctx, a.step.Forward, late.context(nil, nil))
-	r.cfg.Logger.Info("test kit: a late forward request was made", "saga_id", fwd.SagaID, "step", fwd.Step, "error", err)
-}
-
 // invoke runs the handler, turning a panic into a retryable error.
 func invoke(ctx context.Context, handler saga.HandlerFunc, sc *saga.StepContext) (result json.RawMessage, err error) {
 	defer func() {
