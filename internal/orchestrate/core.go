@@ -38,6 +38,9 @@ type Core struct {
 	// versions as "name@version".
 	defs     map[string]*saga.Definition
 	versions map[defKey]*saga.Definition
+	// all are versions' values by Ref, names defs' keys sorted.
+	all      []*saga.Definition
+	names    []string
 	refs     []string
 	remote   described
 	subjects wire.Subjects
@@ -79,7 +82,9 @@ type Config struct {
 func New(cfg Config) *Core {
 	defs, versions := indexDefinitions(cfg.Definitions)
 	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
-	return &Core{
+	all := slices.Collect(maps.Values(versions))
+	slices.SortFunc(all, func(a, b *saga.Definition) int { return strings.Compare(a.Ref(), b.Ref()) })
+	return &Core{all: all, names: slices.Sorted(maps.Keys(defs)),
 		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
 		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes,
 		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
@@ -101,19 +106,13 @@ func (c *Core) Tracer() *tracing.Tracer { return c.tracer }
 // MaxInput bounds a saga's input, in bytes.
 func (c *Core) MaxInput() int { return c.maxInput }
 
-// Versions are the core's definitions, every version, in Refs order.
-func (c *Core) Versions() []*saga.Definition {
-	all := slices.Collect(maps.Values(c.versions))
-	slices.SortFunc(all, func(a, b *saga.Definition) int { return strings.Compare(a.Ref(), b.Ref()) })
-	return all
-}
+// Versions are the core's definitions, every version, by Ref; callers
+// must not change the slice.
+func (c *Core) Versions() []*saga.Definition { return c.all }
 
-// Local returns the definition this process runs under name, its newest
-// version.
-func (c *Core) Local(name string) (*saga.Definition, bool) { d, ok := c.defs[name]; return d, ok }
-
-// Names are the names of the definitions this process runs.
-func (c *Core) Names() []string { return slices.Sorted(maps.Keys(c.defs)) }
+// Names are the names of the definitions this process runs, sorted;
+// callers must not change the slice.
+func (c *Core) Names() []string { return c.names }
 
 // HandOffArg is the publish_after parameter of the core's outbox inserts
 // (HandOff.PublishAfter), NULL for a client that runs no worker.

@@ -20,13 +20,11 @@ import (
 // token.
 func pledgeEnv(t *testing.T) (*env, chan string) {
 	t.Helper()
-	e, tokens, _ := pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return d })
-	return e, tokens
+	return pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return d })
 }
 
-// pledgeEnvWith is pledgeEnv with the definition changed by with, and
-// that definition.
-func pledgeEnvWith(t *testing.T, with func(*saga.Definition) *saga.Definition) (*env, chan string, *saga.Definition) {
+// pledgeEnvWith is pledgeEnv with the definition changed by with.
+func pledgeEnvWith(t *testing.T, with func(*saga.Definition) *saga.Definition) (*env, chan string) {
 	t.Helper()
 	tokens := make(chan string, 10)
 	noop := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) { return nil, nil }
@@ -37,7 +35,7 @@ func pledgeEnvWith(t *testing.T, with func(*saga.Definition) *saga.Definition) (
 				return nil, nil
 			}},
 		saga.Step{Name: "thank", Reaches: "thanked", Kind: saga.DatabaseStep, Forward: noop, Retry: fastPolicy}))
-	return engineEnvWith(t, def), tokens, def
+	return engineEnvWith(t, def), tokens
 }
 
 func completed(t testing.TB, r response) httpapi.Completed {
@@ -152,7 +150,7 @@ func TestCallbackOverHTTP(t *testing.T) {
 func TestSignedCallbacks(t *testing.T) {
 	t.Parallel()
 	oldSecret, newSecret := []byte("old-secret"), []byte("new-secret")
-	e, tokens, _ := pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return saga.WithCallbackSecrets(d, oldSecret, newSecret) })
+	e, tokens := pledgeEnvWith(t, func(d *saga.Definition) *saga.Definition { return saga.WithCallbackSecrets(d, oldSecret, newSecret) })
 	r := e.do(t, http.MethodPost, "/v1/sagas/pledge", startHeaders("s-1"), `{}`)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	id := started(t, r).ID
