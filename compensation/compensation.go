@@ -13,6 +13,11 @@
 //     so it may have taken effect. Its own compensation comes first; a
 //     possibly-done step without a compensation cannot be undone, and the
 //     plan says to park the saga for a person instead.
+//   - VerifiedNotDone: attempts' outcomes were unknown, and the step's
+//     Verify asked the other system since and heard that the key took no
+//     effect. Its own compensation still comes first, if it has one: it
+//     voids the key, so that a request still on its way cannot take
+//     effect after the answer. A step without one does not park.
 //
 // Before planning, the engine settles the failed step through the inbox
 // in the transaction that gives it up: a tombstone under its key, so no
@@ -30,6 +35,9 @@ const (
 	NotDone Effect = iota
 	// PossiblyDone: the step may have taken effect.
 	PossiblyDone
+	// VerifiedNotDone: the other system answered, after the attempts
+	// whose outcome was unknown, that the step's key took no effect.
+	VerifiedNotDone
 )
 
 // Plan returns the step indexes to compensate, in order, after forward
@@ -41,10 +49,10 @@ func Plan(def *saga.Definition, failed int, effect Effect) (plan []int, park boo
 	if failed < 0 || failed >= def.Len() {
 		panic("compensation: failed step index out of range")
 	}
-	if effect == PossiblyDone {
-		if def.Step(failed).Compensate == nil {
-			return nil, true
-		}
+	switch {
+	case effect == PossiblyDone && def.Step(failed).Compensate == nil:
+		return nil, true
+	case effect != NotDone && def.Step(failed).Compensate != nil:
 		plan = append(plan, failed)
 	}
 	for i := failed - 1; i >= 0; i-- {

@@ -184,7 +184,7 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 	}
 	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
 	first := registered.Step(0)
-	subject, msgID, payload, err := cl.c.Plan().Command(sg, registered, 0, saga.PhaseForward, 1)
+	subject, msgID, payload, err := cl.c.Plan().Command(sg, registered, 0, saga.PhaseForward, 1, false)
 	if err != nil {
 		return StartResult{}, nil, err
 	}

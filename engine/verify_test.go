@@ -69,9 +69,9 @@ func (b *bank) definition(t *testing.T, verify bool) *saga.Definition {
 // lost, the step's Verify asks the other system about the key, and its
 // answer decides, recorded with the attempt: a charge made is a success at
 // once, with no second call; a charge never made is not possibly done, so
-// a step that runs out of attempts is not refunded. Without Verify the
-// same unknown outcomes make the step possibly done, refunded when given
-// up.
+// a step that runs out of attempts parks nothing, and its compensation
+// only voids the key. Without Verify the same unknown outcomes make the
+// step possibly done, refunded when given up.
 func TestVerifyDecidesAnUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -84,7 +84,10 @@ func TestVerifyDecidesAnUnknownOutcome(t *testing.T) {
 		answer  string
 	}{
 		{"charged, answer lost: done", true, func(int) (bool, bool) { return true, true }, "charged", 1, 0, "done"},
-		{"never charged: not done, not refunded", true, func(int) (bool, bool) { return false, true }, saga.StateCompensated, 2, 0, "not_done"},
+		// Not done: given up, the step is not possibly done, but its
+		// compensation still runs once, to void the key against a charge
+		// request still on its way (here it finds nothing to give back).
+		{"never charged: not done, the key voided", true, func(int) (bool, bool) { return false, true }, saga.StateCompensated, 2, 1, "not_done"},
 		{"never charged, no Verify: possibly done, refunded", false, func(int) (bool, bool) { return false, true }, saga.StateCompensated, 2, 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -63,6 +63,35 @@ type StepContext struct {
 	// Tx is the step's transaction in a DatabaseStep (see Tx); nil in an
 	// ExternalStep, which holds no transaction while it runs.
 	Tx Tx
+	// Lease is the attempt's hold on its step in an ExternalStep or a
+	// CallbackStep (see Heartbeat); nil in a DatabaseStep, whose
+	// transaction holds its key.
+	Lease Lease
+}
+
+// Lease is an external or callback step attempt's hold on its step: the
+// engine sets it in the StepContext. A test may set its own.
+type Lease interface {
+	// Extend restarts the attempt's lease and its time (the step's
+	// Retry.Timeout) from now. It returns an error wrapping ErrLeaseLost
+	// when the attempt no longer holds the step.
+	Extend(ctx context.Context) error
+}
+
+// Heartbeat tells the engine that a long call is making progress: the
+// attempt's lease and its time (the step's Retry.Timeout, which bounds
+// ctx) start again from now, so the step is not taken over while the
+// call runs, and a worker that dies is still found within a lease. Call
+// it more often than the step's Timeout, for example after each poll of
+// a long job. It returns an error wrapping ErrLeaseLost when a later
+// attempt took the step over or the engine gave it up: stop, and return;
+// nothing this attempt returns is recorded then. In a DatabaseStep it
+// does nothing and returns nil.
+func (sc *StepContext) Heartbeat(ctx context.Context) error {
+	if sc.Lease == nil {
+		return nil
+	}
+	return sc.Lease.Extend(ctx)
 }
 
 // DecodeInput decodes the saga input into v. Member names match v's

@@ -120,6 +120,10 @@ type Step struct {
 	// told why (engine.ErrInvalidCallback). It must not call other
 	// systems: it runs under the saga's lock. Optional.
 	CheckCallback func(ctx context.Context, sc *StepContext, result json.RawMessage) error
+	// Limit, for an ExternalStep or a CallbackStep, bounds its calls as
+	// the other system does (at once, per period, per tenant), across
+	// every worker: see Limit. Optional.
+	Limit Limit
 }
 
 // CallbackWaitDefault is how long a CallbackStep waits for its callback
@@ -213,6 +217,11 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		case s.Kind == CallbackStep && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
 			return nil, bad(field+".Wait", "step %q waits %s; give between 1s and %s", s.Name, s.Wait, CallbackWaitMax)
 		}
+		limit, problem := s.Limit.withDefaults(name, s.Name, s.Kind)
+		if problem != "" {
+			return nil, bad(field+".Limit", "%s", problem)
+		}
+		s.Limit = limit
 		if s.Forward == nil && !described {
 			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)
 		}

@@ -27,6 +27,12 @@ var ErrInvalidDefinition = errors.New("idemsaga: invalid saga definition")
 // decide again.
 var ErrConflict = errors.New("idemsaga: concurrent transition; re-read and retry")
 
+// ErrLeaseLost is returned by StepContext.Heartbeat when the attempt no
+// longer holds its step: a later attempt took it over after its lease
+// ran out, or the engine gave the step up or the saga was repaired. The
+// handler should stop and return; what it returns is not recorded.
+var ErrLeaseLost = errors.New("idemsaga: the attempt's lease is lost (a later attempt took the step over, or it was given up); stop and return: nothing this attempt returns is recorded")
+
 // permanentError marks an error that must not be retried.
 type permanentError struct{ err error }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
@@ -22,13 +21,23 @@ import (
 // no transaction and no connection; its outcome, a second short
 // transaction fenced by the attempt, applied to the saga or replied. An
 // attempt whose claim finds the same attempt claimed already does not call
-// again: one call per attempt, at most.
+// again: one call per attempt, at most. A step under a limit takes its
+// turn before the claim (limit.Gate), and a claim that finds an earlier
+// attempt's outcome unknown asks the step's Verify before it calls.
 func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	cmd := a.cmd
-	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
+	if !a.step.Limit.IsZero() {
+		reply, done, err := a.takeTurn(ctx)
+		if done || err != nil {
+			return reply, err
+		}
+		defer a.turn.Release(context.WithoutCancel(ctx))
+	}
+	actx, cancel := withStretch(ctx, a.policy.Timeout)
 	defer cancel()
+	a.stretch = actx
 
-	var claimed int64
+	var claimed bool
 	var st, fwd stored
 	var found, byRead bool
 	err := a.r.cfg.Pool.AcquireFunc(actx, func(conn *pgxpool.Conn) error {
@@ -42,8 +51,14 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		}
 		tx := store.Implicit(c)
 		sagaID, key := pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)
-		tx.Exec(store.ClaimCall, func(tag pgconn.CommandTag) error { claimed = tag.RowsAffected(); return nil },
-			sagaID, key, cmd.Step, string(cmd.Phase), cmd.Attempt, store.LockID(cmd.Key))
+		tx.Queue(store.ClaimCall, func(row pgx.Row) error {
+			err := row.Scan(&a.doubt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			claimed = err == nil
+			return err
+		}, sagaID, key, cmd.Step, string(cmd.Phase), cmd.Attempt, store.LockID(cmd.Key))
 		tx.Queue(store.ReadStored, st.scan(&found), sagaID, key)
 		if cmd.Phase == saga.PhaseCompensate {
 			fwdKey := pguuid.Of(saga.StepKey(cmd.SagaID, cmd.Step, saga.PhaseForward))
@@ -62,7 +77,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	if err != nil {
 		return a.replyBase(), err
 	}
-	if claimed == 0 && !(found && st.final()) {
+	if !claimed && !(found && st.final()) {
 		// Not claimed, and no outcome to answer with: maybe the saga is
 		// paused (a rare path, so a round trip of its own).
 		var paused bool
@@ -83,9 +98,9 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 			return err
 		})
 		return reply, err
-	case claimed == 0 && !found:
+	case !claimed && !found:
 		return a.sagaGone()
-	case claimed == 0:
+	case !claimed:
 		// This attempt is calling in another delivery, or a later attempt
 		// took over: this one does not call.
 		a.dropped, a.conflict = true, true
@@ -96,6 +111,26 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	}
 	if err := failpoint.Inject(failpoint.StepAfterInbox); err != nil {
 		return a.replyBase(), err
+	}
+
+	verifies := cmd.Phase == saga.PhaseForward && a.step.Verify != nil
+	switch {
+	case cmd.Verify && !verifies:
+		// Sent for a Verify the step no longer has (a build without it):
+		// the outcome stays unknown, and the step is given up as before.
+		return a.recordCall(ctx, nil, fmt.Errorf("attempt %d's outcome is unknown, and step %q has no Verify to ask", cmd.Attempt-1, cmd.Step), "")
+	case cmd.Verify:
+		// The reaper's last word on a step whose last attempt's outcome
+		// is unknown: ask, never call.
+		result, note, herr := a.verify(ctx, fmt.Errorf("attempt %d's outcome is unknown (its worker stopped before recording it)", cmd.Attempt-1))
+		return a.recordCall(ctx, result, herr, note)
+	case a.doubt && verifies:
+		// An earlier attempt's outcome is unknown (its worker stopped,
+		// or its Verify could not tell): ask before calling again.
+		result, note, herr := a.verify(ctx, fmt.Errorf("an earlier attempt's outcome is unknown"))
+		if herr == nil {
+			return a.recordCall(ctx, result, nil, note)
+		}
 	}
 
 	var fwdp *stored
@@ -110,7 +145,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		return a.replyBase(), ErrCrashed
 	}
 	note := ""
-	if unknown(herr) && cmd.Phase == saga.PhaseForward && a.step.Verify != nil {
+	if unknown(herr) && verifies {
 		result, note, herr = a.verify(ctx, herr)
 	}
 	return a.recordCall(ctx, result, herr, note)
@@ -129,15 +164,19 @@ func unknown(herr error) bool {
 func (a *attempt) verify(ctx context.Context, herr error) (result []byte, note string, err error) {
 	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.policy.Timeout)
 	defer cancel()
+	if err := a.turn.Pace(vctx); err != nil {
+		return nil, "", fmt.Errorf("%w; Verify did not run: %w", herr, err)
+	}
 	got, verr := invoke(vctx, a.step.Verify, a.context(nil, nil))
 	answer := "unknown"
 	switch {
 	case verr == nil:
 		answer = "done"
-		note = fmt.Sprintf("the call's outcome was unknown (%v); Verify found the key took effect", herr)
+		note = fmt.Sprintf("the outcome was unknown (%v); Verify found the key took effect", herr)
 		result, err = got, nil
 	case saga.IsNotApplied(verr):
 		answer = "not_done"
+		a.verifiedNotDone = true
 		err = saga.NotApplied(fmt.Errorf("%w; Verify found the key did not take effect: %w", herr, verr))
 	default:
 		err = fmt.Errorf("%w; Verify could not tell: %w", herr, verr)
@@ -178,6 +217,10 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, not
 		w.InboxOutcome, w.ErrText, w.Unknown = "retry", reply.Error, true
 		a.unknown = true
 	}
+	// A Verify's "not done" closes the doubt of the attempts before it,
+	// unless this attempt's own outcome is unknown again.
+	w.Verified = a.verifiedNotDone && !w.Unknown
+	w.Resolved = w.Verified || note != "" // note: Verify found it done
 	if d, ok := saga.RetryDelay(herr); ok {
 		reply.RetryAfterMillis = d.Milliseconds()
 	}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
+	"github.com/idemsaga/idemsaga/internal/limit"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
@@ -132,6 +133,8 @@ type Runner struct {
 	inHand atomic.Int64
 	// faults, if set, are the test kit's (Arm).
 	faults *Faults
+	// gate takes the turns of steps under a limit.
+	gate *limit.Gate
 }
 
 // Arm sets the test kit's faults for the runner's next run (nil for none);
@@ -148,6 +151,10 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Slots > 0 {
 		r.slots = make(chan struct{}, cfg.Slots)
 	}
+	if err := limit.Check(cfg.Definitions); err != nil {
+		return nil, err
+	}
+	r.gate = limit.New(cfg.Pool, cfg.Metrics)
 	r.names = map[string][]int{}
 	for _, d := range cfg.Definitions {
 		if _, dup := r.defs[d.Ref()]; dup {
@@ -222,6 +229,17 @@ type attempt struct {
 	// trace is the trace context of the attempt's span, for the headers
 	// of the rows it writes; nil when tracing is off.
 	trace map[string]string
+
+	// turn is the attempt's turn under its step's limit, nil for none;
+	// stretch its time, which its handler's heartbeat pushes.
+	turn    *limit.Turn
+	stretch *stretch
+	// progress tells the broker the command is still in hand.
+	progress func()
+	// doubt: the claim found an earlier attempt's outcome unknown.
+	// verifiedNotDone: the step's Verify answered that the key took no
+	// effect.
+	doubt, verifiedNotDone bool
 
 	// conn is a database step's connection while the attempt holds it.
 	conn *pgxpool.Conn
@@ -389,7 +407,7 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 		given = nil
 	}
 	a := &attempt{r: r, cmd: cmd, def: def, step: step, handler: step.Forward, policy: step.Retry, row: row, given: given, once: once,
-		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}, trace: trace}
+		plan: Plan{Kind: step.Kind, ReadFirst: redelivered, InStep: r.cfg.Mover != nil}, trace: trace, progress: progressOf(ctx)}
 	if cmd.Phase == saga.PhaseCompensate {
 		a.handler, a.policy = step.Compensate, step.CompensateRetry
 	}
@@ -468,6 +486,7 @@ func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	if r.cfg.Tracer.Enabled() {
 		cmd.Trace = tracing.FromNATS(msg.Headers())
 	}
+	ctx = withProgress(ctx, func() { _ = msg.InProgress() })
 	md, mdErr := msg.Metadata()
 	redelivered := mdErr == nil && md.NumDelivered > 1
 	// A command this worker cannot run takes no slot from those it can.
@@ -753,6 +772,9 @@ func (a *attempt) context(tx saga.Tx, fwd *stored) *saga.StepContext {
 	sc := &saga.StepContext{
 		SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt,
 		Input: bytes.Clone(c.Input), Results: cloneResults(c.Results), Tx: tx,
+	}
+	if a.plan.Kind != saga.DatabaseStep {
+		sc.Lease = beat{a}
 	}
 	if c.Phase == saga.PhaseCompensate && fwd != nil {
 		sc.ForwardKey = saga.StepKey(c.SagaID, c.Step, saga.PhaseForward)

@@ -21,6 +21,9 @@ type stored struct {
 	errText string
 	attempt int
 	unknown bool
+	// verified: the step's Verify answered, after the last attempt whose
+	// outcome was unknown, that the key took no effect.
+	verified bool
 }
 
 // final reports an outcome no attempt changes any more.
@@ -35,8 +38,10 @@ func (st stored) endedAt(n int) bool { return st.outcome == "retry" && st.attemp
 
 // undo reports whether a compensation must run for a forward step whose
 // key holds st (after store.FenceForward): it succeeded, or some attempt of it
-// had an unknown outcome.
-func (st stored) undo() bool { return st.outcome == "succeeded" || st.unknown }
+// had an unknown outcome, even if its Verify answered since that the key
+// took no effect (the compensation voids the key against a request still
+// on its way).
+func (st stored) undo() bool { return st.outcome == "succeeded" || st.unknown || st.verified }
 
 // scan reads a row of store.ReadStored into st; found, if not nil, is false for
 // no row (st then stays the zero value: nothing stored).
@@ -47,7 +52,7 @@ func (st *stored) scan(found *bool) func(pgx.Row) error {
 		}
 	}
 	return func(row pgx.Row) error {
-		err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt, &st.unknown)
+		err := row.Scan(&st.outcome, &st.result, &st.errText, &st.attempt, &st.unknown, &st.verified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			set(false)
 			return nil

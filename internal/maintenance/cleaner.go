@@ -61,6 +61,9 @@ type CleanResult struct {
 	Outbox int64
 	// SubmitTokens is the number of expired submit tokens deleted.
 	SubmitTokens int64
+	// LimitHolds is the number of lapsed holds of shared limits deleted
+	// (their process died while it held them).
+	LimitHolds int64
 	// Batches is the number of committed transactions that deleted at
 	// least one row.
 	Batches int
@@ -72,6 +75,7 @@ func (r *CleanResult) add(o CleanResult) {
 	r.Inbox += o.Inbox
 	r.Outbox += o.Outbox
 	r.SubmitTokens += o.SubmitTokens
+	r.LimitHolds += o.LimitHolds
 	r.Batches += o.Batches
 }
 
@@ -148,6 +152,7 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 		{"finished sagas", c.sagaBatch},
 		{"published outbox rows", c.outboxBatch},
 		{"expired submit tokens", c.submitTokenBatch},
+		{"lapsed limit holds", c.limitHoldBatch},
 	} {
 		for ctx.Err() == nil {
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
@@ -233,6 +238,13 @@ func (c *Cleaner) outboxBatch(ctx context.Context) (CleanResult, int64, error) {
 func (c *Cleaner) submitTokenBatch(ctx context.Context) (CleanResult, int64, error) {
 	n, err := c.deleteBatch(ctx, store.DeleteExpiredSubmitTokens, 0)
 	return CleanResult{SubmitTokens: n}, n, err
+}
+
+// limitHoldBatch deletes one batch of holds of shared limits that lapsed
+// over a minute ago.
+func (c *Cleaner) limitHoldBatch(ctx context.Context) (CleanResult, int64, error) {
+	n, err := c.deleteBatch(ctx, store.DeleteLapsedHolds, time.Minute)
+	return CleanResult{LimitHolds: n}, n, err
 }
 
 // deleteBatch runs one single-statement delete in its own transaction.

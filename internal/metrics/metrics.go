@@ -64,6 +64,14 @@ type Metrics struct {
 	// Verified counts the answers of steps' Verify, by step and answer
 	// (done, not_done, unknown).
 	Verified *prometheus.CounterVec
+	// LimitWaits counts the turns under a shared limit (saga.Limit) that
+	// had to wait, by limit and bound (concurrency, rate, per_key), and
+	// LimitWaitSeconds how long a turn waited.
+	LimitWaits       *prometheus.CounterVec
+	LimitWaitSeconds *prometheus.HistogramVec
+	// LeaseExtensions counts the leases an attempt pushed forward, by
+	// why: waiting for a limit, or its handler's heartbeat.
+	LeaseExtensions *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg. A nil reg keeps
@@ -126,6 +134,19 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "verified_total",
 		Help: "Answers of steps' Verify after an attempt whose outcome was unknown, by answer (done, not_done, unknown).",
 	}, []string{"definition", "step", "answer"})
+	m.LimitWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "limit_waits_total",
+		Help: "Turns under a shared limit that waited before their attempt started, by limit and bound (concurrency, rate, per_key); a wait spends no attempt.",
+	}, []string{"limit", "bound"})
+	m.LimitWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "limit_wait_seconds",
+		Help:    "How long a turn under a shared limit waited, by limit.",
+		Buckets: []float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"limit"})
+	m.LeaseExtensions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "lease_extensions_total",
+		Help: "Leases an attempt pushed forward while it ran, by reason (limit: waiting for a shared limit; heartbeat: its handler's StepContext.Heartbeat).",
+	}, []string{"definition", "step", "reason"})
 	m.StateDifferences = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "state_differences",
 		Help: "Differences the engine's last reconcile found, by check (failed and parked count sagas that wait for a person; every other check must be 0).",
@@ -185,6 +206,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.DeadlinesPassed, m.CommandsHeld,
 		m.DeadLettersParked, m.DeadLettersResumed,
 		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns, m.Verified,
+		m.LimitWaits, m.LimitWaitSeconds, m.LeaseExtensions,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)

@@ -193,7 +193,24 @@ func (c *Core) Moved(m *store.Move, created time.Time) {
 type settled struct {
 	outcome string
 	unknown bool
-	result  []byte
+	// verified: the step's Verify answered, after the last attempt whose
+	// outcome was unknown, that the key took no effect.
+	verified bool
+	result   []byte
+}
+
+// effect is what is known of the effect of a step given up without
+// success, from the step's row (possiblyDone) and what its key holds.
+func (s settled) effect(possiblyDone bool) compensation.Effect {
+	switch {
+	case s.unknown:
+		return compensation.PossiblyDone
+	case s.verified:
+		return compensation.VerifiedNotDone
+	case possiblyDone:
+		return compensation.PossiblyDone
+	}
+	return compensation.NotDone
 }
 
 // settle fences a step's key in the inbox, in tx (which holds the saga's
@@ -214,7 +231,7 @@ func (c *Core) settleWith(ctx context.Context, tx *store.Tx, tombstone string, s
 		pguuid.Of(sagaID), pguuid.Of(key), step, string(phase), store.LockID(key))
 	found := true
 	tx.Queue(store.SettleRead, func(row pgx.Row) error {
-		err := row.Scan(&s.outcome, &s.unknown, &s.result)
+		err := row.Scan(&s.outcome, &s.unknown, &s.verified, &s.result)
 		if errors.Is(err, pgx.ErrNoRows) {
 			found = false
 			return nil
@@ -247,11 +264,7 @@ func (c *Core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def 
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attemptNo)
 		m, err = c.plan.Success(sg, def, idx, phase, attemptNo, s.result)
 	} else {
-		effect := compensation.NotDone
-		if possiblyDone || s.unknown {
-			effect = compensation.PossiblyDone
-		}
-		m, err = c.plan.Failure(sg, def, idx, phase, attemptNo, reason, effect)
+		m, err = c.plan.Failure(sg, def, idx, phase, attemptNo, reason, s.effect(possiblyDone))
 	}
 	if err != nil {
 		return err

@@ -101,7 +101,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, resend, paused, waited, claimed, running, answered, found bool
+	var due, expired, resend, paused, waited, claimed, running, answered, verifying, found bool
 	var queuedMillis int64
 	tx.Queue(store.LockSagaOfStep, func(row pgx.Row) error {
 		var err error
@@ -112,7 +112,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(store.SelectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis, &verifying)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -162,7 +162,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	case resend:
 		// A step in flight when its saga was paused: the same attempt
 		// goes out again, with a fresh lease.
-		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt); err != nil {
+		if err := c.resendStep(tx, sg, def, st.index, st.phase, st.attempt, verifying); err != nil {
 			return false, err
 		}
 	case expired && !claimed && running:
@@ -177,7 +177,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// costs nothing: it is kept, and sent again if lost. So is an
 		// attempt the inbox answered, whose reply is on its way (the
 		// last one's answer is settled below, from the inbox).
-		how, err := c.requeue(ctx, tx, sg, def, st.index, st.phase, st.attempt, time.Duration(queuedMillis)*time.Millisecond)
+		how, err := c.requeue(ctx, tx, sg, def, st.index, st.phase, st.attempt, verifying, time.Duration(queuedMillis)*time.Millisecond)
 		if err != nil {
 			return false, err
 		}
@@ -196,6 +196,15 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 			c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
 			c.log.Info("lease expired; step dispatched again", "saga_id", sg.ID, "step", step.Name, "phase", st.phase, "attempt", st.attempt+1)
 		}
+	case expired && !answered && st.phase == saga.PhaseForward && step.Verify != nil && st.attempt == policy.MaxAttempts:
+		// The last attempt's lease expired during its call: before the
+		// step is given up, one more attempt asks its Verify what the key
+		// did, and calls nothing.
+		if err := c.redispatchAs(tx, sg, def, st.index, st.phase, st.attempt, true); err != nil {
+			return false, err
+		}
+		c.metrics.LeaseTakeovers.WithLabelValues(def.Name(), step.Name, string(st.phase)).Inc()
+		c.log.Info("lease of the last attempt expired; its Verify is asked before the step is given up", "saga_id", sg.ID, "step", step.Name, "attempt", st.attempt+1)
 	default:
 		// The last attempt's lease expired with no reply: its outcome is
 		// unknown. Settle it through the inbox (tombstone, then read) and
@@ -224,15 +233,21 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 // and its command, written as the saga will be after tx (its version
 // bumped).
 func (c *Core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int) error {
+	return c.redispatchAs(tx, sg, def, idx, phase, seenAttempt, false)
+}
+
+// redispatchAs is redispatch; verify makes the next attempt ask the
+// step's Verify alone (wire.Command.Verify).
+func (c *Core) redispatchAs(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, seenAttempt int, verify bool) error {
 	after := *sg
 	after.Version++
-	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, seenAttempt+1)
+	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, seenAttempt+1, verify)
 	if err != nil {
 		return err
 	}
 	store.QueueRedispatch(tx, store.Resend{Saga: sg.ID, Step: def.Step(idx).Name, Phase: phase, Attempt: seenAttempt, Version: sg.Version,
 		LeaseMillis: c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase)),
-		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffFor(tx)})
+		Command:     outbox.Message{Subject: subject, MsgID: msgID, Payload: payload, Headers: tx.Trace()}, HandOff: c.handOffFor(tx), Verify: verify})
 	return nil
 }
 
@@ -240,10 +255,10 @@ func (c *Core) redispatch(tx *store.Tx, sg *saga.Instance, def *saga.Definition,
 // a fresh lease, and its command written as the saga will be after tx
 // (its version bumped). The message id carries that version: the broker
 // must not drop the command as a copy of the attempt's first one.
-func (c *Core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int) error {
+func (c *Core) resendStep(tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, verify bool) error {
 	after := *sg
 	after.Version++
-	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, attemptNo)
+	subject, msgID, payload, err := c.plan.Command(&after, def, idx, phase, attemptNo, verify)
 	if err != nil {
 		return err
 	}

@@ -87,7 +87,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		if phase == saga.PhaseForward {
 			resumed.State = def.StateBefore(idx)
 		}
-		subject, msgID, payload, err := c.plan.Command(&resumed, def, idx, phase, next)
+		subject, msgID, payload, err := c.plan.Command(&resumed, def, idx, phase, next, false)
 		if err != nil {
 			return err
 		}
@@ -234,11 +234,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 			// It completed: the steps up to it are compensated.
 			m, err = c.cancelMove(sg, def, idx, attemptNo, msg, s.result)
 		default:
-			effect := compensation.NotDone
-			if possiblyDone || s.unknown {
-				effect = compensation.PossiblyDone
-			}
-			m, err = c.plan.Failure(sg, def, idx, saga.PhaseForward, attemptNo, msg, effect)
+			m, err = c.plan.Failure(sg, def, idx, saga.PhaseForward, attemptNo, msg, s.effect(possiblyDone))
 			if err == nil && m.To != saga.StateParked {
 				m.Error = msg
 			}
@@ -292,7 +288,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	var subject, msgID string
 	var payload []byte
 	if len(undo) > 0 {
-		if subject, msgID, payload, err = c.plan.Command(&after, def, undo[0], saga.PhaseCompensate, 1); err != nil {
+		if subject, msgID, payload, err = c.plan.Command(&after, def, undo[0], saga.PhaseCompensate, 1, false); err != nil {
 			return err
 		}
 		first := def.Step(undo[0]).Name

@@ -77,7 +77,7 @@ func (c *Core) claimRunning(tx *store.Tx, def *saga.Definition, id stepID, idx, 
 
 // requeue keeps step idx of sg at its attempt after its lease ran out with
 // no worker having claimed the command, as planRequeue decides.
-func (c *Core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, queued time.Duration) (string, error) {
+func (c *Core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, verify bool, queued time.Duration) (string, error) {
 	policy := plan.PolicyOf(def, idx, phase)
 	lease := time.Duration(c.plan.LeaseMillis(policy)) * time.Millisecond
 	var b maintenance.Backlog
@@ -89,7 +89,7 @@ func (c *Core) requeue(ctx context.Context, tx *store.Tx, sg *saga.Instance, def
 	var subject, msgID any
 	var payload []byte
 	if plan.send {
-		s, id, p, err := c.plan.Command(sg, def, idx, phase, attemptNo)
+		s, id, p, err := c.plan.Command(sg, def, idx, phase, attemptNo, verify)
 		if err != nil {
 			return "", err
 		}

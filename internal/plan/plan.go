@@ -48,13 +48,15 @@ func PolicyOf(def *saga.Definition, idx int, phase saga.Phase) saga.RetryPolicy 
 // transaction that writes the command leaves it: the command carries its
 // state and version, so that a success can be applied in its step without
 // a read.
-func (p Planner) Command(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int) (subject, msgID string, payload []byte, err error) {
+// verify makes it an attempt that asks the step's Verify alone
+// (wire.Command.Verify).
+func (p Planner) Command(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attempt int, verify bool) (subject, msgID string, payload []byte, err error) {
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	cmd := wire.Command{
 		SagaID: sg.ID, Definition: sg.Definition, DefinitionVersion: def.Version(), Step: step.Name, Phase: phase,
 		Key: key, Attempt: attempt, Input: sg.Input, Results: sg.Results,
-		State: sg.State, Version: sg.Version,
+		State: sg.State, Version: sg.Version, Verify: verify,
 	}
 	payload, err = json.Marshal(cmd)
 	if err != nil {
@@ -66,7 +68,7 @@ func (p Planner) Command(sg *saga.Instance, def *saga.Definition, idx int, phase
 // Dispatch describes attempt 1 of step idx in the given phase, its command
 // written from after, the saga as the dispatching move leaves it.
 func (p Planner) Dispatch(after *saga.Instance, def *saga.Definition, idx int, phase saga.Phase) (*store.Dispatch, error) {
-	subject, msgID, payload, err := p.Command(after, def, idx, phase, 1)
+	subject, msgID, payload, err := p.Command(after, def, idx, phase, 1, false)
 	if err != nil {
 		return nil, err
 	}
@@ -183,8 +185,11 @@ func (p Planner) Failure(sg *saga.Instance, def *saga.Definition, idx int, phase
 	m, after := MoveFrom(sg, to, step.Name, phase, attemptNo)
 	m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, possibly
 	m.Error = fmt.Sprintf("step %q failed: %s", step.Name, reason)
-	if possibly {
+	switch {
+	case possibly:
 		m.Error = fmt.Sprintf("step %q (key %s) was given up and may have taken effect: %s; it is compensated first", step.Name, key, reason)
+	case effect == compensation.VerifiedNotDone && step.Compensate != nil:
+		m.Error = fmt.Sprintf("step %q (key %s) was given up; its Verify found the key took no effect: %s; it is compensated first, to void the key against a request still on its way", step.Name, key, reason)
 	}
 	return p.Compensate(m, after, def, plan)
 }

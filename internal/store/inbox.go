@@ -53,15 +53,20 @@ returning 1`, LockClass)
 	// or whose process never recorded an outcome (started, at a lower
 	// attempt: that one's outcome is now unknown). A row at this attempt
 	// or a later one, or a final outcome, is left as it is: a duplicate of
-	// a call in flight does not call again.
+	// a call in flight does not call again. It returns a row when it
+	// claimed: whether an earlier attempt's outcome is unknown (and not
+	// since answered "not done" by the step's Verify), for the attempt to
+	// verify before it calls again.
 	ClaimCall = fmt.Sprintf(`insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, $4::text, $5::int, 'started'
 from idemsaga.sagas s
 where s.id = $1 and `+NotPaused+` and pg_advisory_xact_lock_shared(%d, $6) is not null
 on conflict (saga_id, step_key) do update
   set attempt = excluded.attempt, outcome = 'started', error = null,
-      unknown = x.unknown or x.outcome = 'started'
-  where x.outcome in ('started', 'retry') and x.attempt < excluded.attempt`, LockClass)
+      unknown = x.unknown or x.outcome = 'started',
+      verified = x.verified and x.outcome <> 'started'
+  where x.outcome in ('started', 'retry') and x.attempt < excluded.attempt
+returning unknown`, LockClass)
 
 	// FenceForward comes first in a compensation: the forward key's row
 	// becomes a tombstone unless its outcome is final, so no late delivery
@@ -71,14 +76,15 @@ on conflict (saga_id, step_key) do update
 	FenceForward = `insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
 select s.id, $2, $3, 'forward', 0, 'tombstone' from idemsaga.sagas s where s.id = $1
 on conflict (saga_id, step_key) do update
-  set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting'),
+    verified = x.verified and x.outcome not in ('started', 'waiting')
   where x.outcome in ('started', 'retry', 'waiting')`
 
 	// ReadStored reads what the inbox holds for a key: a duplicate's
 	// answer, a forward step's outcome for its compensation. A success
 	// applied to its saga in its own transaction keeps its result in the
 	// step's row alone.
-	ReadStored = `select i.outcome::text, coalesce(i.result, st.result), coalesce(i.error, ''), i.attempt, i.unknown
+	ReadStored = `select i.outcome::text, coalesce(i.result, st.result), coalesce(i.error, ''), i.attempt, i.unknown, i.verified
 from idemsaga.inbox i
 left join idemsaga.steps st on i.outcome = 'succeeded' and i.result is null
   and st.saga_id = i.saga_id and st.step = i.step and st.phase = i.phase and st.status = 'succeeded'

@@ -76,7 +76,7 @@ join idemsaga.steps st on st.saga_id = s.id and st.phase = 'forward'
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 left join idemsaga.steps c on c.saga_id = st.saga_id and c.step = st.step and c.phase = 'compensate'
 where s.state = 'compensated'
-  and (st.possibly_done or coalesce(i.unknown, false) or i.outcome = 'started')
+  and (` + Doubt + ` or i.outcome = 'started')
   and c.status is distinct from 'succeeded'
   and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
     or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, StepsWithoutUndo, "possibly_done_not_compensated"},

@@ -112,8 +112,12 @@ type Record struct {
 	// the failure leads the outcome and error.
 	InboxOutcome string
 	Unknown      bool
-	Result       json.RawMessage
-	ErrText      string
+	// Resolved, for LeadExternal, says the step's Verify answered about
+	// the key (done, or not done: Verified): the doubt of the attempts
+	// before is closed (Unknown is then false).
+	Resolved, Verified bool
+	Result             json.RawMessage
+	ErrText            string
 
 	// Proof is the outcome the inbox holds for the key at Attempt once
 	// this record committed, and not before: what tells whether a COMMIT
@@ -255,7 +259,8 @@ var (
 
 	leadExternal = fmt.Sprintf(`i as (
   update idemsaga.inbox x set outcome = @inbox_outcome::text, result = @inbox_result::jsonb, error = @inbox_error::text,
-    unknown = x.unknown or @unknown::bool
+    unknown = not @resolved::bool and (x.unknown or @unknown::bool),
+    verified = @verified::bool or x.verified and not @unknown::bool
   where x.saga_id = @saga and x.step_key = @key and x.attempt = @attempt::int and x.outcome = 'started'
     and pg_advisory_xact_lock_shared(%d, @lock) is not null
   returning 1
@@ -416,6 +421,8 @@ var params = map[string]param{
 	},
 	"inbox_result": func(r *Record) any { return nullJSON(r.Result) },
 	"unknown":      func(r *Record) any { return r.Unknown },
+	"verified":     func(r *Record) any { return r.Verified },
+	"resolved":     func(r *Record) any { return r.Resolved },
 	"hand_off":     func(r *Record) any { return r.HandOff },
 
 	"to":            func(r *Record) any { return string(r.Move.To) },

@@ -13,7 +13,8 @@ import "fmt"
 // make the key look busy to another reaper), or the inbox has the attempt
 // started (an external call). An attempt whose outcome the inbox holds is
 // neither, but answered: its reply (or the move it missed) is on its way.
-// queued_ms is how long ago the attempt was dispatched.
+// queued_ms is how long ago the attempt was dispatched; verifying says the
+// attempt asks the step's Verify alone (Resend.Verify).
 var SelectStepForReap = fmt.Sprintf(`select step_index, phase::text, status::text, attempt, possibly_done,
 (status = 'retrying' and next_attempt_at <= idemsaga.now()) as due,
 (status = 'dispatched' and lease_until < idemsaga.now() and next_attempt_at is null) as expired,
@@ -31,7 +32,8 @@ case when status = 'dispatched' and lease_until < idemsaga.now() and next_attemp
     and l.classid = %d and l.objid = ($4::bigint & 4294967295)::oid)
 else false end as running,
 exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')) as answered,
-(extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms
+(extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms,
+coalesce(verify_attempt = attempt, false) as verifying
 from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, LockClass)
 
 // MarkClaimed marks an attempt found running without its worker's mark as

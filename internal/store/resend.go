@@ -26,6 +26,11 @@ type Resend struct {
 	// milliseconds, nil for the relay.
 	Command outbox.Message
 	HandOff any
+	// Verify, for a redispatch, makes the next attempt one that asks the
+	// step's Verify alone (wire.Command.Verify); the step's row records
+	// it (verify_attempt), so that the command is written the same way
+	// should it be sent again.
+	Verify bool
 }
 
 // QueueRedispatch queues the next attempt (Attempt+1) of r's step, after
@@ -42,7 +47,7 @@ func QueueRedispatch(tx *Tx, r Resend) {
 			return fmt.Errorf("dispatch step %q (%s) of saga %s again: %w", r.Step, r.Phase, r.Saga, err)
 		}
 		return r.sent(tx, outboxID, next != nil)
-	}, r.args()...)
+	}, append(r.args(), r.Verify)...)
 }
 
 // QueueResendAfterResume queues r's step sent again at its attempt after

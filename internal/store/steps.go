@@ -23,11 +23,17 @@ const SelectSagaByKeyFull = `select ` + SagaColumns + ` from idemsaga.sagas wher
 // SelectSagasByKey reads the sagas of every definition under key $1.
 const SelectSagasByKey = `select ` + SagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
 
+// Doubt holds for a step st, with its key's inbox row i, that may have
+// taken effect: an attempt's outcome was unknown, as the step's row or
+// the key's row says, and the step's Verify has not answered since that
+// the key took no effect.
+const Doubt = `(coalesce(i.unknown, false) or st.possibly_done and not coalesce(i.verified, false))`
+
 // SelectSteps reads a saga's steps; a step is possibly done when an
 // attempt's outcome was unknown, as the step's row or its key's inbox
-// row says.
+// row says (Doubt).
 const SelectSteps = `select st.step, st.phase::text, st.step_index, st.key, st.status::text, st.attempt,
-  st.possibly_done or coalesce(i.unknown, false),
+  ` + Doubt + `,
   st.lease_until, st.next_attempt_at, coalesce(st.last_error, ''), st.result, st.created_at, st.updated_at
 from idemsaga.steps st
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
@@ -84,7 +90,8 @@ const SelectSagaByKey = `select id, input_hash, state::text from idemsaga.sagas 
 // redispatchStep starts the next attempt of a step, fenced by the
 // attempt seen ($4), bumps the saga's version ($6, seen under its lock)
 // and writes the attempt's command ($7-$11: subject, message id,
-// payload, hand-off, headers). The attempt it ends goes into the timeline as
+// payload, hand-off, headers); $12 says the new attempt asks the step's
+// Verify alone. The attempt it ends goes into the timeline as
 // 'lease expired', unless it is there already (a retry was scheduled).
 // It returns the new attempt and the command's outbox id.
 var redispatchStep = `with cur as (
@@ -94,7 +101,8 @@ var redispatchStep = `with cur as (
   update idemsaga.steps set
     status = 'dispatched', attempt = attempt + 1,
     lease_until = idemsaga.now() + $5 * interval '1 millisecond',
-    next_attempt_at = null, dispatched_at = idemsaga.now(), updated_at = idemsaga.now()
+    next_attempt_at = null, dispatched_at = idemsaga.now(), updated_at = idemsaga.now(),
+    verify_attempt = case when $12::bool then attempt + 1 else verify_attempt end
   where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('dispatched', 'retrying')
   returning saga_id, attempt
 ), old as (
@@ -186,7 +194,7 @@ const LockSagaOfStep = `select ` + SagaColumns + ` from idemsaga.sagas where id 
 
 // SettleRead reads what the inbox holds for a step being settled, once
 // SettleTombstone fenced it.
-const SettleRead = `select outcome::text, unknown, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
+const SettleRead = `select outcome::text, unknown, verified, result from idemsaga.inbox where saga_id = $1 and step_key = $2`
 
 // SettleTombstone fences a step the engine gives up, if no attempt holds
 // its key ($5, its advisory lock, tried without waiting): a tombstone, so
@@ -199,7 +207,8 @@ var SettleTombstone = fmt.Sprintf(`with l as (
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
   select $1, $2, $3, $4::text, 0, 'tombstone' from l where l.got
-  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting'),
+    verified = x.verified and x.outcome not in ('started', 'waiting')
   where x.outcome in ('started', 'retry', 'waiting')
 )
 select got from l`, LockClass)
@@ -212,7 +221,8 @@ var SettleTombstoneForCancel = fmt.Sprintf(`with l as (
 ), t as (
   insert into idemsaga.inbox as x (saga_id, step_key, step, phase, attempt, outcome)
   select $1, $2, $3, $4::text, 0, 'tombstone' from l where l.got
-  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting')
+  on conflict (saga_id, step_key) do update set outcome = 'tombstone', unknown = x.unknown or x.outcome in ('started', 'waiting'),
+    verified = x.verified and x.outcome not in ('started', 'waiting')
   where x.outcome in ('retry', 'waiting') or (x.outcome = 'started' and not exists (
     select 1 from idemsaga.steps st where st.saga_id = $1 and st.key = $2 and st.status = 'dispatched' and st.lease_until > idemsaga.now()))
 )

@@ -36,6 +36,12 @@ type Command struct {
 	// step.
 	DefinitionVersion int `json:"definition_version,omitempty"`
 
+	// Verify asks for the step's Verify alone, not its forward handler:
+	// the attempt after the last one, whose outcome is unknown (its
+	// worker stopped during the call), asks the other system what the
+	// key did before the step is given up.
+	Verify bool `json:"verify,omitempty"`
+
 	// Trace is the W3C trace context the command arrived with (its
 	// message's headers), nil when it carries none. It travels in the
 	// headers, never in the payload.
