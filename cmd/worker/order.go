@@ -57,6 +57,10 @@ type paymentsCmd struct {
 	CallbackAuth string        `name:"callback-token-file" env:"IDEMSAGA_CALLBACK_TOKEN_FILE" help:"File whose first line is the bearer token for --callback-url (one of the worker's --api-tokens-file)."`
 	ConfirmEarly float64       `name:"confirm-early" help:"Fraction of charges confirmed before the charge is answered."`
 	LoseConfirm  float64       `name:"lose-confirmation" help:"Fraction of confirmations lost on their way."`
+	RateLimit    int           `name:"rate-limit" help:"Answer 429 (with a Retry-After) above this many requests per second, across every caller and route (0: no limit)."`
+	LateCommit   time.Duration `name:"late-commit" help:"Commit a charge only after this long, for --late-commit-fraction of them; a refund of its key meanwhile makes it refused."`
+	LateFraction float64       `name:"late-commit-fraction" help:"Fraction of charges committed after --late-commit."`
+	DropReused   float64       `name:"drop-reused" help:"Fraction of charges on a reused connection that commit, then drop the connection unanswered; the next charge request under the key is answered 503."`
 }
 
 // callbackNotifier posts confirmations to a worker's callback API.
@@ -118,7 +122,8 @@ func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
 	}
 	svc := payments.New(pool, log)
 	svc.SetFaults(payments.Faults{LoseResponse: p.LoseResponse, FailBefore: p.FailBefore, Busy: p.Busy, Slow: p.Slow, SlowP: p.SlowFraction, Refunds: true,
-		ConfirmEarly: p.ConfirmEarly, LoseConfirmation: p.LoseConfirm}, uint64(time.Now().UnixNano()))
+		ConfirmEarly: p.ConfirmEarly, LoseConfirmation: p.LoseConfirm,
+		RateLimit: p.RateLimit, LateCommit: p.LateCommit, LateCommitP: p.LateFraction, DropReused: p.DropReused}, uint64(time.Now().UnixNano()))
 	if p.CallbackURL != "" {
 		notify, err := callbackNotifier(p.CallbackURL, p.CallbackAuth)
 		if err != nil {
@@ -131,7 +136,7 @@ func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
 	if err != nil {
 		return fmt.Errorf("payments: listen on %s: %w (choose another with --addr)", p.Addr, err)
 	}
-	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second, ConnContext: svc.ConnContext}
 	log.Info("payment service listening; SIGINT or SIGTERM stops it", "addr", ln.Addr().String(), "pid", os.Getpid())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -146,7 +151,8 @@ func (p *paymentsCmd) Run(ctx context.Context, f *service.Flags) error {
 		return err
 	}
 	c := svc.Counts()
-	log.Info("payment service stopped", "charges", c.Charges, "refunds", c.Refunds, "lost_responses", c.LostResponses, "replays", c.Replays,
-		"confirmations", c.Confirmed, "confirmation_failures", c.ConfirmFailures)
+	log.Info("payment service stopped", "requests", c.Requests, "charges", c.Charges, "refunds", c.Refunds, "lost_responses", c.LostResponses, "replays", c.Replays,
+		"confirmations", c.Confirmed, "confirmation_failures", c.ConfirmFailures, "rate_limited", c.RateLimited,
+		"late_charges", c.LateCharges, "late_refused", c.LateRefused, "dropped_reused", c.DroppedReused, "busy_after_drop", c.BusyAfterDrop)
 	return nil
 }

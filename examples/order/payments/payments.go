@@ -1,8 +1,10 @@
 // Package payments is the order example's payment service: a small HTTP
 // API over a table of its own, idempotent by the Idempotency-Key header,
-// with faults a test or a chaos run can switch on (a response lost after
-// the charge committed, a 500 before charging, an answer slower than the
-// caller waits).
+// with faults a test or a chaos run can switch on (Faults): a response
+// lost after the charge committed, a 500 or a 503 before charging, an
+// answer slower than the caller waits, a charge that commits after the
+// caller gave up, a reused connection dropped after the charge committed,
+// and a rate limit.
 //
 //	POST /charges  {"order":"<uuid>","customer":"ann","amount":1200,"callback":"<token>"}
 //	    201 charged, 200 the same key again, 402 declined (a customer named
@@ -17,6 +19,15 @@
 //	    key reused with another charge.
 //	GET /charges/{key}
 //
+// Any route may answer 429 with a Retry-After header (Faults.RateLimit),
+// before it reads the key.
+//
+// Faults.DropReused needs to know which requests come on a connection
+// that served one before: mount Handler on an http.Server whose
+// ConnContext is Service.ConnContext, or that fault never fires.
+//
+//	srv := &http.Server{Handler: svc.Handler(), ConnContext: svc.ConnContext}
+//
 // It is another system than the engine: the order saga reaches it only
 // over HTTP, and it shares nothing but the database server in the example.
 package payments
@@ -29,8 +40,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -89,6 +103,28 @@ type Faults struct {
 	// LoseConfirmation is the fraction of confirmations lost on their
 	// way: the service believes it delivered them.
 	LoseConfirmation float64
+	// RateLimit admits at most this many requests a second across every
+	// caller and route (0: no limit), as a token bucket that holds
+	// RateLimit tokens and regains RateLimit a second. A request over it
+	// is answered 429 with a Retry-After, before anything is read or
+	// charged.
+	RateLimit int
+	// LateCommit makes a charge wait this long before it commits (0:
+	// never late), with probability LateCommitP: the caller's attempt
+	// times out while the charge is still on its way, and a refund of
+	// the key meanwhile voids it, so that it is refused (409) when it
+	// arrives. Close or the request's end stop the wait, uncommitted.
+	LateCommit  time.Duration
+	LateCommitP float64
+	// DropReused is the fraction of charges arriving on a connection
+	// that served a request before (see Service.ConnContext) that
+	// commit, then drop the connection unanswered: the condition under
+	// which Go's http.Transport resends a request carrying an
+	// Idempotency-Key on its own. The next charge request under the key
+	// is then answered 503 "nothing was charged", before the key is
+	// looked at, as a proxy in front of a busy service would: that is
+	// what the resent request meets.
+	DropReused float64
 }
 
 // Notice is a charge's confirmation, sent to the Callback token the
@@ -127,6 +163,17 @@ type Counts struct {
 	// deliveries that failed (and were sent again), ConfirmationsLost
 	// those lost on purpose (Faults.LoseConfirmation).
 	Confirmed, ConfirmFailures, ConfirmationsLost int64
+	// Requests counts the requests that reached a route, admitted or
+	// not; RateLimited those answered 429 (Faults.RateLimit).
+	Requests, RateLimited int64
+	// LateCharges counts the charges committed after Faults.LateCommit;
+	// LateRefused the late ones refused because a refund had voided
+	// their key meanwhile.
+	LateCharges, LateRefused int64
+	// DroppedReused counts the charges committed whose connection was
+	// then dropped (Faults.DropReused); BusyAfterDrop the requests under
+	// their keys answered 503 after it.
+	DroppedReused, BusyAfterDrop int64
 }
 
 // Service is the payment API.
@@ -137,9 +184,16 @@ type Service struct {
 	mu     sync.Mutex
 	faults Faults
 	rng    *rand.Rand
+	// tokens admits requests under Faults.RateLimit.
+	tokens bucket
+	// dropped holds the keys of the charges whose connection was dropped
+	// (Faults.DropReused) until a request under the key meets its 503.
+	dropped map[uuid.UUID]struct{}
 
 	charges, refunds, lost, failed, busy, slow, replays atomic.Int64
 	confirmed, confirmFailed, confirmLost               atomic.Int64
+	requests, rateLimited, lateCharges, lateRefused     atomic.Int64
+	droppedReused, busyAfterDrop                        atomic.Int64
 
 	notify NotifyFunc
 	// notices are the confirmations being sent; Close stops and waits.
@@ -153,7 +207,7 @@ func New(pool *pgxpool.Pool, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{pool: pool, log: log, rng: rand.New(rand.NewPCG(1, 2)), stop: make(chan struct{})}
+	return &Service{pool: pool, log: log, rng: rand.New(rand.NewPCG(1, 2)), dropped: map[uuid.UUID]struct{}{}, stop: make(chan struct{})}
 }
 
 // SetNotifier makes the service confirm each charge that carries a
@@ -217,18 +271,22 @@ func (s *Service) deliver(n Notice, retry bool) {
 	}
 }
 
-// SetFaults replaces the faults, seeding their dice.
+// SetFaults replaces the faults, seeding their dice; the rate limit's
+// bucket starts full.
 func (s *Service) SetFaults(f Faults, seed uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faults, s.rng = f, rand.New(rand.NewPCG(seed, 7))
+	s.tokens = bucket{rate: float64(f.RateLimit), tokens: float64(f.RateLimit), at: time.Now()}
 }
 
 // Counts returns what the service saw so far.
 func (s *Service) Counts() Counts {
 	return Counts{Charges: s.charges.Load(), Refunds: s.refunds.Load(), LostResponses: s.lost.Load(),
 		FailedBefore: s.failed.Load(), Busy: s.busy.Load(), Slow: s.slow.Load(), Replays: s.replays.Load(),
-		Confirmed: s.confirmed.Load(), ConfirmFailures: s.confirmFailed.Load(), ConfirmationsLost: s.confirmLost.Load()}
+		Confirmed: s.confirmed.Load(), ConfirmFailures: s.confirmFailed.Load(), ConfirmationsLost: s.confirmLost.Load(),
+		Requests: s.requests.Load(), RateLimited: s.rateLimited.Load(), LateCharges: s.lateCharges.Load(), LateRefused: s.lateRefused.Load(),
+		DroppedReused: s.droppedReused.Load(), BusyAfterDrop: s.busyAfterDrop.Load()}
 }
 
 // roll draws the faults of one request.
@@ -237,6 +295,10 @@ type roll struct {
 	// drop says, per confirmation, whether it is lost.
 	drop [Confirmations]bool
 	slow time.Duration
+	// late delays a charge's commit; dropReused drops its connection
+	// after the commit if the connection served a request before.
+	late       time.Duration
+	dropReused bool
 }
 
 func (s *Service) roll(customer string, refund bool) roll {
@@ -264,17 +326,101 @@ func (s *Service) roll(customer string, refund bool) roll {
 				r.lose = true
 			}
 		}
+		if f.LateCommit > 0 && s.rng.Float64() < f.LateCommitP {
+			r.late = f.LateCommit
+		}
+		if f.DropReused > 0 {
+			r.dropReused = s.rng.Float64() < f.DropReused
+		}
 	}
 	return r
 }
 
-// Handler returns the HTTP API.
+// Handler returns the HTTP API. Mount it on an http.Server whose
+// ConnContext is s.ConnContext for Faults.DropReused to fire.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /charges", s.postCharge)
-	mux.HandleFunc("POST /refunds", s.postRefund)
-	mux.HandleFunc("GET /charges/{key}", s.getCharge)
+	mux.HandleFunc("POST /charges", s.admit(s.postCharge))
+	mux.HandleFunc("POST /refunds", s.admit(s.postRefund))
+	mux.HandleFunc("GET /charges/{key}", s.admit(s.getCharge))
 	return mux
+}
+
+// servedKey is the context key of a connection's count of requests.
+type servedKey struct{}
+
+// ConnContext gives each connection a count of the requests it served,
+// by which Faults.DropReused knows a reused connection: set it as the
+// ConnContext of the http.Server that serves Handler.
+func (s *Service) ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, servedKey{}, new(atomic.Int64))
+}
+
+// reused reports whether r came on a connection that served a request
+// before it (false without ConnContext). An HTTP/1 connection serves its
+// requests one at a time, so the count includes r and no later one.
+func reused(r *http.Request) bool {
+	n, ok := r.Context().Value(servedKey{}).(*atomic.Int64)
+	return ok && n.Load() > 1
+}
+
+// admit counts a request on its connection and answers it 429 when the
+// rate limit has no token for it, before h reads anything.
+func (s *Service) admit(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.requests.Add(1)
+		if n, ok := r.Context().Value(servedKey{}).(*atomic.Int64); ok {
+			n.Add(1)
+		}
+		if wait, ok := s.take(); !ok {
+			s.rateLimited.Add(1)
+			secs := max(1, int(math.Ceil(wait.Seconds())))
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			answer(w, http.StatusTooManyRequests, map[string]string{"error": fmt.Sprintf("rate limited: nothing was done; try again in %d s", secs)})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// take takes a token from the rate limit's bucket, or says how long
+// until the next one; without a limit it always admits.
+func (s *Service) take() (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.faults.RateLimit <= 0 {
+		return 0, true
+	}
+	return s.tokens.take(time.Now())
+}
+
+// bucket is a token bucket: it holds at most rate tokens, and regains
+// rate of them a second.
+type bucket struct {
+	rate, tokens float64
+	// at is when tokens was last brought up to date.
+	at time.Time
+}
+
+// take takes a token at now, or says how long until the next one comes.
+func (b *bucket) take(now time.Time) (time.Duration, bool) {
+	b.tokens = min(b.rate, b.tokens+now.Sub(b.at).Seconds()*b.rate)
+	b.at = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return 0, true
+	}
+	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second)), false
+}
+
+// forgetDropped reports whether key's charge had its connection dropped
+// and no request under it met the 503 since, and forgets the key.
+func (s *Service) forgetDropped(key uuid.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.dropped[key]
+	delete(s.dropped, key)
+	return ok
 }
 
 // ChargeRequest is the body of POST /charges.
@@ -313,6 +459,12 @@ func (s *Service) postCharge(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if s.forgetDropped(key) {
+		// A proxy's 503, about this request, not the key.
+		s.busyAfterDrop.Add(1)
+		answer(w, http.StatusServiceUnavailable, map[string]string{"error": "busy: nothing was charged; try again"})
+		return
+	}
 	if req.Amount <= 0 || req.Customer == "" || req.Order == uuid.Nil {
 		answer(w, http.StatusBadRequest, map[string]string{"error": "order, customer and a positive amount are required"})
 		return
@@ -330,6 +482,16 @@ func (s *Service) postCharge(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(req.Customer, "declined-"):
 		answer(w, http.StatusPaymentRequired, map[string]string{"error": "card declined"})
 		return
+	}
+	if f.late > 0 {
+		select {
+		case <-time.After(f.late):
+		case <-s.stop:
+			answer(w, http.StatusServiceUnavailable, map[string]string{"error": "closing: nothing was charged; try again"})
+			return
+		case <-r.Context().Done():
+			return
+		}
 	}
 	var c Charge
 	var inserted bool
@@ -361,6 +523,9 @@ select key, order_id, customer, amount, state, false from payments.charges where
 		answer(w, http.StatusUnprocessableEntity, map[string]string{"error": "Idempotency-Key already used for another charge"})
 		return
 	case c.State == "voided":
+		if f.late > 0 {
+			s.lateRefused.Add(1)
+		}
 		answer(w, http.StatusConflict, map[string]string{"error": "voided: this key was refunded before it was charged; nothing was charged"})
 		return
 	case !inserted:
@@ -368,8 +533,20 @@ select key, order_id, customer, amount, state, false from payments.charges where
 		status = http.StatusOK
 	default:
 		s.charges.Add(1)
+		if f.late > 0 {
+			s.lateCharges.Add(1)
+		}
 	}
 	s.confirm(req.Callback, c, f)
+	if f.dropReused && reused(r) {
+		s.mu.Lock()
+		s.dropped[key] = struct{}{}
+		s.mu.Unlock()
+		s.droppedReused.Add(1)
+		// The charge committed; the connection closes unanswered, and
+		// the next request under the key meets a 503.
+		panic(http.ErrAbortHandler)
+	}
 	s.respond(w, f, status, c)
 }
 
