@@ -32,6 +32,11 @@ type chaosCmd struct {
 	Saga        string        `default:"transfer" enum:"transfer,order" help:"What to run: transfers (database steps) or orders (an external payment step, against a payment service that loses answers)."`
 	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
 	NoVerify    bool          `name:"no-verify" help:"Run the orders without their charge's Verify (--saga order), to compare: unknown outcomes are then decided by the give-up rule alone."`
+	Naive       bool          `help:"Charge and refund the orders as a handler written without saga/httpcall does (--saga order), to compare: Go's default client, which resends a request on a dropped reused connection, and a 503 read as not charged."`
+	NoRefund    bool          `name:"no-refund" help:"Give the orders' charge no compensation (--saga order), to compare: an order whose charge may have happened parks for a person."`
+	RateLimit   int           `name:"rate-limit" help:"The payment service answers 429 above this many requests per second (--saga order; 0: no limit)."`
+	OrderRate   int           `name:"order-rate" help:"The orders call the payment service at most this many times per second, across every worker (a saga.Limit; --saga order; 0: none)."`
+	Calm        bool          `help:"The payment service loses, fails and delays nothing (--saga order): with --kill-every 0 --no-nats-restart --no-pause --no-cut-db, a run of the limits alone."`
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
@@ -56,8 +61,12 @@ type chaosFigures struct {
 	RecentDuplicates                  int
 	OrchestratorDuplicates, Stale     int
 	LeaseTakeovers, Retries           int
-	WallTime                          time.Duration
-	Differences                       []string
+	// LimitWaits counts the turns under a shared limit that waited;
+	// Verified the answers of Verify, by answer.
+	LimitWaits  float64
+	Verified    map[string]float64
+	WallTime    time.Duration
+	Differences []string
 }
 
 const (
@@ -87,7 +96,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	defer pool.Close()
 	var work chaosWorkload = &transferChaos{}
 	if c.Saga == "order" {
-		work = &orderChaos{noVerify: c.NoVerify}
+		work = &orderChaos{noVerify: c.NoVerify, naive: c.Naive, noRefund: c.NoRefund, rateLimit: c.RateLimit, orderRate: c.OrderRate, calm: c.Calm}
 	}
 	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err
@@ -251,6 +260,17 @@ finished:
 	fig.Retries = int(sumPrefix(counters, "idemsaga_retries_scheduled_total"))
 	fig.InboxDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=inbox"])
 	fig.RecentDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=recent"])
+	fig.LimitWaits = sumPrefix(counters, "idemsaga_limit_waits_total")
+	fig.Verified = map[string]float64{}
+	for k, v := range counters {
+		if strings.HasPrefix(k, "idemsaga_verified_total|") {
+			for _, l := range strings.Split(k, "|") {
+				if a, ok := strings.CutPrefix(l, "answer="); ok {
+					fig.Verified[a] += v
+				}
+			}
+		}
+	}
 	if err := work.check(ctx, pool, def, fig); err != nil {
 		return err
 	}

@@ -27,6 +27,10 @@ type exampleFlags struct {
 	PaymentsURL string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
 	OrderVerify bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
 	ChargeWait  time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
+	OrderRate   int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
+	// The chaos run's comparisons (shared, hidden).
+	OrderNaive    bool `name:"order-naive" env:"IDEMSAGA_ORDER_NAIVE" hidden:"" help:"Charge and refund with Go's default client, 503 read as not charged (chaos --naive)."`
+	OrderNoRefund bool `name:"order-no-refund" env:"IDEMSAGA_ORDER_NO_REFUND" hidden:"" help:"The charge has no compensation (chaos --no-refund)."`
 }
 
 var examples exampleFlags
@@ -68,8 +72,18 @@ func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err e
 	if transferDef, err = transfer.NewDefinition(policy); err != nil {
 		return nil, nil, err
 	}
-	orderDef, err = order.NewDefinition(order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait, WithoutVerify: !x.OrderVerify})
+	orderDef, err = order.NewDefinition(x.orderConfig(policy))
 	return transferDef, orderDef, err
+}
+
+// orderConfig is the order example's configuration from the flags.
+func (x *exampleFlags) orderConfig(policy saga.RetryPolicy) order.Config {
+	cfg := order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait, WithoutVerify: !x.OrderVerify,
+		Naive: x.OrderNaive, WithoutRefund: x.OrderNoRefund}
+	if x.OrderRate > 0 {
+		cfg.Limit = saga.Limit{Name: "payments", Rate: x.OrderRate}
+	}
+	return cfg
 }
 
 // globals are the runtime's flags and the examples', for the examples'

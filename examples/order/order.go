@@ -1,10 +1,13 @@
 package order
 
 import (
+	"bytes"
 	"context"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"strings"
@@ -115,6 +118,22 @@ type Config struct {
 	// confirmation of its charge; past it the charge is refunded.
 	// Defaults to ChargeWaitDefault.
 	ChargeWait time.Duration
+	// Limit, if not zero, bounds the calls to the payment service (the
+	// charge, its refund and its Verify share it): its quota per account,
+	// across every worker.
+	Limit saga.Limit
+
+	// The chaos run's comparisons; never set them otherwise.
+
+	// WithoutRefund leaves out the charge's compensation (a payment
+	// method without refunds): an order whose charge may have happened
+	// then parks for a person, as a step without a compensation does.
+	WithoutRefund bool
+	// Naive charges and refunds as a handler written without
+	// saga/httpcall does: Go's default client, which resends a request
+	// with an Idempotency-Key on its own when a reused connection drops,
+	// and a 503 taken as "nothing charged" (saga.NotApplied).
+	Naive bool
 }
 
 // ChargeWaitDefault is Config.ChargeWait's default.
@@ -130,9 +149,20 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 		cfg.ChargeWait = ChargeWaitDefault
 	}
 	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}}
+	charge, refund := saga.Handle(p.charge), saga.Handle(p.refund)
+	if cfg.Naive {
+		n := &naiveAPI{base: p.base, client: &http.Client{Transport: cfg.Transport}}
+		charge, refund = saga.Handle(n.charge), saga.Handle(n.refund)
+	}
+	if cfg.WithoutRefund {
+		refund = nil
+	}
 	var verify saga.HandlerFunc
 	if !cfg.WithoutVerify {
 		verify = saga.Handle(p.verify)
+	}
+	if !cfg.Limit.IsZero() && cfg.Limit.Name == "" {
+		cfg.Limit.Name = "payments"
 	}
 	d, err := saga.New(DefinitionName,
 		saga.Step{
@@ -145,7 +175,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			// confirms it later by callback (Confirmation is the step's
 			// result).
 			Name: StepCharge, Reaches: StateCharged, Kind: saga.CallbackStep, Wait: cfg.ChargeWait,
-			Forward: saga.Handle(p.charge), Compensate: saga.Handle(p.refund), Verify: verify,
+			Forward: charge, Compensate: refund, Verify: verify, Limit: cfg.Limit,
 			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
 		},
 		saga.Step{
@@ -283,4 +313,61 @@ func (p *paymentAPI) refund(ctx context.Context, sc *saga.StepContext, in Input)
 		return r, fmt.Errorf("refund order %s: %w", sc.SagaID, err)
 	}
 	return r, res.Decode(&r)
+}
+
+// naiveAPI calls the payment service as a handler written without
+// saga/httpcall does (Config.Naive), for the chaos run to compare: one
+// attempt can be two requests, and a 503 about the second is read as an
+// answer about the key.
+type naiveAPI struct {
+	base   string
+	client *http.Client
+}
+
+func (n *naiveAPI) post(ctx context.Context, sc *saga.StepContext, path string, body, out any) (int, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, saga.Permanent(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.base+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, saga.Permanent(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", sc.Key.String())
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated:
+		return resp.StatusCode, json.Unmarshal(raw, out)
+	case http.StatusServiceUnavailable:
+		// The pitfall: "busy, nothing charged" is about this request.
+		return resp.StatusCode, saga.NotApplied(fmt.Errorf("%s answered 503: %s", path, raw))
+	}
+	return resp.StatusCode, fmt.Errorf("%s answered %d: %s", path, resp.StatusCode, raw)
+}
+
+func (n *naiveAPI) charge(ctx context.Context, sc *saga.StepContext, in Input) (payments.Charge, error) {
+	var c payments.Charge
+	status, err := n.post(ctx, sc, "/charges", payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()}, &c)
+	switch status {
+	case http.StatusPaymentRequired:
+		return c, saga.Permanent(fmt.Errorf("%w: customer %s", ErrDeclined, in.Customer))
+	case http.StatusConflict:
+		return c, saga.Permanent(err)
+	}
+	return c, err
+}
+
+func (n *naiveAPI) refund(ctx context.Context, sc *saga.StepContext, in Input) (payments.Refund, error) {
+	var r payments.Refund
+	_, err := n.post(ctx, sc, "/refunds", payments.RefundRequest{Charge: sc.ForwardKey, Order: sc.SagaID, Customer: in.Customer}, &r)
+	return r, err
 }

@@ -124,9 +124,12 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		// is unknown: ask, never call.
 		result, note, herr := a.verify(ctx, fmt.Errorf("attempt %d's outcome is unknown (its worker stopped before recording it)", cmd.Attempt-1))
 		return a.recordCall(ctx, result, herr, note)
-	case a.doubt && verifies:
+	case a.doubt && verifies && a.step.Kind == saga.ExternalStep:
 		// An earlier attempt's outcome is unknown (its worker stopped,
-		// or its Verify could not tell): ask before calling again.
+		// or its Verify could not tell): ask before calling again. A
+		// callback step sends its request again instead: the request
+		// under its key is what makes the other system call back again,
+		// should its callbacks have been lost.
 		result, note, herr := a.verify(ctx, fmt.Errorf("an earlier attempt's outcome is unknown"))
 		if herr == nil {
 			return a.recordCall(ctx, result, nil, note)
@@ -136,6 +139,10 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	var fwdp *stored
 	if cmd.Phase == saga.PhaseCompensate {
 		fwdp = &fwd
+	}
+	if err := a.turn.Pace(actx); err != nil {
+		// Claimed, and nothing called: known not to have taken effect.
+		return a.recordCall(ctx, nil, saga.NotApplied(fmt.Errorf("waiting for the start of the call under limit %s: %w", a.step.Limit.Name, err)), "")
 	}
 	result, herr := a.runHandler(actx, nil, fwdp)
 	if err := failpoint.Inject(failpoint.StepAfterCall); err != nil {

@@ -108,6 +108,9 @@ type Turn struct {
 	a      Attempt
 	scopes []string
 	kept   time.Time
+	// spare is a start under the rate that Wait reserved and no call
+	// has used yet (Pace takes it first).
+	spare bool
 }
 
 type bound struct {
@@ -139,6 +142,7 @@ func (g *Gate) Wait(ctx context.Context, l saga.Limit, a Attempt) (*Turn, error)
 		t.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
+	t.spare = l.Rate > 0
 	if waited := time.Since(start); waited > pollMin {
 		g.metrics.LimitWaitSeconds.WithLabelValues(l.Name).Observe(waited.Seconds())
 	}
@@ -178,10 +182,15 @@ func (t *Turn) hold(ctx context.Context, b bound) error {
 	}
 }
 
-// Pace waits for one start under the limit's rate, if it has one: the
-// turn's call, or another call within it (the step's Verify).
+// Pace waits for one start under the limit's rate, if it has one, for
+// one call of the turn: the first takes the start Wait reserved, each
+// other (the step's Verify beside its call) one of its own.
 func (t *Turn) Pace(ctx context.Context) error {
 	if t == nil || t.l.Rate <= 0 {
+		return nil
+	}
+	if t.spare {
+		t.spare = false
 		return nil
 	}
 	var ms float64
