@@ -113,7 +113,8 @@ type Faults struct {
 	// never late), with probability LateCommitP: the caller's attempt
 	// times out while the charge is still on its way, and a refund of
 	// the key meanwhile voids it, so that it is refused (409) when it
-	// arrives. Close or the request's end stop the wait, uncommitted.
+	// arrives. It commits even if its caller hung up meanwhile; Close
+	// stops the wait, uncommitted.
 	LateCommit  time.Duration
 	LateCommitP float64
 	// DropReused is the fraction of charges arriving on a connection
@@ -483,20 +484,22 @@ func (s *Service) postCharge(w http.ResponseWriter, r *http.Request) {
 		answer(w, http.StatusPaymentRequired, map[string]string{"error": "card declined"})
 		return
 	}
+	ctx := r.Context()
 	if f.late > 0 {
+		// The charge goes on after its caller gave up and hung up, as a
+		// request already inside a real service does.
+		ctx = context.WithoutCancel(ctx)
 		select {
 		case <-time.After(f.late):
 		case <-s.stop:
 			answer(w, http.StatusServiceUnavailable, map[string]string{"error": "closing: nothing was charged; try again"})
-			return
-		case <-r.Context().Done():
 			return
 		}
 	}
 	var c Charge
 	var inserted bool
 	var customer string
-	err := s.pool.QueryRow(r.Context(), `with i as (
+	err := s.pool.QueryRow(ctx, `with i as (
   insert into payments.charges (key, order_id, customer, amount, state, charged_at)
   values ($1, $2, $3, $4, 'charged', now())
   on conflict (key) do nothing
