@@ -33,12 +33,13 @@ type chaosCmd struct {
 	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
 	NoVerify    bool          `name:"no-verify" help:"Run the orders without their charge's Verify (--saga order), to compare: unknown outcomes are then decided by the give-up rule alone."`
 	Naive       bool          `help:"Charge and refund the orders as a handler written without saga/httpcall does (--saga order), to compare: Go's default client, which resends a request on a dropped reused connection, and a 503 read as not charged."`
-	NoRefund    bool          `name:"no-refund" help:"Give the orders' charge no compensation (--saga order), to compare: an order whose charge may have happened parks for a person."`
+	NoRefund    bool          `name:"no-refund" help:"Give the orders' charge no compensation (--saga order), to compare: an order whose charge may have happened parks for a person; no order is undeliverable."`
+	External    bool          `name:"external-charge" help:"Make the orders' charge an external step, confirmed by its answer alone, with no callback to wait for (--saga order)."`
 	RateLimit   int           `name:"rate-limit" help:"The payment service answers 429 above this many requests per second (--saga order; 0: no limit)."`
-	OrderRate   int           `name:"order-rate" help:"The orders call the payment service at most this many times per second, across every worker (a saga.Limit; --saga order; 0: none)."`
 	Calm        bool          `help:"The payment service loses, fails and delays nothing (--saga order): with --kill-every 0 --no-nats-restart --no-pause --no-cut-db, a run of the limits alone."`
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
+	Attempts    int           `default:"10" help:"Attempts of each step, the first included: fewer make the last attempt's outcome decide more often."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
 	MaxKills    int           `name:"max-kills" default:"0" help:"Stop killing after this many kills (0: no limit)."`
 	NATSRestart bool          `name:"nats-restart" default:"true" negatable:"" help:"Restart the NATS server once, a third of the way through."`
@@ -72,14 +73,13 @@ type chaosFigures struct {
 const (
 	chaosStepTimeout = 2 * time.Second
 	chaosLeaseGrace  = 3 * time.Second
-	chaosAttempts    = 10
 	chaosMaxBackoff  = time.Second
 )
 
 func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	g := withExamples(f)
-	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 {
-		return errors.New("--transfers, --orders and --workers must be at least 1")
+	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 || c.Attempts < 1 {
+		return errors.New("--transfers, --orders, --workers and --attempts must be at least 1")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -96,7 +96,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	defer pool.Close()
 	var work chaosWorkload = &transferChaos{}
 	if c.Saga == "order" {
-		work = &orderChaos{noVerify: c.NoVerify, naive: c.Naive, noRefund: c.NoRefund, rateLimit: c.RateLimit, orderRate: c.OrderRate, calm: c.Calm}
+		work = &orderChaos{noVerify: c.NoVerify, naive: c.Naive, noRefund: c.NoRefund, external: c.External, rateLimit: c.RateLimit, orderRate: g.OrderRate, calm: c.Calm}
 	}
 	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err
@@ -135,7 +135,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	workers := &workerSet{self: self, dir: dir, env: []string{
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
-		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(chaosAttempts), "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
+		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(c.Attempts), "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
 		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
 	}}
 	workers.env = append(workers.env, work.env()...)
@@ -149,7 +149,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		total, c.Saga, c.Workers, c.DBName, proxy.Addr(), natsPort)
 	work.describe()
 
-	policy := saga.RetryPolicy{Timeout: chaosStepTimeout, MaxAttempts: chaosAttempts, MaxBackoff: chaosMaxBackoff}
+	policy := saga.RetryPolicy{Timeout: chaosStepTimeout, MaxAttempts: c.Attempts, MaxBackoff: chaosMaxBackoff}
 	def, err := work.definition(policy)
 	if err != nil {
 		return err

@@ -95,12 +95,12 @@ type orderChaos struct {
 	// noVerify leaves out the charge's Verify (chaos --no-verify); naive,
 	// noRefund, orderRate and calm are chaos's --naive, --no-refund,
 	// --order-rate and --calm, rateLimit the service's --rate-limit.
-	noVerify, naive, noRefund, calm bool
-	rateLimit, orderRate            int
-	svc                             *payments.Service
-	srv                             *http.Server
-	url                             string
-	client                          atomic.Pointer[engine.Client]
+	noVerify, naive, noRefund, external, calm bool
+	rateLimit, orderRate                      int
+	svc                                       *payments.Service
+	srv                                       *http.Server
+	url                                       string
+	client                                    atomic.Pointer[engine.Client]
 }
 
 // chaosChargeWait is how long an order of a chaos run waits for its
@@ -160,7 +160,7 @@ func (w *orderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, seed uint6
 func (w *orderChaos) env() []string {
 	return []string{"IDEMSAGA_PAYMENTS_URL=" + w.url, "IDEMSAGA_CHARGE_WAIT=" + chaosChargeWait.String(),
 		fmt.Sprintf("IDEMSAGA_ORDER_VERIFY=%t", !w.noVerify), fmt.Sprintf("IDEMSAGA_ORDER_NAIVE=%t", w.naive),
-		fmt.Sprintf("IDEMSAGA_ORDER_NO_REFUND=%t", w.noRefund), fmt.Sprintf("IDEMSAGA_ORDER_RATE=%d", w.orderRate)}
+		fmt.Sprintf("IDEMSAGA_ORDER_NO_REFUND=%t", w.noRefund), fmt.Sprintf("IDEMSAGA_ORDER_EXTERNAL=%t", w.external), fmt.Sprintf("IDEMSAGA_ORDER_RATE=%d", w.orderRate)}
 }
 func (w *orderChaos) connect(client *engine.Client) { w.client.Store(client) }
 func (w *orderChaos) count(c *chaosCmd) int         { return c.Orders }
@@ -177,7 +177,8 @@ func (w *orderChaos) describe() {
 	if w.rateLimit > 0 {
 		fmt.Printf("  the payment service answers 429 above %d requests per second\n", w.rateLimit)
 	}
-	fmt.Printf("  orders: Verify %t, %s client, refund %t, at most %d calls per second (0: no limit)\n", !w.noVerify, map[bool]string{true: "naive", false: "httpcall"}[w.naive], !w.noRefund, w.orderRate)
+	fmt.Printf("  orders: Verify %t, %s client, refund %t, charge confirmed by callback %t, at most %d calls per second (0: no limit)\n",
+		!w.noVerify, map[bool]string{true: "naive", false: "httpcall"}[w.naive], !w.noRefund, !w.external, w.orderRate)
 }
 
 func (w *orderChaos) close() {
@@ -190,7 +191,7 @@ func (w *orderChaos) close() {
 }
 
 func (w *orderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
-	x := exampleFlags{PaymentsURL: w.url, ChargeWait: chaosChargeWait, OrderVerify: !w.noVerify, OrderNaive: w.naive, OrderNoRefund: w.noRefund, OrderRate: w.orderRate}
+	x := exampleFlags{PaymentsURL: w.url, ChargeWait: chaosChargeWait, OrderVerify: !w.noVerify, OrderNaive: w.naive, OrderNoRefund: w.noRefund, OrderExternal: w.external, OrderRate: w.orderRate}
 	return order.NewDefinition(x.orderConfig(p))
 }
 
@@ -205,7 +206,8 @@ func (w *orderChaos) jobs(n int, seed uint64) []chaosJob {
 			in.Customer = chaosUnlucky[i%len(chaosUnlucky)]
 		case i%50 == 11:
 			in.Customer = "declined-" + in.Customer
-		case i%20 == 13:
+		case i%20 == 13 && !w.noRefund:
+			// Without a refund, a charge whose order cannot ship stays.
 			in.Address = order.Undeliverable
 		case i%100 == 41:
 			in.Quantity = 2_000_000 // out of stock

@@ -31,6 +31,7 @@ type exampleFlags struct {
 	// The chaos run's comparisons (shared, hidden).
 	OrderNaive    bool `name:"order-naive" env:"IDEMSAGA_ORDER_NAIVE" hidden:"" help:"Charge and refund with Go's default client, 503 read as not charged (chaos --naive)."`
 	OrderNoRefund bool `name:"order-no-refund" env:"IDEMSAGA_ORDER_NO_REFUND" hidden:"" help:"The charge has no compensation (chaos --no-refund)."`
+	OrderExternal bool `name:"order-external" env:"IDEMSAGA_ORDER_EXTERNAL" hidden:"" help:"The charge is an external step, confirmed by its answer alone (chaos --external-charge)."`
 }
 
 var examples exampleFlags
@@ -79,7 +80,7 @@ func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err e
 // orderConfig is the order example's configuration from the flags.
 func (x *exampleFlags) orderConfig(policy saga.RetryPolicy) order.Config {
 	cfg := order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait, WithoutVerify: !x.OrderVerify,
-		Naive: x.OrderNaive, WithoutRefund: x.OrderNoRefund}
+		Naive: x.OrderNaive, WithoutRefund: x.OrderNoRefund, WithoutCallback: x.OrderExternal}
 	if x.OrderRate > 0 {
 		cfg.Limit = saga.Limit{Name: "payments", Rate: x.OrderRate}
 	}

@@ -129,6 +129,10 @@ type Config struct {
 	// method without refunds): an order whose charge may have happened
 	// then parks for a person, as a step without a compensation does.
 	WithoutRefund bool
+	// WithoutCallback makes the charge an external step: the service's
+	// answer to the charge request is the charge, and no confirmation
+	// is waited for.
+	WithoutCallback bool
 	// Naive charges and refunds as a handler written without
 	// saga/httpcall does: Go's default client, which resends a request
 	// with an Idempotency-Key on its own when a reused connection drops,
@@ -148,10 +152,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if cfg.ChargeWait == 0 {
 		cfg.ChargeWait = ChargeWaitDefault
 	}
-	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}}
+	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}, confirmed: !cfg.WithoutCallback}
 	charge, refund := saga.Handle(p.charge), saga.Handle(p.refund)
 	if cfg.Naive {
-		n := &naiveAPI{base: p.base, client: &http.Client{Transport: cfg.Transport}}
+		n := &naiveAPI{base: p.base, client: &http.Client{Transport: cfg.Transport}, confirmed: p.confirmed}
 		charge, refund = saga.Handle(n.charge), saga.Handle(n.refund)
 	}
 	if cfg.WithoutRefund {
@@ -164,6 +168,10 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if !cfg.Limit.IsZero() && cfg.Limit.Name == "" {
 		cfg.Limit.Name = "payments"
 	}
+	kind, wait := saga.CallbackStep, cfg.ChargeWait
+	if cfg.WithoutCallback {
+		kind, wait = saga.ExternalStep, 0
+	}
 	d, err := saga.New(DefinitionName,
 		saga.Step{
 			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
@@ -174,7 +182,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			// The payment service answers the charge request at once, and
 			// confirms it later by callback (Confirmation is the step's
 			// result).
-			Name: StepCharge, Reaches: StateCharged, Kind: saga.CallbackStep, Wait: cfg.ChargeWait,
+			Name: StepCharge, Reaches: StateCharged, Kind: kind, Wait: wait,
 			Forward: charge, Compensate: refund, Verify: verify, Limit: cfg.Limit,
 			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
 		},
@@ -248,6 +256,17 @@ func ship(ctx context.Context, sc *saga.StepContext, in Input) (Shipment, error)
 type paymentAPI struct {
 	base  string
 	calls *httpcall.Client
+	// confirmed: the service confirms each charge by callback.
+	confirmed bool
+}
+
+// callback is where the service confirms a charge: the step's token, or
+// nowhere for a charge that is an external step.
+func callback(sc *saga.StepContext, confirmed bool) string {
+	if !confirmed {
+		return ""
+	}
+	return sc.CallbackToken()
 }
 
 // The payment service's answers to a charge: 201 charged, 200 the key
@@ -261,7 +280,7 @@ func (p *paymentAPI) charge(ctx context.Context, sc *saga.StepContext, in Input)
 	var c payments.Charge
 	res, err := p.calls.Do(ctx, sc, httpcall.Call{
 		Method: http.MethodPost, URL: p.base + "/charges",
-		JSON:    payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()},
+		JSON:    payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: callback(sc, p.confirmed)},
 		Success: []int{http.StatusCreated, http.StatusOK},
 		Refused: []int{http.StatusPaymentRequired, http.StatusConflict},
 	})
@@ -320,8 +339,9 @@ func (p *paymentAPI) refund(ctx context.Context, sc *saga.StepContext, in Input)
 // attempt can be two requests, and a 503 about the second is read as an
 // answer about the key.
 type naiveAPI struct {
-	base   string
-	client *http.Client
+	base      string
+	client    *http.Client
+	confirmed bool
 }
 
 func (n *naiveAPI) post(ctx context.Context, sc *saga.StepContext, path string, body, out any) (int, error) {
@@ -356,7 +376,7 @@ func (n *naiveAPI) post(ctx context.Context, sc *saga.StepContext, path string, 
 
 func (n *naiveAPI) charge(ctx context.Context, sc *saga.StepContext, in Input) (payments.Charge, error) {
 	var c payments.Charge
-	status, err := n.post(ctx, sc, "/charges", payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: sc.CallbackToken()}, &c)
+	status, err := n.post(ctx, sc, "/charges", payments.ChargeRequest{Order: sc.SagaID, Customer: in.Customer, Amount: in.Amount, Callback: callback(sc, n.confirmed)}, &c)
 	switch status {
 	case http.StatusPaymentRequired:
 		return c, saga.Permanent(fmt.Errorf("%w: customer %s", ErrDeclined, in.Customer))
