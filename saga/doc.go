@@ -41,6 +41,15 @@
 // compensation key (sc.ForwardUnknown is set); one without a compensation
 // parks the saga in StateParked, for a person.
 //
+// # The boundary with other systems
+//
+// An external or callback step may also have a Verify, which asks the
+// other system what the step's key did when an attempt's outcome is
+// unknown, before the engine retries, compensates or parks; a Limit, which
+// bounds its calls (at once, per period, per key) across every worker; and
+// its handler may call StepContext.Heartbeat during a long call. Package
+// saga/httpcall makes an attempt's HTTP request right by default.
+//
 // # Guarantees
 //
 //   - A saga moves one way: StateInit, then the state each step reaches, in
