@@ -39,7 +39,7 @@ type chaosCmd struct {
 	Calm        bool          `help:"The payment service loses, fails and delays nothing (--saga order): with --kill-every 0 --no-nats-restart --no-pause --no-cut-db, a run of the limits alone."`
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
-	Attempts    int           `default:"10" help:"Attempts of each step, the first included: fewer make the last attempt's outcome decide more often."`
+	Attempts    int           `default:"10" help:"Attempts of each forward step, the first included: fewer make the last attempt's outcome decide more often (compensations keep 10)."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
 	MaxKills    int           `name:"max-kills" default:"0" help:"Stop killing after this many kills (0: no limit)."`
 	NATSRestart bool          `name:"nats-restart" default:"true" negatable:"" help:"Restart the NATS server once, a third of the way through."`
@@ -135,7 +135,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	workers := &workerSet{self: self, dir: dir, env: []string{
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
-		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(c.Attempts), "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
+		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(c.Attempts), "IDEMSAGA_COMPENSATE_ATTEMPTS=10", "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
 		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
 	}}
 	workers.env = append(workers.env, work.env()...)

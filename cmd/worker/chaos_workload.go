@@ -191,7 +191,7 @@ func (w *orderChaos) close() {
 }
 
 func (w *orderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
-	x := exampleFlags{PaymentsURL: w.url, ChargeWait: chaosChargeWait, OrderVerify: !w.noVerify, OrderNaive: w.naive, OrderNoRefund: w.noRefund, OrderExternal: w.external, OrderRate: w.orderRate}
+	x := exampleFlags{PaymentsURL: w.url, ChargeWait: chaosChargeWait, OrderVerify: !w.noVerify, OrderNaive: w.naive, OrderNoRefund: w.noRefund, OrderExternal: w.external, OrderRate: w.orderRate, UndoAttempts: 10}
 	return order.NewDefinition(x.orderConfig(p))
 }
 

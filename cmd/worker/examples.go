@@ -21,13 +21,14 @@ type exampleFlags struct {
 	// The examples' step policy is part of their definitions, which every
 	// process of a deployment must share (each checks its own against the
 	// deployment's record at start).
-	StepTimeout time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a step of the examples (shared)."`
-	MaxAttempts int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
-	MaxBackoff  time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
-	PaymentsURL string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
-	OrderVerify bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
-	ChargeWait  time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
-	OrderRate   int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
+	StepTimeout  time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a step of the examples (shared)."`
+	MaxAttempts  int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
+	UndoAttempts int           `name:"compensate-attempts" env:"IDEMSAGA_COMPENSATE_ATTEMPTS" default:"0" help:"Attempts of a compensation of the order example, the first included; 0: as --max-attempts (shared)."`
+	MaxBackoff   time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
+	PaymentsURL  string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
+	OrderVerify  bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
+	ChargeWait   time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
+	OrderRate    int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
 	// The chaos run's comparisons (shared, hidden).
 	OrderNaive    bool `name:"order-naive" env:"IDEMSAGA_ORDER_NAIVE" hidden:"" help:"Charge and refund with Go's default client, 503 read as not charged (chaos --naive)."`
 	OrderNoRefund bool `name:"order-no-refund" env:"IDEMSAGA_ORDER_NO_REFUND" hidden:"" help:"The charge has no compensation (chaos --no-refund)."`
@@ -81,6 +82,10 @@ func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err e
 func (x *exampleFlags) orderConfig(policy saga.RetryPolicy) order.Config {
 	cfg := order.Config{PaymentsURL: x.PaymentsURL, Policy: policy, ChargeWait: x.ChargeWait, WithoutVerify: !x.OrderVerify,
 		Naive: x.OrderNaive, WithoutRefund: x.OrderNoRefund, WithoutCallback: x.OrderExternal}
+	if x.UndoAttempts > 0 {
+		cfg.CompensatePolicy = policy
+		cfg.CompensatePolicy.MaxAttempts = x.UndoAttempts
+	}
 	if x.OrderRate > 0 {
 		cfg.Limit = saga.Limit{Name: "payments", Rate: x.OrderRate}
 	}

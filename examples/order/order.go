@@ -110,6 +110,9 @@ type Config struct {
 	// Policy is every step's retry policy (zero fields take the
 	// defaults).
 	Policy saga.RetryPolicy
+	// CompensatePolicy, if not zero, is the compensations' retry policy
+	// instead of Policy.
+	CompensatePolicy saga.RetryPolicy
 	// WithoutVerify leaves out the charge's Verify (which asks the
 	// payment service what the key did after an unknown outcome), to
 	// compare the two: the chaos run's --no-verify.
@@ -152,6 +155,9 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 	if cfg.ChargeWait == 0 {
 		cfg.ChargeWait = ChargeWaitDefault
 	}
+	if cfg.CompensatePolicy == (saga.RetryPolicy{}) {
+		cfg.CompensatePolicy = cfg.Policy
+	}
 	p := &paymentAPI{base: strings.TrimRight(cfg.PaymentsURL, "/"), calls: &httpcall.Client{Transport: cfg.Transport}, confirmed: !cfg.WithoutCallback}
 	charge, refund := saga.Handle(p.charge), saga.Handle(p.refund)
 	if cfg.Naive {
@@ -176,7 +182,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 		saga.Step{
 			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
 			Forward: saga.Handle(reserve), Compensate: saga.Handle(release),
-			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
+			Retry: cfg.Policy, CompensateRetry: cfg.CompensatePolicy,
 		},
 		saga.Step{
 			// The payment service answers the charge request at once, and
@@ -184,7 +190,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			// result).
 			Name: StepCharge, Reaches: StateCharged, Kind: kind, Wait: wait,
 			Forward: charge, Compensate: refund, Verify: verify, Limit: cfg.Limit,
-			Retry: cfg.Policy, CompensateRetry: cfg.Policy,
+			Retry: cfg.Policy, CompensateRetry: cfg.CompensatePolicy,
 		},
 		saga.Step{
 			Name: StepShip, Reaches: StateShipped, Kind: saga.DatabaseStep,
