@@ -94,7 +94,7 @@ func TestPlanProperties(t *testing.T) {
 		}
 		def := definition(t, compensable...)
 		failed := r.IntN(n)
-		effect := compensation.Effect(r.IntN(2))
+		effect := compensation.Effect(r.IntN(3))
 		plan, park := compensation.Plan(def, failed, effect)
 		desc := fmt.Sprintf("compensable %v failed %d effect %d plan %v park %v", compensable, failed, effect, plan, park)
 
@@ -107,11 +107,14 @@ func TestPlanProperties(t *testing.T) {
 		}
 		require.False(t, park, desc)
 
-		// Strictly decreasing, from the failed step when it is possibly
-		// done, below it otherwise: the reverse of the order in which
-		// steps started.
+		// A step whose Verify said "not done" never parks, and is
+		// compensated first when it can be (its undo voids the key).
+		// Strictly decreasing, from the failed step when it may have
+		// taken effect, below it otherwise: the reverse of the order in
+		// which steps started.
 		top := failed
-		if effect == compensation.PossiblyDone {
+		own := effect == compensation.PossiblyDone || effect == compensation.VerifiedNotDone && compensable[failed]
+		if own {
 			top = failed + 1
 			require.Equal(t, failed, plan[0], desc)
 		}
@@ -148,7 +151,7 @@ func TestPlanProperties(t *testing.T) {
 		// Walking with Next alone from the failed step visits the rest
 		// of the plan.
 		var walk []int
-		if effect == compensation.PossiblyDone {
+		if own {
 			walk = append(walk, failed)
 		}
 		for next := compensation.Next(def, failed); next >= 0; next = compensation.Next(def, next) {
@@ -173,11 +176,19 @@ func ExamplePlan() {
 	fmt.Println(compensation.Plan(def, 2, compensation.PossiblyDone))
 	// notify timed out and cannot be undone: the saga parks.
 	fmt.Println(compensation.Plan(def, 3, compensation.PossiblyDone))
+	// notify timed out, and its Verify found it not done: no park; the
+	// steps before it are compensated.
+	fmt.Println(compensation.Plan(def, 3, compensation.VerifiedNotDone))
+	// charge timed out, its Verify found it not done: its refund still
+	// comes first, to void the key against a late charge.
+	fmt.Println(compensation.Plan(def, 2, compensation.VerifiedNotDone))
 	fmt.Println(compensation.Next(def, 2), compensation.Next(def, 0))
 
 	// Output:
 	// [0] false
 	// [2 0] false
 	// [] true
+	// [2 0] false
+	// [2 0] false
 	// 0 -1
 }

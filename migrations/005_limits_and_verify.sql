@@ -5,18 +5,20 @@
 -- limit_holds: one row per call that runs under a concurrency bound, held
 -- from before the attempt's claim until its outcome is recorded. scope is
 -- '' for the limit's own bound and the key's value for its per-key bound
--- (a tenant). A hold of a process that died lapses at until, which the
--- holder pushes forward as it pushes its step's lease; a new hold is taken
--- under an advisory lock per (name, scope), so that a count and an insert
--- cannot interleave.
+-- (a tenant); holder names one turn (one delivery of one attempt), so two
+-- deliveries of an attempt never share a hold. A hold of a process that
+-- died lapses at until, which the holder pushes forward as it pushes its
+-- step's lease; a new hold is taken under an advisory lock per (name,
+-- scope), so that a count and an insert cannot interleave.
 create table idemsaga.limit_holds (
-    name    text not null,
-    scope   text not null,
-    holder  uuid not null,
-    attempt int not null,
-    until   timestamptz not null,
-    primary key (name, scope, holder, attempt)
+    name   text not null,
+    scope  text not null,
+    holder uuid not null,
+    until  timestamptz not null,
+    primary key (name, scope, holder)
 );
+-- A turn pushes and releases its holds by holder.
+create index limit_holds_holder_idx on idemsaga.limit_holds (holder);
 
 -- limit_rates: a rate bound's schedule (the generic cell rate algorithm):
 -- next_at is the earliest time the next call may start. A call reserves

@@ -33,9 +33,10 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		}
 		defer a.turn.Release(context.WithoutCancel(ctx))
 	}
-	actx, cancel := withStretch(ctx, a.policy.Timeout)
+	// The claim and the reads before the call are bounded as the call
+	// is; the call gets its own time once they are done.
+	actx, cancel := context.WithTimeout(ctx, a.policy.Timeout)
 	defer cancel()
-	a.stretch = actx
 
 	var claimed bool
 	var st, fwd stored
@@ -117,7 +118,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	switch {
 	case cmd.Verify && !verifies:
 		// Sent for a Verify the step no longer has (a build without it):
-		// the outcome stays unknown, and the step is given up as before.
+		// the outcome stays unknown, and the give-up rule decides.
 		return a.recordCall(ctx, nil, fmt.Errorf("attempt %d's outcome is unknown, and step %q has no Verify to ask", cmd.Attempt-1, cmd.Step), "")
 	case cmd.Verify:
 		// The reaper's last word on a step whose last attempt's outcome
@@ -140,11 +141,21 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 	if cmd.Phase == saga.PhaseCompensate {
 		fwdp = &fwd
 	}
-	if err := a.turn.Pace(actx); err != nil {
-		// Claimed, and nothing called: known not to have taken effect.
+	paced, err := a.turn.Pace(ctx)
+	if err != nil {
+		// Claimed, and nothing called: known not to have taken effect
+		// (the process stops, or the database is out of reach).
 		return a.recordCall(ctx, nil, saga.NotApplied(fmt.Errorf("waiting for the start of the call under limit %s: %w", a.step.Limit.Name, err)), "")
 	}
-	result, herr := a.runHandler(actx, nil, fwdp)
+	if a.verified || paced {
+		// A Verify or a wait for the rate ran since the claim: the call
+		// starts with its lease whole.
+		a.push(ctx)
+	}
+	callCtx, cancelCall := withStretch(ctx, a.policy.Timeout)
+	defer cancelCall()
+	a.stretch.Store(callCtx)
+	result, herr := a.runHandler(callCtx, nil, fwdp)
 	if err := failpoint.Inject(failpoint.StepAfterCall); err != nil {
 		return a.replyBase(), err // as a crash after the call: the outcome stays unknown
 	}
@@ -169,11 +180,16 @@ func unknown(herr error) bool {
 // attempt NotApplied, anything else leaves it unknown. note is what the
 // attempt's record says of a success Verify found.
 func (a *attempt) verify(ctx context.Context, herr error) (result []byte, note string, err error) {
-	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.policy.Timeout)
-	defer cancel()
-	if err := a.turn.Pace(vctx); err != nil {
+	if _, err := a.turn.Pace(ctx); err != nil {
 		return nil, "", fmt.Errorf("%w; Verify did not run: %w", herr, err)
 	}
+	// Verify runs with its lease whole and time of its own: the call
+	// before it may have used all of both.
+	a.push(ctx)
+	a.verified = true
+	vctx, cancel := withStretch(context.WithoutCancel(ctx), a.policy.Timeout)
+	defer cancel()
+	a.stretch.Store(vctx)
 	got, verr := invoke(vctx, a.step.Verify, a.context(nil, nil))
 	answer := "unknown"
 	switch {

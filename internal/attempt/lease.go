@@ -79,7 +79,7 @@ func (a *attempt) takeTurn(ctx context.Context) (reply wire.Reply, done bool, er
 	}
 	l := a.step.Limit
 	lease := a.r.lease(a.policy)
-	a.turn, err = a.r.gate.Wait(ctx, l, limit.Attempt{Holder: cmd.Key, Attempt: cmd.Attempt, Key: a.limitKey(), Hold: lease,
+	a.turn, err = a.r.gate.Wait(ctx, l, limit.Attempt{Key: a.limitKey(), Hold: lease,
 		Every: min(max(lease/3, 50*time.Millisecond), keepEveryMax), Keep: a.keepWaiting})
 	switch {
 	case errors.Is(err, saga.ErrLeaseLost):
@@ -132,27 +132,48 @@ func (a *attempt) keepWaiting(ctx context.Context) error {
 	return nil
 }
 
-// beat is an external attempt's saga.Lease: its handler's heartbeat.
-type beat struct{ a *attempt }
-
-// Extend restarts the attempt's lease (claimed) and its time from now.
-func (b beat) Extend(ctx context.Context) error {
-	a, c := b.a, b.a.cmd
+// lengthen restarts a claimed attempt's lease and its holds from now. An
+// error wrapping saga.ErrLeaseLost says the attempt is no longer the
+// step's; a hold it cannot push lapses with the lease it had, and is only
+// logged.
+func (a *attempt) lengthen(ctx context.Context) error {
+	c := a.cmd
 	var one int
-	err := a.r.cfg.Pool.QueryRow(ctx, store.BeatLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
+	err := a.r.cfg.Pool.QueryRow(ctx, store.ClaimLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: step %q (%s) of saga %s is no longer at attempt %d", saga.ErrLeaseLost, c.Step, c.Phase, c.SagaID, c.Attempt)
 	case err != nil:
-		return fmt.Errorf("idemsaga: heartbeat of step %q of saga %s: %w (the lease runs as it was; try again)", c.Step, c.SagaID, store.Interpret(err))
+		return fmt.Errorf("idemsaga: push the lease of step %q of saga %s: %w (the lease runs as it was; try again)", c.Step, c.SagaID, store.Interpret(err))
 	}
 	if err := a.turn.Extend(ctx); err != nil {
-		return err
-	}
-	if a.stretch != nil {
-		a.stretch.extend(a.policy.Timeout)
+		a.r.cfg.Logger.Warn("step worker: could not push the holds of a call under its limit; they lapse with the lease they had", "saga_id", c.SagaID,
+			"step", c.Step, "limit", a.step.Limit.Name, "error", err)
 	}
 	a.progress()
+	return nil
+}
+
+// push is lengthen where the runner itself pushes (before Verify, before
+// a call that waited): a failure leaves the attempt to its fence.
+func (a *attempt) push(ctx context.Context) {
+	if err := a.lengthen(ctx); err != nil {
+		a.r.cfg.Logger.Debug("step worker: could not push an attempt's lease", "saga_id", a.cmd.SagaID, "step", a.cmd.Step, "error", err)
+	}
+}
+
+// beat is an external attempt's saga.Lease: its handler's heartbeat.
+type beat struct{ a *attempt }
+
+// Extend restarts the attempt's lease, its holds and its time from now.
+func (b beat) Extend(ctx context.Context) error {
+	a, c := b.a, b.a.cmd
+	if err := a.lengthen(ctx); err != nil {
+		return err
+	}
+	if s := a.stretch.Load(); s != nil {
+		s.extend(a.policy.Timeout)
+	}
 	a.r.cfg.Metrics.LeaseExtensions.WithLabelValues(c.Definition, c.Step, "heartbeat").Inc()
 	return nil
 }

@@ -232,14 +232,16 @@ type attempt struct {
 
 	// turn is the attempt's turn under its step's limit, nil for none;
 	// stretch its time, which its handler's heartbeat pushes.
-	turn    *limit.Turn
-	stretch *stretch
+	turn *limit.Turn
+	// stretch is read by a heartbeat, which may run on a goroutine of
+	// the handler's.
+	stretch atomic.Pointer[stretch]
 	// progress tells the broker the command is still in hand.
 	progress func()
 	// doubt: the claim found an earlier attempt's outcome unknown.
-	// verifiedNotDone: the step's Verify answered that the key took no
-	// effect.
-	doubt, verifiedNotDone bool
+	// verified: the step's Verify ran; verifiedNotDone: it answered that
+	// the key took no effect.
+	doubt, verified, verifiedNotDone bool
 
 	// conn is a database step's connection while the attempt holds it.
 	conn *pgxpool.Conn

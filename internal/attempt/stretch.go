@@ -13,6 +13,7 @@ import (
 // in Deadline, and ends with it when it ends.
 type stretch struct {
 	context.Context
+	parent context.Context
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
@@ -25,7 +26,7 @@ type stretch struct {
 // it, or when parent ends.
 func withStretch(parent context.Context, d time.Duration) (*stretch, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(parent)
-	s := &stretch{Context: ctx, cancel: cancel, deadline: time.Now().Add(d)}
+	s := &stretch{Context: ctx, parent: parent, cancel: cancel, deadline: time.Now().Add(d)}
 	if pd, ok := parent.Deadline(); ok && pd.Before(s.deadline) {
 		s.deadline = pd
 	}
@@ -71,6 +72,11 @@ func (s *stretch) Deadline() (time.Time, bool) {
 	defer s.mu.Unlock()
 	return s.deadline, true
 }
+
+// Value looks up the parent's values, not the inner context's: a context
+// derived from the stretch then follows it through Done and Err (and ends
+// with DeadlineExceeded when it expires), rather than the inner one.
+func (s *stretch) Value(key any) any { return s.parent.Value(key) }
 
 func (s *stretch) Err() error {
 	err := s.Context.Err()

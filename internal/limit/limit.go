@@ -73,22 +73,24 @@ type Gate struct {
 	metrics *metrics.Metrics
 
 	mu sync.Mutex
-	// released are closed when this process releases a hold of a
-	// (limit, scope), to wake its waiters.
-	released map[string]chan struct{}
+	// released wake this process's waiters for a (limit, scope) when it
+	// releases a hold there; an entry lives while someone waits.
+	released map[string]*waiters
+}
+
+type waiters struct {
+	ch chan struct{}
+	n  int
 }
 
 // New returns a gate over pool.
 func New(pool *pgxpool.Pool, m *metrics.Metrics) *Gate {
-	return &Gate{pool: pool, metrics: m, released: map[string]chan struct{}{}}
+	return &Gate{pool: pool, metrics: m, released: map[string]*waiters{}}
 }
 
-// Attempt names the attempt that takes a turn, and how it keeps its
-// lease while it waits.
+// Attempt is the attempt that takes a turn, and how it keeps its lease
+// while it waits.
 type Attempt struct {
-	// Holder and Attempt own the holds: the step's key and the attempt.
-	Holder  uuid.UUID
-	Attempt int
 	// Key is the call's key for the limit's per-key bound (KeyFunc), ""
 	// for none.
 	Key string
@@ -103,14 +105,21 @@ type Attempt struct {
 // Turn is an attempt's turn under a limit: the holds it took, given back
 // with Release.
 type Turn struct {
-	g      *Gate
-	l      saga.Limit
-	a      Attempt
-	scopes []string
+	g *Gate
+	l saga.Limit
+	a Attempt
+	// holder names the turn's holds: its own, never shared with another
+	// delivery of the same attempt.
+	holder uuid.UUID
 	kept   time.Time
 	// spare is a start under the rate that Wait reserved and no call
 	// has used yet (Pace takes it first).
 	spare bool
+
+	// mu guards scopes: a handler's heartbeat (Extend) may run on a
+	// goroutine of its own while the turn is released.
+	mu     sync.Mutex
+	scopes []string
 }
 
 type bound struct {
@@ -123,7 +132,7 @@ type bound struct {
 // each as long as it takes. It gives back what it took if ctx ends or
 // Keep fails, and returns that error.
 func (g *Gate) Wait(ctx context.Context, l saga.Limit, a Attempt) (*Turn, error) {
-	t := &Turn{g: g, l: l, a: a, kept: time.Now()}
+	t := &Turn{g: g, l: l, a: a, holder: uuid.New(), kept: time.Now()}
 	start := time.Now()
 	var bounds []bound
 	if l.PerKey > 0 && a.Key != "" {
@@ -138,13 +147,19 @@ func (g *Gate) Wait(ctx context.Context, l saga.Limit, a Attempt) (*Turn, error)
 			return nil, err
 		}
 	}
-	if err := t.Pace(ctx); err != nil {
+	if _, err := t.Pace(ctx); err != nil {
 		t.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	t.spare = l.Rate > 0
-	if waited := time.Since(start); waited > pollMin {
-		g.metrics.LimitWaitSeconds.WithLabelValues(l.Name).Observe(waited.Seconds())
+	waited := time.Since(start)
+	g.metrics.LimitWaitSeconds.WithLabelValues(l.Name).Observe(waited.Seconds())
+	if waited > pollMin {
+		// The lease and the holds start the call whole.
+		if err := t.keep(ctx, true); err != nil {
+			t.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	return t, nil
 }
@@ -153,13 +168,17 @@ func (g *Gate) Wait(ctx context.Context, l saga.Limit, a Attempt) (*Turn, error)
 func (t *Turn) hold(ctx context.Context, b bound) error {
 	delay := pollMin
 	for waited := false; ; {
-		wake := t.g.wakeOn(t.l.Name, b.scope)
-		ok, err := t.g.take(ctx, t.l.Name, b.scope, t.a, b.n)
+		wake, done := t.g.wakeOn(t.l.Name, b.scope)
+		ok, err := t.g.take(ctx, t.l.Name, b.scope, t.holder, b.n, t.a.Hold)
 		if err != nil {
+			done()
 			return fmt.Errorf("take a hold under limit %s: %w", t.l.Name, err)
 		}
 		if ok {
+			done()
+			t.mu.Lock()
 			t.scopes = append(t.scopes, b.scope)
+			t.mu.Unlock()
 			return nil
 		}
 		if !waited {
@@ -170,11 +189,13 @@ func (t *Turn) hold(ctx context.Context, b bound) error {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			done()
 			return ctx.Err()
 		case <-wake:
 			timer.Stop()
 		case <-timer.C:
 		}
+		done()
 		delay = min(2*delay, pollMax)
 		if err := t.keep(ctx, false); err != nil {
 			return err
@@ -184,38 +205,39 @@ func (t *Turn) hold(ctx context.Context, b bound) error {
 
 // Pace waits for one start under the limit's rate, if it has one, for
 // one call of the turn: the first takes the start Wait reserved, each
-// other (the step's Verify beside its call) one of its own.
-func (t *Turn) Pace(ctx context.Context) error {
+// other (the step's Verify beside its call) one of its own. It reports
+// whether it waited.
+func (t *Turn) Pace(ctx context.Context) (bool, error) {
 	if t == nil || t.l.Rate <= 0 {
-		return nil
+		return false, nil
 	}
 	if t.spare {
 		t.spare = false
-		return nil
+		return false, nil
 	}
 	var ms float64
 	if err := t.g.pool.QueryRow(ctx, store.ReserveRate, t.l.Name, t.l.Spacing().Microseconds()).Scan(&ms); err != nil {
-		return fmt.Errorf("reserve a start under limit %s: %w", t.l.Name, store.Interpret(err))
+		return false, fmt.Errorf("reserve a start under limit %s: %w", t.l.Name, store.Interpret(err))
 	}
 	if ms < 1 {
-		return nil
+		return false, nil
 	}
 	t.g.metrics.LimitWaits.WithLabelValues(t.l.Name, "rate").Inc()
 	until := time.Now().Add(time.Duration(ms * float64(time.Millisecond)))
 	for {
 		left := time.Until(until)
 		if left <= 0 {
-			return nil
+			return true, nil
 		}
 		timer := time.NewTimer(min(left, t.a.Every))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return ctx.Err()
+			return true, ctx.Err()
 		case <-timer.C:
 		}
 		if err := t.keep(ctx, false); err != nil {
-			return err
+			return true, err
 		}
 	}
 }
@@ -237,10 +259,16 @@ func (t *Turn) keep(ctx context.Context, force bool) error {
 
 // Extend pushes the turn's holds to Hold from now.
 func (t *Turn) Extend(ctx context.Context) error {
-	if t == nil || len(t.scopes) == 0 {
+	if t == nil {
 		return nil
 	}
-	if _, err := t.g.pool.Exec(ctx, store.ExtendHolds, pguuid.Of(t.a.Holder), t.a.Attempt, t.a.Hold.Milliseconds()); err != nil {
+	t.mu.Lock()
+	held := len(t.scopes) > 0
+	t.mu.Unlock()
+	if !held {
+		return nil
+	}
+	if _, err := t.g.pool.Exec(ctx, store.ExtendHolds, pguuid.Of(t.holder), t.a.Hold.Milliseconds()); err != nil {
 		return fmt.Errorf("extend the holds under limit %s: %w", t.l.Name, store.Interpret(err))
 	}
 	return nil
@@ -250,21 +278,27 @@ func (t *Turn) Extend(ctx context.Context) error {
 // for them. A hold it cannot give back (the database out of reach)
 // lapses at its deadline. Safe on nil and twice.
 func (t *Turn) Release(ctx context.Context) {
-	if t == nil || len(t.scopes) == 0 {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	scopes := t.scopes
+	t.scopes = nil
+	t.mu.Unlock()
+	if len(scopes) == 0 {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, _ = t.g.pool.Exec(rctx, store.ReleaseHolds, pguuid.Of(t.a.Holder), t.a.Attempt)
-	for _, s := range t.scopes {
+	_, _ = t.g.pool.Exec(rctx, store.ReleaseHolds, pguuid.Of(t.holder))
+	for _, s := range scopes {
 		t.g.wake(t.l.Name, s)
 	}
-	t.scopes = nil
 }
 
-// take tries, once, to take a hold of limit name's scope for a under a
-// bound of n.
-func (g *Gate) take(ctx context.Context, name, scope string, a Attempt, n int) (bool, error) {
+// take tries, once, to take a hold of limit name's scope for holder,
+// lasting hold, under a bound of n.
+func (g *Gate) take(ctx context.Context, name, scope string, holder uuid.UUID, n int, hold time.Duration) (bool, error) {
 	var ok bool
 	err := g.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		tx := store.Implicit(c.Conn())
@@ -277,30 +311,40 @@ func (g *Gate) take(ctx context.Context, name, scope string, a Attempt, n int) (
 			}
 			ok = err == nil
 			return err
-		}, name, scope, pguuid.Of(a.Holder), a.Attempt, n, a.Hold.Milliseconds())
+		}, name, scope, pguuid.Of(holder), n, hold.Milliseconds())
 		return tx.Commit(ctx)
 	})
 	return ok, store.Interpret(err)
 }
 
-func (g *Gate) wakeOn(name, scope string) <-chan struct{} {
+// wakeOn returns what wakes a waiter for a hold of limit name's scope
+// when this process releases one there, and done, which the waiter calls
+// when it stops waiting on it.
+func (g *Gate) wakeOn(name, scope string) (<-chan struct{}, func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := name + "/" + scope
-	ch, ok := g.released[k]
+	w, ok := g.released[k]
 	if !ok {
-		ch = make(chan struct{})
-		g.released[k] = ch
+		w = &waiters{ch: make(chan struct{})}
+		g.released[k] = w
 	}
-	return ch
+	w.n++
+	return w.ch, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if w.n--; w.n == 0 && g.released[k] == w {
+			delete(g.released, k)
+		}
+	}
 }
 
 func (g *Gate) wake(name, scope string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := name + "/" + scope
-	if ch, ok := g.released[k]; ok {
-		close(ch)
+	if w, ok := g.released[k]; ok {
+		close(w.ch)
 		delete(g.released, k)
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/internal/limit"
@@ -30,8 +30,8 @@ func newMetrics(t *testing.T) *metrics.Metrics {
 	return m
 }
 
-func attempt(holder uuid.UUID, key string) limit.Attempt {
-	return limit.Attempt{Holder: holder, Attempt: 1, Key: key, Hold: time.Minute, Every: 50 * time.Millisecond}
+func attempt(key string) limit.Attempt {
+	return limit.Attempt{Key: key, Hold: time.Minute, Every: 50 * time.Millisecond}
 }
 
 // TestConcurrencyHoldsAcrossGates: callers of several gates (processes)
@@ -53,7 +53,7 @@ func TestConcurrencyHoldsAcrossGates(t *testing.T) {
 	for i := range callers {
 		wg.Go(func() {
 			key := fmt.Sprintf("tenant-%d", i%3)
-			turn, err := gates[i%len(gates)].Wait(context.Background(), l, attempt(uuid.New(), key))
+			turn, err := gates[i%len(gates)].Wait(context.Background(), l, attempt(key))
 			if err != nil {
 				errs <- err
 				return
@@ -97,17 +97,17 @@ func TestLapsedHoldIsTakenOver(t *testing.T) {
 	pool := testenv.DB(t)
 	g := limit.New(pool, newMetrics(t))
 	l := saga.Limit{Name: "one", Concurrency: 1}
-	dead := attempt(uuid.New(), "")
+	dead := attempt("")
 	dead.Hold = 300 * time.Millisecond
 	_, err := g.Wait(context.Background(), l, dead) // never released: its process died
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err = g.Wait(ctx, l, attempt(uuid.New(), ""))
+	_, err = g.Wait(ctx, l, attempt(""))
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the live hold is not taken")
 
-	next, err := g.Wait(context.Background(), l, attempt(uuid.New(), ""))
+	next, err := g.Wait(context.Background(), l, attempt(""))
 	require.NoError(t, err, "taken once the dead one lapsed")
 	require.NoError(t, next.Extend(context.Background()))
 	var until time.Time
@@ -124,13 +124,13 @@ func TestWaitKeepsTheLease(t *testing.T) {
 	pool := testenv.DB(t)
 	g := limit.New(pool, newMetrics(t))
 	l := saga.Limit{Name: "busy", Concurrency: 1, PerKey: 1, KeyFunc: func(*saga.StepContext) string { return "" }}
-	first, err := g.Wait(context.Background(), l, attempt(uuid.New(), "k"))
+	first, err := g.Wait(context.Background(), l, attempt("k"))
 	require.NoError(t, err)
 	defer first.Release(context.Background())
 
 	var kept atomic.Int64
 	lost := errors.New("lost its step")
-	w := attempt(uuid.New(), "other")
+	w := attempt("other")
 	w.Keep = func(context.Context) error {
 		if kept.Add(1) == 3 {
 			return lost
@@ -141,7 +141,7 @@ func TestWaitKeepsTheLease(t *testing.T) {
 	require.ErrorIs(t, err, lost)
 	require.EqualValues(t, 3, kept.Load())
 	var holds int
-	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.limit_holds where holder = $1`, w.Holder).Scan(&holds))
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.limit_holds where scope = 'other'`).Scan(&holds))
 	require.Zero(t, holds, "the per-key hold it took is given back")
 }
 
@@ -160,7 +160,7 @@ func TestRateSpacesStarts(t *testing.T) {
 	begin := time.Now()
 	for i := range calls {
 		wg.Go(func() {
-			turn, err := gates[i%2].Wait(context.Background(), l, attempt(uuid.New(), ""))
+			turn, err := gates[i%2].Wait(context.Background(), l, attempt(""))
 			if err == nil {
 				starts[i] = time.Now()
 				turn.Release(context.Background())
@@ -206,4 +206,37 @@ func TestCheckRefusesOneNameWithTwoBounds(t *testing.T) {
 	require.NoError(t, limit.Check([]*saga.Definition{a, b}))
 	err := limit.Check([]*saga.Definition{a, c})
 	require.ErrorContains(t, err, `limit "psp" has other bounds`)
+}
+
+// TestTwoTurnsOfOneAttemptTakeTwoHolds: two deliveries of one attempt
+// take a turn each, with holds of their own: under a bound of one the
+// second waits until the first gives its hold back, and the first's
+// release leaves the second's hold in place.
+func TestTwoTurnsOfOneAttemptTakeTwoHolds(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	g := limit.New(pool, newMetrics(t))
+	l := saga.Limit{Name: "solo", Concurrency: 1}
+	first, err := g.Wait(context.Background(), l, attempt(""))
+	require.NoError(t, err)
+	second := make(chan *limit.Turn, 1)
+	go func() {
+		turn, err := g.Wait(context.Background(), l, attempt(""))
+		assert.NoError(t, err)
+		second <- turn
+	}()
+	select {
+	case <-second:
+		t.Fatal("the second delivery got a turn while the first held the only one")
+	case <-time.After(200 * time.Millisecond):
+	}
+	first.Release(context.Background())
+	turn := <-second
+	var holds int
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.limit_holds where name = 'solo'`).Scan(&holds))
+	require.Equal(t, 1, holds, "the second's hold stands after the first's release")
+	first.Release(context.Background()) // twice: nothing more
+	require.NoError(t, pool.QueryRow(context.Background(), `select count(*) from idemsaga.limit_holds where name = 'solo'`).Scan(&holds))
+	require.Equal(t, 1, holds)
+	turn.Release(context.Background())
 }

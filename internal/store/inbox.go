@@ -93,11 +93,14 @@ where i.saga_id = $1 and i.step_key = $2`
 
 // ClaimLease restarts the lease of a dispatched step at its attempt ($4)
 // from now ($5 ms) and marks the attempt claimed, so that the reaper
-// counts its expiry. Losing it in a crash only leaves the lease running
-// from the dispatch: it commits without waiting for the WAL's flush.
+// counts its expiry: a command delivered late or again, or an attempt's
+// heartbeat. It returns a row while the attempt is still the step's.
+// Losing it in a crash only leaves the lease running from before: it
+// commits without waiting for the WAL's flush.
 const ClaimLease = `update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', claimed_attempt = $4
-where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'
-  and set_config('synchronous_commit', 'off', true) is not null`
+where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is null
+  and set_config('synchronous_commit', 'off', true) is not null
+returning 1`
 
 // ParkCommand parks a command in the dead-letter table, once per message
 // id, for a saga that exists; it returns the row's id when it parked it.

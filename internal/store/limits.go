@@ -18,26 +18,24 @@ const LimitLockClass = 0x69646d6c // "idml"
 var LockLimit = fmt.Sprintf(`select pg_advisory_xact_lock(%d, hashtext($1 || '/' || $2))`, LimitLockClass)
 
 // TakeHold, under LockLimit, drops the lapsed holds of limit $1's scope
-// $2 (but holder $3's own, which it renews) and takes a hold for holder
-// $3 at attempt $4 until $6 ms from now, if fewer than $5 others hold it.
-// It returns a row when the hold is taken (or renewed), none when the
-// limit is full.
+// $2 and takes a hold for holder $3 (one turn) until $5 ms from now, if
+// fewer than $4 others hold it. It returns a row when the hold is taken,
+// none when the limit is full.
 const TakeHold = `with gone as (
-  delete from idemsaga.limit_holds where name = $1 and scope = $2 and until < idemsaga.now() and not (holder = $3 and attempt = $4)
+  delete from idemsaga.limit_holds where name = $1 and scope = $2 and until < idemsaga.now()
 )
-insert into idemsaga.limit_holds (name, scope, holder, attempt, until)
-select $1, $2, $3, $4, idemsaga.now() + $6::bigint * interval '1 millisecond'
+insert into idemsaga.limit_holds (name, scope, holder, until)
+select $1, $2, $3, idemsaga.now() + $5::bigint * interval '1 millisecond'
 where (select count(*) from idemsaga.limit_holds h
-  where h.name = $1 and h.scope = $2 and h.until >= idemsaga.now() and not (h.holder = $3 and h.attempt = $4)) < $5
-on conflict (name, scope, holder, attempt) do update set until = excluded.until
+  where h.name = $1 and h.scope = $2 and h.until >= idemsaga.now()) < $4
+on conflict (name, scope, holder) do update set until = excluded.until
 returning 1`
 
-// ReleaseHolds drops every hold of holder $1 at attempt $2.
-const ReleaseHolds = `delete from idemsaga.limit_holds where holder = $1 and attempt = $2`
+// ReleaseHolds drops every hold of holder $1.
+const ReleaseHolds = `delete from idemsaga.limit_holds where holder = $1`
 
-// ExtendHolds pushes the holds of holder $1 at attempt $2 to $3 ms from
-// now.
-const ExtendHolds = `update idemsaga.limit_holds set until = idemsaga.now() + $3::bigint * interval '1 millisecond' where holder = $1 and attempt = $2`
+// ExtendHolds pushes the holds of holder $1 to $2 ms from now.
+const ExtendHolds = `update idemsaga.limit_holds set until = idemsaga.now() + $2::bigint * interval '1 millisecond' where holder = $1`
 
 // ReserveRate reserves the next start under limit $1's rate, its calls
 // spaced $2 microseconds apart: the limit's schedule moves on by one
@@ -51,8 +49,8 @@ returning greatest(0, extract(epoch from (r.next_at - $2::bigint * interval '1 m
 // DeleteLapsedHolds drops a batch ($2) of holds that lapsed over $1 ms
 // ago (their process died): a tenant that never calls again leaves none
 // behind. A new hold drops the lapsed ones of its own scope itself.
-const DeleteLapsedHolds = `delete from idemsaga.limit_holds where (name, scope, holder, attempt) in (
-  select name, scope, holder, attempt from idemsaga.limit_holds
+const DeleteLapsedHolds = `delete from idemsaga.limit_holds where (name, scope, holder) in (
+  select name, scope, holder from idemsaga.limit_holds
   where until < idemsaga.now() - $1 * interval '1 millisecond'
   limit $2
   for update skip locked)`
@@ -63,15 +61,6 @@ const DeleteLapsedHolds = `delete from idemsaga.limit_holds where (name, scope, 
 // meanwhile costs it nothing). It returns a row while the attempt is
 // still the step's and dispatched.
 const ExtendLease = `update idemsaga.steps set lease_until = greatest(lease_until, idemsaga.now() + $5::bigint * interval '1 millisecond')
-where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is null
-  and set_config('synchronous_commit', 'off', true) is not null
-returning 1`
-
-// BeatLease restarts the lease of a dispatched step at attempt $4 from
-// now ($5 ms), as ClaimLease does, for an attempt whose call is under
-// way. It returns a row while the attempt is still the step's and
-// dispatched.
-const BeatLease = `update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', claimed_attempt = $4
 where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is null
   and set_config('synchronous_commit', 'off', true) is not null
 returning 1`
