@@ -124,7 +124,10 @@ func TestEveryRepairOnEveryState(t *testing.T) {
 	ctx := context.Background()
 	es := &everyState{entered: map[uuid.UUID]chan struct{}{}, release: map[uuid.UUID]chan struct{}{}, calls: map[uuid.UUID]int{}}
 	def := es.definition()
-	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}, Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+	// 144 sagas at once, each waited for: on a loaded machine (the suite's
+	// other packages beside it) their steps queue behind one another for
+	// longer than the kit's default bound.
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}, Timeout: 3 * time.Minute, Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := pool.Exec(ctx, `create table effects (saga_id uuid not null, step text not null, primary key (saga_id, step))`)
 		return err
 	}})
@@ -134,7 +137,7 @@ func TestEveryRepairOnEveryState(t *testing.T) {
 		return status
 	}
 	untilStep := func(id uuid.UUID, step, status string) {
-		require.Eventually(t, func() bool { return stepStatus(id, step) == status }, 30*time.Second, 5*time.Millisecond, "step %s %s", step, status)
+		require.Eventually(t, func() bool { return stepStatus(id, step) == status }, 3*time.Minute, 5*time.Millisecond, "step %s %s", step, status)
 	}
 	start := func(key, mode string) uuid.UUID {
 		res, err := env.Client.Start(ctx, def, key, modeInput{Mode: mode})
