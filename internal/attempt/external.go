@@ -256,8 +256,15 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, not
 	defer cancel()
 	var out store.Recorded
 	err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
+		tx := store.Implicit(c.Conn())
+		if note != "" {
+			// What Verify found commits with the outcome it decided, so
+			// whoever reads the finished saga reads it too. An attempt
+			// taken over or given up meanwhile is noted nowhere.
+			tx.Exec(store.NoteVerifiedAttempt, nil, pguuid.Of(a.cmd.SagaID), a.cmd.Step, string(a.cmd.Phase), a.cmd.Attempt, note)
+		}
 		var err error
-		out, err = a.commitWrite(rctx, store.Implicit(c.Conn()), w, msg)
+		out, err = a.commitWrite(rctx, tx, w, msg)
 		return err
 	})
 	if err != nil {
@@ -273,13 +280,6 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, not
 		return reply, nil
 	}
 	a.stored = reply.Outcome == wire.OutcomeSucceeded || reply.Outcome == wire.OutcomeFailed
-	if note != "" {
-		// Rare (a Verify that found the key done): a round trip of its
-		// own, so the attempt shows what decided it.
-		if _, err := a.r.cfg.Pool.Exec(rctx, store.NoteVerifiedAttempt, pguuid.Of(a.cmd.SagaID), a.cmd.Step, string(a.cmd.Phase), a.cmd.Attempt, note); err != nil {
-			a.r.cfg.Logger.Warn("step worker: could not note on the attempt what Verify found; the step's success stands", "saga_id", a.cmd.SagaID, "step", a.cmd.Step, "error", err)
-		}
-	}
 	a.afterMove(m, &out)
 	return reply, nil
 }

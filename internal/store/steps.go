@@ -154,11 +154,11 @@ from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt 
 on conflict (saga_id, step, phase, attempt) do update set outcome = 'unknown', error = excluded.error, finished_at = excluded.finished_at
 where x.outcome is null or x.outcome = 'retry'`
 
-// NoteVerifiedAttempt records on a step's attempt $4, whose success the
-// record before it committed to the key, what its Verify found ($5): the
-// call's outcome was unknown and the key had taken effect. The step may
-// still be dispatched, its success on its way in a reply: the move that
-// applies it keeps the note.
+// NoteVerifiedAttempt records on a step's attempt $4 what its Verify
+// found ($5): the call's outcome was unknown and the key had taken
+// effect. It goes before the record of that success, in its transaction;
+// the move that applies the success, there or later from a reply, keeps
+// the note.
 const NoteVerifiedAttempt = `insert into idemsaga.step_attempts as x (saga_id, step, phase, attempt, dispatched_at, finished_at, outcome, error)
 select saga_id, step, phase, attempt, coalesce(dispatched_at, created_at), idemsaga.now(), 'succeeded', $5
 from idemsaga.steps where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status in ('succeeded', 'dispatched', 'waiting')
