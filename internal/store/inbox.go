@@ -98,7 +98,7 @@ where i.saga_id = $1 and i.step_key = $2`
 // Losing it in a crash only leaves the lease running from before: it
 // commits without waiting for the WAL's flush.
 const ClaimLease = `update idemsaga.steps set lease_until = idemsaga.now() + $5::bigint * interval '1 millisecond', claimed_attempt = $4
-where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched' and next_attempt_at is null
+where saga_id = $1 and step = $2 and phase = $3 and attempt = $4 and status = 'dispatched'
   and set_config('synchronous_commit', 'off', true) is not null
 returning 1`
 
