@@ -60,12 +60,6 @@ func (l Limit) Spacing() time.Duration {
 	return l.Per / time.Duration(l.Rate)
 }
 
-// SameBounds reports whether two limits bound alike: steps that share a
-// limit's name must.
-func (l Limit) SameBounds(o Limit) bool {
-	return l.Concurrency == o.Concurrency && l.Rate == o.Rate && l.Per == o.Per && l.PerKey == o.PerKey
-}
-
 // String describes the limit's bounds, as an error that compares two
 // names them.
 func (l Limit) String() string {

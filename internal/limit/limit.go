@@ -58,13 +58,18 @@ func Check(defs []*saga.Definition) error {
 				seen[s.Limit.Name] = use{s.Limit, where}
 				continue
 			}
-			if !u.l.SameBounds(s.Limit) {
+			if !sameBounds(u.l, s.Limit) {
 				return fmt.Errorf("idemsaga: limit %q has other bounds in %s (%s) than in %s (%s); steps that share a limit's name share one limit: give them the same bounds, or other names",
 					s.Limit.Name, where, s.Limit, u.where, u.l)
 			}
 		}
 	}
 	return nil
+}
+
+// sameBounds reports whether two limits bound alike.
+func sameBounds(a, b saga.Limit) bool {
+	return a.Concurrency == b.Concurrency && a.Rate == b.Rate && a.Per == b.Per && a.PerKey == b.PerKey
 }
 
 // Gate takes turns under limits for the attempts of one process.
