@@ -160,6 +160,12 @@ type Definition struct {
 
 	// version is the definition's version (WithVersion), 1 unless set.
 	version int
+
+	// schedule starts its sagas at the ticks of a cron expression
+	// (WithSchedule), nil for none; events starts them from the messages
+	// of a NATS subject (WithEvents), nil for none.
+	schedule *Schedule
+	events   *Events
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -30,6 +30,10 @@ type Description struct {
 	// Version is the definition's version (Definition.Version); a
 	// description without one is of version 1.
 	Version int `json:"version,omitempty"`
+	// Schedule is the definition's schedule (WithSchedule), Events what
+	// starts its sagas from messages (WithEvents); nil for none.
+	Schedule *ScheduleDescription `json:"schedule,omitempty"`
+	Events   *EventsDescription   `json:"events,omitempty"`
 }
 
 // StepDescription describes one step of a Description.
@@ -89,6 +93,7 @@ func (d *Definition) Describe() Description {
 		desc.Deadline = d.deadline.String()
 	}
 	desc.SignedCallbacks = d.signed
+	desc.Schedule, desc.Events = d.describeSchedule(), d.describeEvents()
 	for i, s := range d.steps {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
@@ -159,6 +164,12 @@ func FromDescription(desc Description) (*Definition, error) {
 		return nil, fmt.Errorf("%w: description of %q: version %d; versions start at 1", ErrInvalidDefinition, desc.Name, desc.Version)
 	}
 	d.inputName, d.inputFields, d.version, d.signed = desc.Input, desc.InputFields, max(desc.Version, 1), desc.SignedCallbacks
+	if d.schedule, err = desc.Schedule.schedule(desc.Name); err != nil {
+		return nil, err
+	}
+	if d.events, err = desc.Events.events(desc.Name); err != nil {
+		return nil, err
+	}
 	if desc.Deadline != "" {
 		if d.deadline, err = time.ParseDuration(desc.Deadline); err != nil || d.deadline <= 0 {
 			return nil, fmt.Errorf("%w: description of %q: deadline %q is not a positive duration", ErrInvalidDefinition, desc.Name, desc.Deadline)
