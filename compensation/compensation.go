@@ -19,13 +19,20 @@
 //     voids the key, so that a request still on its way cannot take
 //     effect after the answer. A step without one does not park.
 //
+// A conditional step its condition skipped (saga.Condition) took no
+// effect and is never in the plan.
+//
 // Before planning, the engine settles the failed step through the inbox
 // in the transaction that gives it up: a tombstone under its key, so no
 // late delivery can take effect, and a read of what is recorded there. A
 // step that did take effect after all is applied as a success instead.
 package compensation
 
-import "github.com/idemsaga/idemsaga/saga"
+import (
+	"slices"
+
+	"github.com/idemsaga/idemsaga/saga"
+)
 
 // Effect is what is known of a given-up step's effect.
 type Effect int
@@ -41,11 +48,12 @@ const (
 )
 
 // Plan returns the step indexes to compensate, in order, after forward
-// step failed was given up with the given effect. park is set when the
-// failed step is possibly done and has no compensation: nothing is to be
-// compensated, and the saga stops for a person (saga.StateParked). It
-// panics if failed is out of range.
-func Plan(def *saga.Definition, failed int, effect Effect) (plan []int, park bool) {
+// step failed was given up with the given effect; skipped are the saga's
+// skipped steps (saga.Instance.Skipped). park is set when the failed step
+// is possibly done and has no compensation: nothing is to be compensated,
+// and the saga stops for a person (saga.StateParked). It panics if failed
+// is out of range.
+func Plan(def *saga.Definition, failed int, effect Effect, skipped []string) (plan []int, park bool) {
 	if failed < 0 || failed >= def.Len() {
 		panic("compensation: failed step index out of range")
 	}
@@ -56,22 +64,29 @@ func Plan(def *saga.Definition, failed int, effect Effect) (plan []int, park boo
 		plan = append(plan, failed)
 	}
 	for i := failed - 1; i >= 0; i-- {
-		if def.Step(i).Compensate != nil {
+		if undoes(def, i, skipped) {
 			plan = append(plan, i)
 		}
 	}
 	return plan, false
 }
 
+// undoes reports whether step i, done before the one given up, is
+// compensated: it has a compensation and was not skipped.
+func undoes(def *saga.Definition, i int, skipped []string) bool {
+	return def.Step(i).Compensate != nil && !slices.Contains(skipped, def.Step(i).Name)
+}
+
 // Next returns the step to compensate after step done, or -1 when the
 // compensation is complete. It panics if done is out of range. It agrees
-// with Plan: for consecutive entries a, b of any plan, Next(def, a) == b.
-func Next(def *saga.Definition, done int) int {
+// with Plan: for consecutive entries a, b of any plan with the same
+// skipped steps, Next(def, a, skipped) == b.
+func Next(def *saga.Definition, done int, skipped []string) int {
 	if done < 0 || done >= def.Len() {
 		panic("compensation: compensated step index out of range")
 	}
 	for i := done - 1; i >= 0; i-- {
-		if def.Step(i).Compensate != nil {
+		if undoes(def, i, skipped) {
 			return i
 		}
 	}

@@ -52,14 +52,14 @@ func TestPlan(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			def := definition(t, tt.compensable...)
-			plan, park := compensation.Plan(def, tt.failed, compensation.NotDone)
+			plan, park := compensation.Plan(def, tt.failed, compensation.NotDone, nil)
 			require.False(t, park)
 			require.Equal(t, tt.want, plan)
 			for i := 0; i+1 < len(plan); i++ {
-				require.Equal(t, plan[i+1], compensation.Next(def, plan[i]))
+				require.Equal(t, plan[i+1], compensation.Next(def, plan[i], nil))
 			}
 			if len(plan) > 0 {
-				require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1]))
+				require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1], nil))
 			}
 		})
 	}
@@ -68,19 +68,19 @@ func TestPlan(t *testing.T) {
 func TestNext(t *testing.T) {
 	t.Parallel()
 	def := definition(t, true, false, true, false)
-	require.Equal(t, 2, compensation.Next(def, 3))
-	require.Equal(t, 0, compensation.Next(def, 2))
-	require.Equal(t, 0, compensation.Next(def, 1))
-	require.Equal(t, -1, compensation.Next(def, 0))
-	require.Panics(t, func() { compensation.Next(def, -1) })
-	require.Panics(t, func() { compensation.Next(def, 4) })
+	require.Equal(t, 2, compensation.Next(def, 3, nil))
+	require.Equal(t, 0, compensation.Next(def, 2, nil))
+	require.Equal(t, 0, compensation.Next(def, 1, nil))
+	require.Equal(t, -1, compensation.Next(def, 0, nil))
+	require.Panics(t, func() { compensation.Next(def, -1, nil) })
+	require.Panics(t, func() { compensation.Next(def, 4, nil) })
 }
 
 func TestPlanPanicsOutOfRange(t *testing.T) {
 	t.Parallel()
 	def := definition(t, true, true)
-	require.Panics(t, func() { compensation.Plan(def, -1, compensation.NotDone) })
-	require.Panics(t, func() { compensation.Plan(def, 2, compensation.PossiblyDone) })
+	require.Panics(t, func() { compensation.Plan(def, -1, compensation.NotDone, nil) })
+	require.Panics(t, func() { compensation.Plan(def, 2, compensation.PossiblyDone, nil) })
 }
 
 func TestPlanProperties(t *testing.T) {
@@ -95,7 +95,7 @@ func TestPlanProperties(t *testing.T) {
 		def := definition(t, compensable...)
 		failed := r.IntN(n)
 		effect := compensation.Effect(r.IntN(3))
-		plan, park := compensation.Plan(def, failed, effect)
+		plan, park := compensation.Plan(def, failed, effect, nil)
 		desc := fmt.Sprintf("compensable %v failed %d effect %d plan %v park %v", compensable, failed, effect, plan, park)
 
 		// A possibly-done step without a compensation parks, and nothing
@@ -142,10 +142,10 @@ func TestPlanProperties(t *testing.T) {
 
 		// Next walks the same plan and ends with -1.
 		for i := 0; i+1 < len(plan); i++ {
-			require.Equal(t, plan[i+1], compensation.Next(def, plan[i]), desc)
+			require.Equal(t, plan[i+1], compensation.Next(def, plan[i], nil), desc)
 		}
 		if len(plan) > 0 {
-			require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1]), desc)
+			require.Equal(t, -1, compensation.Next(def, plan[len(plan)-1], nil), desc)
 		}
 
 		// Walking with Next alone from the failed step visits the rest
@@ -154,7 +154,7 @@ func TestPlanProperties(t *testing.T) {
 		if own {
 			walk = append(walk, failed)
 		}
-		for next := compensation.Next(def, failed); next >= 0; next = compensation.Next(def, next) {
+		for next := compensation.Next(def, failed, nil); next >= 0; next = compensation.Next(def, next, nil) {
 			walk = append(walk, next)
 		}
 		require.Equal(t, plan, walk, desc)
@@ -171,18 +171,18 @@ func ExamplePlan() {
 	)
 	// charge was refused (it took no effect), audit has nothing to undo,
 	// so only debit is compensated.
-	fmt.Println(compensation.Plan(def, 2, compensation.NotDone))
+	fmt.Println(compensation.Plan(def, 2, compensation.NotDone, nil))
 	// charge timed out: it may have charged, so its refund comes first.
-	fmt.Println(compensation.Plan(def, 2, compensation.PossiblyDone))
+	fmt.Println(compensation.Plan(def, 2, compensation.PossiblyDone, nil))
 	// notify timed out and cannot be undone: the saga parks.
-	fmt.Println(compensation.Plan(def, 3, compensation.PossiblyDone))
+	fmt.Println(compensation.Plan(def, 3, compensation.PossiblyDone, nil))
 	// notify timed out, and its Verify found it not done: no park; the
 	// steps before it are compensated.
-	fmt.Println(compensation.Plan(def, 3, compensation.VerifiedNotDone))
+	fmt.Println(compensation.Plan(def, 3, compensation.VerifiedNotDone, nil))
 	// charge timed out, its Verify found it not done: its refund still
 	// comes first, to void the key against a late charge.
-	fmt.Println(compensation.Plan(def, 2, compensation.VerifiedNotDone))
-	fmt.Println(compensation.Next(def, 2), compensation.Next(def, 0))
+	fmt.Println(compensation.Plan(def, 2, compensation.VerifiedNotDone, nil))
+	fmt.Println(compensation.Next(def, 2, nil), compensation.Next(def, 0, nil))
 
 	// Output:
 	// [0] false
@@ -191,4 +191,17 @@ func ExamplePlan() {
 	// [2 0] false
 	// [2 0] false
 	// 0 -1
+}
+
+func TestSkippedStepsAreNeverCompensated(t *testing.T) {
+	t.Parallel()
+	def := definition(t, true, true, true, true)
+	skipped := []string{"s1", "s2"}
+	plan, park := compensation.Plan(def, 3, compensation.PossiblyDone, skipped)
+	require.False(t, park)
+	require.Equal(t, []int{3, 0}, plan)
+	require.Equal(t, 0, compensation.Next(def, 3, skipped))
+	require.Equal(t, -1, compensation.Next(def, 0, skipped))
+	plan, _ = compensation.Plan(def, 3, compensation.NotDone, []string{"s0"})
+	require.Equal(t, []int{2, 1}, plan)
 }

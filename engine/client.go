@@ -331,6 +331,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
+	sg.Steps = withSkipped(sg.Steps, sg.Skipped, def)
 	arows, err := cl.c.Pool().Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
@@ -561,4 +562,26 @@ func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error
 		}
 		delay = min(delay*2, 100*time.Millisecond)
 	}
+}
+
+// withSkipped places the saga's skipped steps among its step executions,
+// each after the forward steps before it in the definition.
+func withSkipped(steps []saga.StepExecution, skipped []string, def *saga.Definition) []saga.StepExecution {
+	for _, name := range skipped {
+		idx := -1
+		kind := ""
+		if def != nil {
+			if idx = def.StepIndex(name); idx >= 0 {
+				kind = def.Step(idx).Kind.String()
+			}
+		}
+		at := 0
+		for i, s := range steps {
+			if s.Phase == saga.PhaseForward && s.Index < idx {
+				at = i + 1
+			}
+		}
+		steps = slices.Insert(steps, at, saga.StepExecution{Step: name, Phase: saga.PhaseForward, Index: idx, Kind: kind, Status: saga.StepSkipped})
+	}
+	return steps
 }

@@ -36,6 +36,12 @@ type engineOpt func(*engine.Config)
 
 func startEngine(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, stream string, defs []*saga.Definition, opts ...engineOpt) *engine.Engine {
 	t.Helper()
+	return startEngineCtx(t, context.Background(), pool, nc, stream, defs, opts...)
+}
+
+// startEngineCtx is startEngine started with ctx (its test hooks).
+func startEngineCtx(t testing.TB, ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, stream string, defs []*saga.Definition, opts ...engineOpt) *engine.Engine {
+	t.Helper()
 	cfg := engine.Config{
 		Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
 		LeaseGrace: 10 * time.Second, ReapInterval: 20 * time.Millisecond,
@@ -48,8 +54,8 @@ func startEngine(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, stream string,
 	require.NoError(t, err)
 	// Tests set up sagas by hand with other clients first (short leases,
 	// say); the engine declares the deployment as `migrate` would.
-	require.NoError(t, engine.Deploy(context.Background(), cfg))
-	require.NoError(t, e.Start(context.Background()))
+	require.NoError(t, engine.Deploy(ctx, cfg))
+	require.NoError(t, e.Start(ctx))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

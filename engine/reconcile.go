@@ -164,7 +164,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		case state != final:
 			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("finished in state %q, which is not terminal for %q", state, def), Check: checkFinalState})
 		case succeeded != lengths[def]:
-			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("in final state %q with %d of %d forward steps succeeded", state, succeeded, lengths[def]), Check: checkFinalSteps})
+			diffs = append(diffs, Difference{SagaID: &id, What: fmt.Sprintf("in final state %q with %d of %d forward steps succeeded or skipped", state, succeeded, lengths[def]), Check: checkFinalSteps})
 		}
 	}
 	if err := rows.Err(); err != nil && !errors.Is(err, context.Canceled) {

@@ -124,6 +124,11 @@ type Step struct {
 	// the other system does (at once, per period, per tenant), across
 	// every worker: see Limit. Optional.
 	Limit Limit
+	// When, if set, decides once whether the step runs, from the input
+	// and earlier results: a step it skips reaches its state at once and
+	// is never compensated. See Condition. The first step has none.
+	// Optional.
+	When Condition
 }
 
 // CallbackWaitDefault is how long a CallbackStep waits for its callback
@@ -188,6 +193,12 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 	}
 	d := &Definition{name: name, version: 1, index: make(map[string]int, len(steps)), described: described}
 	reached := map[State]string{}
+	all := make(map[string]int, len(steps))
+	for i, s := range steps {
+		if _, dup := all[s.Name]; !dup {
+			all[s.Name] = i
+		}
+	}
 	for i, s := range steps {
 		field := fmt.Sprintf("steps[%d]", i)
 		if !namePattern.MatchString(s.Name) {
@@ -222,6 +233,9 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 			s.Wait = CallbackWaitDefault
 		case s.Kind == CallbackStep && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
 			return nil, bad(field+".Wait", "step %q waits %s; give between 1s and %s", s.Name, s.Wait, CallbackWaitMax)
+		}
+		if problem := d.checkCondition(i, s, all); problem != "" {
+			return nil, bad(field+".When", "%s", problem)
 		}
 		limit, problem := s.Limit.withDefaults(name, s.Name, s.Kind)
 		if problem != "" {
@@ -339,7 +353,8 @@ func (d *Definition) ValidState(s State) bool {
 }
 
 // CanTransition reports whether the saga may move from one state to
-// another. Moves go one way: forward through the steps' states in order,
+// another. Moves go one way: forward through the steps' states in order
+// (past the states of steps skipped on the way, see Condition),
 // from any non-terminal state to StateCompensating, from StateCompensating
 // to StateCompensated or StateFailed, and from a forward state (one that
 // is not StateCompensating) to StateParked. Nothing leaves a terminal
@@ -360,7 +375,7 @@ func (d *Definition) CanTransition(from, to State) bool {
 	if from == StateCompensating {
 		return false
 	}
-	// to is a step state: only the next one in order.
+	// to is a step state: a later one, past conditional steps only.
 	next := 0
 	if from != StateInit {
 		for i, st := range d.steps {
@@ -369,5 +384,16 @@ func (d *Definition) CanTransition(from, to State) bool {
 			}
 		}
 	}
-	return next < len(d.steps) && d.steps[next].Reaches == to
+	if next >= len(d.steps) {
+		return false
+	}
+	if d.steps[next].Reaches == to {
+		return true
+	}
+	for k := next + 1; k < len(d.steps) && !d.steps[k].When.IsZero(); k++ {
+		if d.steps[k].Reaches == to {
+			return true
+		}
+	}
+	return false
 }

@@ -51,6 +51,10 @@ type StepDescription struct {
 	ChecksCallbacks bool `json:"checks_callbacks,omitempty"`
 	// Verifies says the step has a Verify.
 	Verifies bool `json:"verifies,omitempty"`
+	// Conditional says the step has a condition (Step.When), which lives
+	// in the definition's code; Reads are the steps it reads.
+	Conditional bool     `json:"conditional,omitempty"`
+	Reads       []string `json:"reads,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -98,6 +102,9 @@ func (d *Definition) Describe() Description {
 		desc.Steps[i] = StepDescription{Name: s.Name, Reaches: s.Reaches, Kind: s.Kind.String(), Compensates: s.Compensate != nil,
 			Retry: describePolicy(s.Retry), CompensateRetry: describePolicy(s.CompensateRetry)}
 		desc.Steps[i].Verifies = s.Verify != nil
+		if !s.When.IsZero() {
+			desc.Steps[i].Conditional, desc.Steps[i].Reads = true, s.When.Reads
+		}
 		if s.Kind == CallbackStep {
 			desc.Steps[i].Wait = s.Wait.String()
 			desc.Steps[i].ChecksCallbacks = s.CheckCallback != nil
@@ -153,6 +160,9 @@ func FromDescription(desc Description) (*Definition, error) {
 		}
 		if s.Verifies {
 			st.Verify = describedHandler
+		}
+		if s.Conditional {
+			st.When = Condition{Reads: s.Reads, elsewhere: true}
 		}
 		steps[i] = st
 	}

@@ -17,10 +17,13 @@ type Instance struct {
 	Version    int64                      `json:"version"`
 	Input      json.RawMessage            `json:"input"`
 	Results    map[string]json.RawMessage `json:"results,omitempty"`
-	Error      string                     `json:"error,omitempty"`
-	CreatedAt  time.Time                  `json:"created_at"`
-	UpdatedAt  time.Time                  `json:"updated_at"`
-	FinishedAt *time.Time                 `json:"finished_at,omitempty"`
+	// Skipped names the conditional steps the saga skipped, in order:
+	// decided once, never compensated (Condition).
+	Skipped    []string   `json:"skipped,omitempty"`
+	Error      string     `json:"error,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
 	// Paused is set while the saga is held by a pause (its own or its
 	// definition's), filled by inspection calls only.
 	Paused *Pause `json:"paused,omitempty"`

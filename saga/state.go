@@ -74,4 +74,8 @@ const (
 	// last attempt whose outcome stayed unknown (then the step is possibly
 	// done, StepExecution.PossiblyDone).
 	StepFailed StepStatus = "failed"
+	// StepSkipped is a conditional step its condition skipped
+	// (Instance.Skipped): it has no key and no attempt. Only inspection
+	// shows it.
+	StepSkipped StepStatus = "skipped"
 )

@@ -211,6 +211,8 @@ func (w *orderChaos) jobs(n int, seed uint64) []chaosJob {
 			in.Address = order.Undeliverable
 		case i%100 == 41:
 			in.Quantity = 2_000_000 // out of stock
+		case i%5 == 2:
+			in.Digital, in.Address = true, "" // shipping is skipped
 		}
 		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-order-%06d", i), in: in}
 	}
@@ -262,19 +264,21 @@ func (w *orderChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga.De
 		fmt.Sprintf("verify             answers done %.0f, not done %.0f, cannot tell %.0f; orders parked %d (of them charged %d, not charged %d)",
 			fig.Verified["done"], fig.Verified["not_done"], fig.Verified["unknown"], rep.Parked, rep.ParkedCharged, rep.Parked-rep.ParkedCharged),
 	)
-	var chargedNotRefunded, shippedRefunded, attempts, maxAttempt int
+	var chargedNotRefunded, shippedRefunded, attempts, maxAttempt, digital int
 	if err := pool.QueryRow(ctx, `select
   count(*) filter (where s.state = 'compensated' and c.state = 'charged'),
   count(*) filter (where s.state = 'shipped' and c.state in ('refunded', 'voided')),
-  coalesce(sum(st.attempt), 0), coalesce(max(st.attempt), 0)
+  coalesce(sum(st.attempt), 0), coalesce(max(st.attempt), 0),
+  count(*) filter (where s.state = 'shipped' and 'ship' = any(s.skipped))
 from idemsaga.sagas s
 join idemsaga.steps st on st.saga_id = s.id and st.step = 'charge' and st.phase = 'forward'
 left join payments.charges c on c.key = st.key
-where s.definition = 'order'`).Scan(&chargedNotRefunded, &shippedRefunded, &attempts, &maxAttempt); err != nil {
+where s.definition = 'order'`).Scan(&chargedNotRefunded, &shippedRefunded, &attempts, &maxAttempt, &digital); err != nil {
 		return err
 	}
 	fig.Extra = append(fig.Extra,
 		fmt.Sprintf("money              charged and not refunded %d, shipped and refunded %d (both must be 0)", chargedNotRefunded, shippedRefunded),
+		fmt.Sprintf("plan               %d digital orders completed with shipping skipped (their condition decided once)", digital),
 		fmt.Sprintf("charge attempts    %d for %d charge steps (at most %d on one); %.0f turns waited for the payments limit; %.1f orders per second",
 			attempts, fig.Sagas, maxAttempt, fig.LimitWaits, float64(fig.Sagas)/fig.WallTime.Seconds()),
 	)

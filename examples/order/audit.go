@@ -61,6 +61,8 @@ type Querier interface {
 //   - no order is charged twice;
 //   - every charged order is shipped, or its charge refunded: a shipped
 //     order holds exactly one charge of its amount, a compensated one none;
+//     a physical order in state shipped has its shipment, a digital one
+//     skipped shipping and has none;
 //   - the money the payment service holds equals the shipped orders' total
 //     (and what parked orders hold, which a person decides);
 //   - stock is conserved: each product holds what it was seeded with, less
@@ -104,7 +106,8 @@ group by order_id having count(*) > 1`, func(rows pgx.Rows) error {
 	// Each order saga against its charge (under its charge step's key),
 	// its reservation and its shipment.
 	if err := each(`select s.id::text, s.state::text, s.finished_at is not null, (s.input->>'amount')::bigint,
-  c.state, coalesce(c.amount, 0), r.saga_id is not null, sh.saga_id is not null
+  c.state, coalesce(c.amount, 0), r.saga_id is not null, sh.saga_id is not null,
+  coalesce((s.input->>'digital')::bool, false), 'ship' = any(s.skipped)
 from idemsaga.sagas s
 left join idemsaga.steps st on st.saga_id = s.id and st.step = 'charge' and st.phase = 'forward'
 left join payments.charges c on c.key = st.key
@@ -112,10 +115,10 @@ left join orders.reservations r on r.saga_id = s.id
 left join orders.shipments sh on sh.saga_id = s.id
 where s.definition = 'order'`, func(rows pgx.Rows) error {
 		var id, state string
-		var done, reserved, shipped bool
+		var done, reserved, shipped, digital, skipped bool
 		var amount, charged int64
 		var charge *string
-		if err := rows.Scan(&id, &state, &done, &amount, &charge, &charged, &reserved, &shipped); err != nil {
+		if err := rows.Scan(&id, &state, &done, &amount, &charge, &charged, &reserved, &shipped, &digital, &skipped); err != nil {
 			return err
 		}
 		r.ByState[state]++
@@ -128,8 +131,8 @@ where s.definition = 'order'`, func(rows pgx.Rows) error {
 			add("order %s is not finished (state %s)", id, state)
 		case state == string(StateShipped):
 			r.Shipped += amount
-			if cs != "charged" || charged != amount || !reserved || !shipped {
-				add("order %s is shipped but its charge is %s (%d of %d), reserved %v, shipment %v", id, cs, charged, amount, reserved, shipped)
+			if cs != "charged" || charged != amount || !reserved || shipped == digital || skipped != digital {
+				add("order %s (digital %v) is shipped but its charge is %s (%d of %d), reserved %v, shipment %v, shipping skipped %v", id, digital, cs, charged, amount, reserved, shipped, skipped)
 			}
 		case state == "compensated":
 			if cs == "charged" || reserved || shipped {

@@ -57,8 +57,12 @@ type Input struct {
 	Product  int64  `json:"product"`
 	Quantity int64  `json:"quantity"`
 	// Amount is what the customer pays, in the smallest unit.
-	Amount  int64  `json:"amount"`
-	Address string `json:"address"`
+	Amount int64 `json:"amount"`
+	// Address is where a physical order ships; a digital one needs none.
+	Address string `json:"address,omitempty"`
+	// Digital goods are delivered without shipping: the ship step is
+	// skipped (saga.Condition).
+	Digital bool `json:"digital,omitempty"`
 }
 
 // Validate rejects an order that can never succeed, before anything is
@@ -71,8 +75,8 @@ func (in Input) Validate() error {
 		return fmt.Errorf("order: quantity must be positive, got %d", in.Quantity)
 	case in.Amount <= 0:
 		return fmt.Errorf("order: amount must be positive, got %d", in.Amount)
-	case in.Address == "":
-		return errors.New("order: address is empty")
+	case in.Address == "" && !in.Digital:
+		return errors.New("order: address is empty; a physical order needs one (or set digital)")
 	}
 	return nil
 }
@@ -193,8 +197,11 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			Retry: cfg.Policy, CompensateRetry: cfg.CompensatePolicy,
 		},
 		saga.Step{
+			// Digital goods skip shipping: decided once, when the charge
+			// is recorded, and never compensated.
 			Name: StepShip, Reaches: StateShipped, Kind: saga.DatabaseStep,
 			Forward: saga.Handle(ship), Retry: cfg.Policy,
+			When: saga.Condition{Func: physical},
 		},
 	)
 	if err != nil {
@@ -241,6 +248,15 @@ select product_id, quantity from r`, sc.SagaID).Scan(&r.Product, &r.Quantity)
 		return Reservation{}, fmt.Errorf("release the reservation of order %s: %w", sc.SagaID, err)
 	}
 	return r, nil
+}
+
+// physical is ship's condition: an order of physical goods ships.
+func physical(sc *saga.StepContext) bool {
+	var in Input
+	if err := sc.DecodeInput(&in); err != nil {
+		return true // ship decides, and refuses what it cannot ship
+	}
+	return !in.Digital
 }
 
 // Shipment is ship's result.

@@ -235,6 +235,34 @@ func TestOrdersEndAsTheirInputsSay(t *testing.T) {
 	require.Equal(t, int64(98), stock, "only the shipped order keeps its stock")
 }
 
+// TestDigitalOrdersSkipShipping runs a digital order, which skips the
+// ship step (decided once, when its charge was recorded), and a declined
+// digital one, whose compensation passes the skipped step over.
+func TestDigitalOrdersSkipShipping(t *testing.T) {
+	t.Parallel()
+	v := start(t, nil)
+	ebook := order.Input{Customer: "ann", Product: 1, Quantity: 1, Amount: 900, Digital: true}
+	done := v.run("d-1", ebook)
+	require.Equal(t, order.StateShipped, done.State, "a skipped step's state is reached at once")
+	require.Equal(t, []string{order.StepShip}, done.Skipped)
+	require.Equal(t, saga.StepSkipped, v.step(done, order.StepShip, saga.PhaseForward).Status)
+	require.NotContains(t, done.Results, order.StepShip)
+	var shipments int
+	require.NoError(t, v.pool.QueryRow(context.Background(), `select count(*) from orders.shipments where saga_id = $1`, done.ID).Scan(&shipments))
+	require.Zero(t, shipments)
+
+	ebook.Customer = "declined-bob"
+	declined := v.run("d-2", ebook)
+	require.Equal(t, saga.StateCompensated, declined.State)
+	require.Empty(t, declined.Skipped, "ship's condition is decided by the charge's success, which never came")
+
+	_, err := v.kit.Client.Start(context.Background(), v.def, "d-3", order.Input{Customer: "ann", Product: 1, Quantity: 1, Amount: 900})
+	require.ErrorContains(t, err, "a physical order needs one", "a physical order without an address is refused")
+
+	rep := v.audit(map[string]int{"shipped": 1, "compensated": 1})
+	require.Equal(t, int64(900), rep.Charged)
+}
+
 // withoutVerify is the order saga without its charge's Verify: the give-up
 // rule alone.
 func withoutVerify(cfg order.Config) (*saga.Definition, error) {

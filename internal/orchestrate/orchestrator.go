@@ -274,7 +274,7 @@ func (c *Core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (st
 		return store.Move{}, false
 	}
 	sg := &saga.Instance{ID: cmd.SagaID, Definition: cmd.Definition, DefinitionVersion: def.Version(), State: cmd.State, Version: cmd.Version,
-		Input: cmd.Input, Results: maps.Clone(cmd.Results)}
+		Input: cmd.Input, Results: maps.Clone(cmd.Results), Skipped: cmd.Skipped}
 	var m *store.Move
 	var err error
 	switch {

@@ -251,7 +251,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 // when it was settled: the step succeeds, and the saga compensates it and
 // the steps before it.
 func (c *Core) cancelMove(sg *saga.Instance, def *saga.Definition, idx, attemptNo int, msg string, result []byte) (*store.Move, error) {
-	undo, _ := compensation.Plan(def, idx+1, compensation.NotDone)
+	undo, _ := compensation.Plan(def, idx+1, compensation.NotDone, sg.Skipped)
 	to := saga.StateCompensating
 	if len(undo) == 0 {
 		to = saga.StateCompensated
@@ -277,7 +277,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		return fmt.Errorf("idemsaga: cancel saga %s: find its parked step: %w", sg.ID, err)
 	}
 	*notDone = step
-	undo, _ := compensation.Plan(def, idx, compensation.NotDone)
+	undo, _ := compensation.Plan(def, idx, compensation.NotDone, sg.Skipped)
 	to := saga.StateCompensating
 	if len(undo) == 0 {
 		to = saga.StateCompensated

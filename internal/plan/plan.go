@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/idemsaga/idemsaga/compensation"
@@ -56,7 +57,7 @@ func (p Planner) Command(sg *saga.Instance, def *saga.Definition, idx int, phase
 	cmd := wire.Command{
 		SagaID: sg.ID, Definition: sg.Definition, DefinitionVersion: def.Version(), Step: step.Name, Phase: phase,
 		Key: key, Attempt: attempt, Input: sg.Input, Results: sg.Results,
-		State: sg.State, Version: sg.Version, Verify: verify,
+		State: sg.State, Version: sg.Version, Skipped: sg.Skipped, Verify: verify,
 	}
 	payload, err = json.Marshal(cmd)
 	if err != nil {
@@ -100,7 +101,7 @@ func Finish(m *store.Move, outcome string) {
 func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, result json.RawMessage) (*store.Move, error) {
 	step := def.Step(idx)
 	if phase == saga.PhaseCompensate {
-		next := compensation.Next(def, idx)
+		next := compensation.Next(def, idx, sg.Skipped)
 		to := saga.StateCompensating
 		if next < 0 {
 			to = saga.StateCompensated
@@ -118,16 +119,9 @@ func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase
 		m.Next, err = p.Dispatch(after, def, next, saga.PhaseCompensate)
 		return m, err
 	}
-	if !def.CanTransition(sg.State, step.Reaches) {
-		return nil, fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, step.Reaches)
-	}
 	m, after := MoveFrom(sg, step.Reaches, step.Name, phase, attemptNo)
 	m.Status, m.StepResult = saga.StepSucceeded, result
 	m.ResultStep, m.Result = step.Name, result
-	if idx == def.Len()-1 {
-		Finish(m, "completed")
-		return m, nil
-	}
 	after.Results = maps.Clone(sg.Results)
 	if after.Results == nil {
 		after.Results = map[string]json.RawMessage{}
@@ -136,8 +130,33 @@ func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase
 		result = json.RawMessage("null")
 	}
 	after.Results[step.Name] = result
+	// The conditions of the steps that follow are decided here, once: a
+	// skipped step's state is reached with this move.
+	next := idx + 1
+	for ; next < def.Len(); next++ {
+		runs, err := def.Runs(next, sg.ID, sg.Input, after.Results)
+		if err != nil {
+			return nil, err
+		}
+		if runs {
+			break
+		}
+		m.Skip = append(m.Skip, def.Step(next).Name)
+		m.To = def.Step(next).Reaches
+	}
+	if !def.CanTransition(sg.State, m.To) {
+		return nil, fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, m.To)
+	}
+	after.State = m.To
+	if len(m.Skip) > 0 {
+		after.Skipped = append(slices.Clip(sg.Skipped), m.Skip...)
+	}
+	if next == def.Len() {
+		Finish(m, "completed")
+		return m, nil
+	}
 	var err error
-	m.Next, err = p.Dispatch(after, def, idx+1, saga.PhaseForward)
+	m.Next, err = p.Dispatch(after, def, next, saga.PhaseForward)
 	return m, err
 }
 
@@ -167,7 +186,7 @@ func (p Planner) Failure(sg *saga.Instance, def *saga.Definition, idx int, phase
 	if !def.CanTransition(sg.State, saga.StateCompensating) {
 		return nil, fmt.Errorf("idemsaga: saga %s cannot start compensating from %q", sg.ID, sg.State)
 	}
-	plan, park := compensation.Plan(def, idx, effect)
+	plan, park := compensation.Plan(def, idx, effect, sg.Skipped)
 	if park {
 		m, _ := MoveFrom(sg, saga.StateParked, step.Name, phase, attemptNo)
 		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, true

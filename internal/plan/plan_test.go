@@ -129,3 +129,68 @@ func TestGiveUpRule(t *testing.T) {
 		require.Error(t, err)
 	})
 }
+
+// TestSuccessDecidesConditionsOnce checks that a step's success decides
+// the conditions of the steps after it: skipped ones are recorded in the
+// move, the saga reaches the last skipped one's state, the next command
+// carries the skips, and a compensation passes them over.
+func TestSuccessDecidesConditionsOnce(t *testing.T) {
+	t.Parallel()
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	digital := func(sc *saga.StepContext) bool {
+		var in struct {
+			Digital bool `json:"digital"`
+		}
+		return sc.DecodeInput(&in) == nil && !in.Digital
+	}
+	def, err := saga.New("order",
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "pack", Reaches: "packed", Kind: saga.DatabaseStep, Forward: noop, Compensate: noop, When: saga.Condition{Func: digital}},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep, Forward: noop, Compensate: noop, When: saga.Condition{Func: digital}},
+		saga.Step{Name: "notify", Reaches: "notified", Kind: saga.ExternalStep, Forward: noop},
+	)
+	require.NoError(t, err)
+	p := Planner{Subjects: wire.Subjects{Prefix: "t"}}
+	id := uuid.Must(uuid.NewV7())
+
+	sg := &saga.Instance{ID: id, Definition: "order", State: saga.StateInit, Version: 1, Input: json.RawMessage(`{"digital":true}`)}
+	m, err := p.Success(sg, def, 0, saga.PhaseForward, 1, json.RawMessage(`{"n":1}`))
+	require.NoError(t, err)
+	require.Equal(t, saga.State("shipped"), m.To)
+	require.Equal(t, []string{"pack", "ship"}, m.Skip)
+	require.Equal(t, "notify", m.Next.Step)
+	cmd, err := wire.DecodeCommand(m.Next.Payload)
+	require.NoError(t, err)
+	require.Equal(t, []string{"pack", "ship"}, cmd.Skipped)
+	require.Equal(t, saga.State("shipped"), cmd.State)
+
+	// notify fails for good: only reserve is compensated.
+	after := &saga.Instance{ID: id, Definition: "order", State: "shipped", Version: 2, Input: sg.Input, Skipped: cmd.Skipped}
+	m, err = p.Failure(after, def, 3, saga.PhaseForward, 1, "refused", compensation.NotDone)
+	require.NoError(t, err)
+	require.Equal(t, "reserve", m.Next.Step)
+	require.Equal(t, saga.PhaseCompensate, m.Next.Phase)
+
+	// A physical order runs every step.
+	sg.Input = json.RawMessage(`{"digital":false}`)
+	m, err = p.Success(sg, def, 0, saga.PhaseForward, 1, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.State("reserved"), m.To)
+	require.Empty(t, m.Skip)
+	require.Equal(t, "pack", m.Next.Step)
+
+	// The last steps skipped: the saga finishes in its final state.
+	last := &saga.Instance{ID: id, Definition: "order", State: "reserved", Version: 2, Input: json.RawMessage(`{"digital":true}`)}
+	def2, err := saga.New("order2",
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Forward: noop},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.DatabaseStep, Forward: noop},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep, Forward: noop, When: saga.Condition{Func: digital}},
+	)
+	require.NoError(t, err)
+	m, err = p.Success(last, def2, 1, saga.PhaseForward, 1, nil)
+	require.NoError(t, err)
+	require.True(t, m.Finished)
+	require.Equal(t, def2.FinalState(), m.To)
+	require.Equal(t, []string{"ship"}, m.Skip)
+	require.Nil(t, m.Next)
+}

@@ -25,7 +25,7 @@ func ScanSaga(row pgx.Row) (*saga.Instance, error) {
 	var state string
 	var results map[string]json.RawMessage
 	err := row.Scan(&s.ID, &s.Definition, &s.Key, &state, &s.Version, &s.Input, &results, &s.Error,
-		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion)
+		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion, &s.Skipped)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, saga.ErrNotFound
 	}
@@ -33,6 +33,9 @@ func ScanSaga(row pgx.Row) (*saga.Instance, error) {
 		return nil, fmt.Errorf("read saga: %w", err)
 	}
 	s.State, s.Results = saga.State(state), results
+	if len(s.Skipped) == 0 {
+		s.Skipped = nil
+	}
 	return &s, nil
 }
 

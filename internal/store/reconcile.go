@@ -52,6 +52,8 @@ from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.statu
 	{"past its deadline and not cancelled: %s", `select s.id, 'deadline ' || round(extract(epoch from idemsaga.now() - s.deadline_at)) || 's ago, state ' || s.state || ` + NoWorker + `
 from idemsaga.sagas s where s.finished_at is null and s.state <> 'compensating' and s.deadline_at < idemsaga.now() - $1 * interval '1 second'
   and ` + NotPaused + ``, StaleSeconds, "deadline_not_cancelled"},
+	{"step skipped by its condition has a step row: %s", `select s.id, st.step || '/' || st.phase || ' ' || st.status
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id and st.step = any(s.skipped)`, NoParam, "skipped_has_row"},
 	{"step recorded as failed took effect: %s", `select st.saga_id, st.step || '/' || st.phase
 from idemsaga.steps st join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
 where st.status = 'failed' and i.outcome = 'succeeded'`, NoParam, "failed_took_effect"},
@@ -113,11 +115,13 @@ order by id limit 100`, StaleSeconds, "outbox_stale"},
 
 // FinishedForwardSteps reads each saga that finished in a state other
 // than compensated, failed, parked or closed, with how many of its forward
-// steps succeeded: one in its definition's final state has them all.
-const FinishedForwardSteps = `select s.id, s.definition || '@' || s.definition_version, s.state, count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded')
+// steps succeeded or were skipped: one in its definition's final state
+// has them all.
+const FinishedForwardSteps = `select s.id, s.definition || '@' || s.definition_version, s.state,
+  count(st.step) filter (where st.phase = 'forward' and st.status = 'succeeded') + cardinality(s.skipped)
 from idemsaga.sagas s left join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and s.state not in ('compensated', 'failed', 'parked', 'closed')
-group by s.id, s.definition, s.definition_version, s.state`
+group by s.id, s.definition, s.definition_version, s.state, s.skipped`
 
 // Fragments of the rules' texts.
 

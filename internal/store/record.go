@@ -34,6 +34,9 @@ type Move struct {
 	// under that step's name.
 	ResultStep string
 	Result     json.RawMessage
+	// Skip names the conditional steps the move skipped, added to the
+	// saga's (saga.Instance.Skipped).
+	Skip []string
 
 	// The step attempt the move ends, and how.
 	Step         string
@@ -275,7 +278,8 @@ const moveParts = `u as (
     finished_at = case when @finished::bool then idemsaga.now() else finished_at end,
     error = coalesce(@saga_error::text, error),
     results = case when @result_step::text is null then results
-      else results || jsonb_build_object(@result_step::text, coalesce(@saga_result::jsonb, 'null'::jsonb)) end
+      else results || jsonb_build_object(@result_step::text, coalesce(@saga_result::jsonb, 'null'::jsonb)) end,
+    skipped = case when @skip::text[] is null then skipped else skipped || @skip::text[] end
   where id = @saga and state = @from::text and version = @version::bigint{and_lead_wrote}
   returning created_at
 ), f as (
@@ -425,13 +429,19 @@ var params = map[string]param{
 	"resolved":     func(r *Record) any { return r.Resolved },
 	"hand_off":     func(r *Record) any { return r.HandOff },
 
-	"to":            func(r *Record) any { return string(r.Move.To) },
-	"from":          func(r *Record) any { return string(r.Move.From) },
-	"version":       func(r *Record) any { return r.Move.Version },
-	"finished":      func(r *Record) any { return r.Move.Finished },
-	"saga_error":    func(r *Record) any { return nullText(r.Move.Error) },
-	"result_step":   func(r *Record) any { return nullText(r.Move.ResultStep) },
-	"saga_result":   func(r *Record) any { return nullJSON(r.Move.Result) },
+	"to":          func(r *Record) any { return string(r.Move.To) },
+	"from":        func(r *Record) any { return string(r.Move.From) },
+	"version":     func(r *Record) any { return r.Move.Version },
+	"finished":    func(r *Record) any { return r.Move.Finished },
+	"saga_error":  func(r *Record) any { return nullText(r.Move.Error) },
+	"result_step": func(r *Record) any { return nullText(r.Move.ResultStep) },
+	"saga_result": func(r *Record) any { return nullJSON(r.Move.Result) },
+	"skip": func(r *Record) any {
+		if len(r.Move.Skip) == 0 {
+			return nil
+		}
+		return r.Move.Skip
+	},
 	"status":        func(r *Record) any { return string(r.Move.Status) },
 	"step_result":   func(r *Record) any { return nullJSON(r.Move.StepResult) },
 	"step_error":    func(r *Record) any { return nullText(r.Move.StepError) },

@@ -29,6 +29,10 @@ type Command struct {
 	// neither, and are judged after a read.
 	State   saga.State `json:"state,omitempty"`
 	Version int64      `json:"version,omitempty"`
+	// Skipped are the saga's skipped steps at that version
+	// (saga.Instance.Skipped), which a compensation planned in the step
+	// passes over.
+	Skipped []string `json:"skipped,omitempty"`
 
 	// DefinitionVersion is the version of the definition the saga runs
 	// (0, for a command that carries none, is version 1): a worker that
