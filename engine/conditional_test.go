@@ -223,3 +223,67 @@ func TestConditionDecidedOnceUnderRedelivery(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, diffs)
 }
+
+// TestRepairsKeepRecordedDecisions parks a saga after one of its steps
+// was skipped, then skips the parked step as an operator would: the
+// recorded decision is not asked again, and the condition after the
+// parked step is decided once, from the operator's result. A client
+// without the definition's code refuses the repair that would have to
+// decide, and changes nothing.
+func TestRepairsKeepRecordedDecisions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("CONDREP")
+	var askedPack, askedNotify atomic.Int64
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return json.RawMessage(`{}`), nil }
+	lost := func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+		return nil, fmt.Errorf("the payment service did not answer") // unknown outcome
+	}
+	def, err := saga.New("condrepair",
+		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.ExternalStep, Forward: noop, Compensate: noop},
+		saga.Step{Name: "pack", Reaches: "packed", Kind: saga.ExternalStep, Forward: noop,
+			When: saga.Condition{Func: func(*saga.StepContext) bool { askedPack.Add(1); return false }}},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: lost,
+			Retry: saga.RetryPolicy{MaxAttempts: 1, Timeout: 5 * time.Second}},
+		saga.Step{Name: "notify", Reaches: "notified", Kind: saga.ExternalStep, Forward: noop,
+			When: saga.Condition{Reads: []string{"charge"}, Func: func(sc *saga.StepContext) bool {
+				askedNotify.Add(1)
+				var r struct {
+					Notify bool `json:"notify"`
+				}
+				ok, err := sc.DecodeResult("charge", &r)
+				return ok && err == nil && r.Notify
+			}}},
+	)
+	require.NoError(t, err)
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	cl := e.Client()
+	res, err := cl.Start(ctx, def, "r-1", map[string]any{})
+	require.NoError(t, err)
+	sg := waitState(t, cl, res.ID, saga.StateParked)
+	require.Equal(t, []string{"pack"}, sg.Skipped)
+	require.Equal(t, int64(1), askedPack.Load())
+
+	// A client built from the recorded description cannot decide
+	// notify's condition: the skip is refused, nothing changes.
+	admin, err := engine.NewClient(engine.Config{Pool: pool, Stream: stream, SubjectPrefix: "t." + stream, LeaseGrace: 10 * time.Second, Logger: quietLogger()})
+	require.NoError(t, err)
+	_, err = admin.Skip(ctx, res.ID, engine.SkipStep{Step: "charge", Result: json.RawMessage(`{"notify":true}`)}, engine.Repair{Reason: "charged, checked by hand", By: "ops"})
+	require.ErrorIs(t, err, saga.ErrConditionElsewhere)
+	sg, err = cl.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StateParked, sg.State)
+	require.Empty(t, sg.Repairs)
+
+	_, err = cl.Skip(ctx, res.ID, engine.SkipStep{Step: "charge", Result: json.RawMessage(`{"notify":false}`)}, engine.Repair{Reason: "charged, checked by hand", By: "ops"})
+	require.NoError(t, err)
+	sg = waitState(t, cl, res.ID, "notified")
+	require.Equal(t, []string{"pack", "notify"}, sg.Skipped)
+	require.Equal(t, int64(1), askedPack.Load(), "the repair did not ask the recorded decision again")
+	require.Equal(t, int64(1), askedNotify.Load())
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{def}, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, diffs, 0)
+}

@@ -277,7 +277,11 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 				// The token in full: an operator may send the callback by hand.
 				note = "waits for its callback until " + st.LeaseUntil.Format(time.RFC3339) + "; token " + st.CallbackToken
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, st.Key, note)
+			key := st.Key.String()
+			if st.Status == saga.StepSkipped {
+				key, note = "-", "skipped by its condition: no key, no effect, nothing to compensate"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, key, note)
 		}
 		_ = w.Flush()
 	}

@@ -74,8 +74,8 @@ function sagaBody(s) {
         h('td', null, st.kind),
         h('td', null, h('span', {class: 'badge ' + statusClass(st.status)}, st.status), st.possibly_done ? h('span', {class: 'badge warn', title: 'an attempt\'s outcome at another system is unknown: it may have taken effect'}, 'possibly done') : null),
         h('td', null, st.attempt),
-        h('td', {class: 'mono small'}, st.key),
-        h('td', {class: 'small'}, st.next_attempt_at ? 'next ' + fmtTime(st.next_attempt_at) : st.lease_until ? 'lease until ' + fmtTime(st.lease_until) : '—',
+        h('td', {class: 'mono small'}, st.status === 'skipped' ? '—' : st.key),
+        h('td', {class: 'small'}, st.status === 'skipped' ? 'skipped by its condition: no effect, nothing to compensate' : st.next_attempt_at ? 'next ' + fmtTime(st.next_attempt_at) : st.lease_until ? 'lease until ' + fmtTime(st.lease_until) : '—',
           st.callback_token ? h('div', {class: 'mono'}, 'callback token ' + st.callback_token) : null),
         h('td', {class: 'err-cell'}, st.last_error || ''),
         h('td', {class: 'mono small'}, st.result ? compactJSON(st.result) : '')))))));
