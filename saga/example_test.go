@@ -159,3 +159,35 @@ func ExampleWithVersion() {
 	// transfer@1 2 steps
 	// transfer@2 3 steps
 }
+
+// A conditional step: digital goods skip shipping. The condition is
+// decided once, when the step before it succeeds, and recorded with the
+// saga; a skipped step takes no effect and is never compensated.
+func ExampleCondition() {
+	type item struct {
+		Digital bool `json:"digital"`
+	}
+	noop := func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+	def := saga.MustNew("delivery",
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: noop},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep, Forward: noop,
+			When: saga.Condition{Func: func(sc *saga.StepContext) bool {
+				var in item
+				return sc.DecodeInput(&in) != nil || !in.Digital
+			}}},
+	)
+	for _, input := range []string{`{"digital":false}`, `{"digital":true}`} {
+		runs, _ := def.Runs(1, [16]byte{}, json.RawMessage(input), nil)
+		fmt.Println(input, "ships:", runs)
+	}
+	_, err := saga.New("delivery",
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep, Forward: noop,
+			When: saga.Condition{Reads: []string{"charge"}, Func: func(*saga.StepContext) bool { return true }}},
+		saga.Step{Name: "charge", Reaches: "charged", Kind: saga.ExternalStep, Forward: noop},
+	)
+	fmt.Println(errors.Is(err, saga.ErrInvalidDefinition))
+	// Output:
+	// {"digital":false} ships: true
+	// {"digital":true} ships: false
+	// true
+}
