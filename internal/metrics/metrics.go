@@ -72,7 +72,34 @@ type Metrics struct {
 	// LeaseExtensions counts the leases an attempt pushed forward, by
 	// why: waiting for a limit, or its handler's heartbeat.
 	LeaseExtensions *prometheus.CounterVec
+	// ScheduleTicks counts a schedule's ticks by outcome (TickStarted,
+	// TickDuplicate, TickSkipped, TickRefused); EventStarts the messages
+	// of a definition's events by outcome (EventStarted, EventDuplicate,
+	// EventRefused).
+	ScheduleTicks *prometheus.CounterVec
+	EventStarts   *prometheus.CounterVec
 }
+
+// Outcomes of ScheduleTicks and EventStarts.
+const (
+	// TickStarted: the tick's saga was started.
+	TickStarted = "started"
+	// TickDuplicate: the tick's saga existed already (a pass that lost
+	// its commit, or another engine's).
+	TickDuplicate = "duplicate"
+	// TickSkipped: a missed tick past the catch-up bound, never started.
+	TickSkipped = "skipped"
+	// TickRefused: the tick's input was refused; the tick is skipped.
+	TickRefused = "refused"
+	// EventStarted: the message started its saga.
+	EventStarted = "started"
+	// EventDuplicate: the message's key named a saga already started
+	// with the same body (a delivery or a publish again).
+	EventDuplicate = "duplicate"
+	// EventRefused: the message could not start a saga and went to the
+	// event dead letters.
+	EventRefused = "refused"
+)
 
 // New builds the collectors and registers them with reg. A nil reg keeps
 // them unregistered (still safe to update).
@@ -195,6 +222,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "starts_shed_total",
 		Help: "Saga starts refused (503, nothing written) because the stream's backlog was above the shedding threshold.",
 	}, []string{"definition"})
+	m.ScheduleTicks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "schedule_ticks_total",
+		Help: "Ticks of a definition's schedule, by outcome: started, duplicate (started already), skipped (missed past the catch-up bound), refused (its input refused).",
+	}, []string{"definition", "outcome"})
+	m.EventStarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "event_starts_total",
+		Help: "Messages of a definition's events, by outcome: started (a saga), duplicate (its saga started already), refused (parked in the event dead letters).",
+	}, []string{"definition", "outcome"})
 	if reg == nil {
 		return m, nil
 	}
@@ -207,6 +242,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.DeadLettersParked, m.DeadLettersResumed,
 		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns, m.Verified,
 		m.LimitWaits, m.LimitWaitSeconds, m.LeaseExtensions,
+		m.ScheduleTicks, m.EventStarts,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemsaga: register metrics: %w (give each engine in a process its own Registerer)", err)
