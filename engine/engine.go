@@ -162,6 +162,14 @@ type Config struct {
 	// definitions it knows. Defaults to ReconcileIntervalDefault;
 	// NoReconcile runs none.
 	ReconcileInterval time.Duration
+	// ScheduleInterval is how often the engine looks for the due ticks of
+	// its definitions' schedules (saga.WithSchedule), on the database's
+	// clock. Defaults to ScheduleIntervalDefault.
+	ScheduleInterval time.Duration
+	// EventConcurrency is how many messages of one definition's events
+	// (saga.WithEvents) a process handles at once. Defaults to
+	// EventConcurrencyDefault.
+	EventConcurrency int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the engine's metrics. Nil registers nothing.
@@ -350,6 +358,8 @@ type Engine struct {
 	// reaper: Stop drains the steps first.
 	stepRunner lifecycle.Runner
 	runner     lifecycle.Runner
+	// trig starts the sagas of schedules and events.
+	trig triggers
 
 	// dup runs the copies of commands the test kit delivers (dups),
 	// dupsInHand how many of them run.
@@ -421,6 +431,9 @@ func New(cfg Config) (*Engine, error) {
 	out := &engineHandOff{relay: e.relay, after: cfg.RelayHandOff, backlog: e.backlog}
 	c := newCoreWith(&cfg, m, out)
 	e.c, e.client = c, &Client{c: c, cfg: cfg}
+	if err := e.newTriggers(m); err != nil {
+		return nil, err
+	}
 	if cfg.Registerer != nil {
 		for _, col := range []struct {
 			what string
@@ -646,6 +659,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	); err != nil {
 		return fail(err)
 	}
+	if err := e.startTriggers(ctx, work); err != nil {
+		return fail(err)
+	}
 	r.unwatch = context.AfterFunc(ctx, func() {
 		e.cfg.Logger.Info("engine: the context Start was given ended; stopping and cancelling the work in hand")
 		_ = e.StopAndCancel(context.Background())
@@ -729,7 +745,7 @@ func (e *Engine) stopRun(r *run) {
 		r.unwatch()
 	}
 	ctx := context.Background()
-	var errs []error
+	errs := e.stopTriggers(ctx)
 	if e.cleaner != nil {
 		errs = append(errs, e.cleaner.Stop(ctx))
 	}

@@ -135,7 +135,7 @@ func New(t T, cfg Config) *Env {
 		Pool: env.Pool, NATS: env.NATS, Definitions: cfg.Definitions,
 		Stream: kitStream, SubjectPrefix: "sagatest", LeaseGrace: cfg.LeaseGrace,
 		ReapInterval: 5 * time.Millisecond, RelayPollInterval: 5 * time.Millisecond, RelayHandOff: 50 * time.Millisecond,
-		Logger: cfg.Logger, Registerer: cfg.Registerer,
+		ScheduleInterval: 5 * time.Millisecond, Logger: cfg.Logger, Registerer: cfg.Registerer,
 		// Retention runs when the test says (Env.Clean), not behind it.
 		Retention: engine.RetentionConfig{FinishedSagas: engine.KeepForever},
 	}
