@@ -143,6 +143,8 @@ type cli struct {
 	Reconcile   reconcileCmd   `cmd:"" help:"Check the engine's invariants and the service's; print each difference and exit non-zero when any is found."`
 	Workers     workersCmd     `cmd:"" help:"List the live workers and the definitions each runs."`
 	DeadLetters deadLettersCmd `cmd:"" name:"dead-letters" help:"List, send again or drop commands parked because no worker that received them knew their definition, version or step."`
+	Schedules   schedulesCmd   `cmd:"" help:"List the schedules, or pause or resume one: a paused schedule starts no saga, and its ticks meanwhile are skipped."`
+	Events      eventsCmd      `cmd:"" help:"List or drop the events that could not start a saga (no key header, a refused body), kept with why."`
 }
 
 // Run runs one command line (args without the program name) and returns

@@ -139,6 +139,10 @@ func New(cfg Config) (http.Handler, error) {
 	a.mux.HandleFunc("POST /v1/definitions/{definition}/resume", a.resumeDefinition)
 	a.mux.HandleFunc("GET /v1/definitions", a.definitions)
 	a.mux.HandleFunc("GET /v1/stats", a.stats)
+	a.mux.HandleFunc("GET /v1/schedules", a.schedules)
+	a.mux.HandleFunc("POST /v1/schedules/{definition}/pause", a.pauseSchedule)
+	a.mux.HandleFunc("POST /v1/schedules/{definition}/resume", a.resumeSchedule)
+	a.mux.HandleFunc("GET /v1/event-dead-letters", a.eventDeadLetters)
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)
