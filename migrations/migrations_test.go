@@ -46,7 +46,7 @@ func TestMigrateConcurrentlyIsIdempotent(t *testing.T) {
 	require.Equal(t, latest, got)
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from pg_tables where schemaname = 'idemsaga'`).Scan(&tables))
-	require.Equal(t, 17, tables, "sagas, steps, step_attempts, outbox, inbox, settings, definitions, workers, repairs, callbacks, submit_tokens, schema_version, paused_definitions, definition_repairs, dead_letters, limit_holds, limit_rates")
+	require.Equal(t, 20, tables, "sagas, steps, step_attempts, outbox, inbox, settings, definitions, workers, repairs, callbacks, submit_tokens, schema_version, paused_definitions, definition_repairs, dead_letters, limit_holds, limit_rates, schedules, schedule_repairs, event_dead_letters")
 }
 
 func TestCurrentOnEmptyDatabaseIsZero(t *testing.T) {
