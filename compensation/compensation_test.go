@@ -205,3 +205,108 @@ func TestSkippedStepsAreNeverCompensated(t *testing.T) {
 	plan, _ = compensation.Plan(def, 3, compensation.NotDone, []string{"s0"})
 	require.Equal(t, []int{2, 1}, plan)
 }
+
+// TestWalkCompensatesGroupsConcurrentlyInReverse checks the walk over a
+// saga with a parallel group: a, then group {b, c, d}, then e.
+func TestWalkCompensatesGroupsConcurrentlyInReverse(t *testing.T) {
+	t.Parallel()
+	step := func(name string, undo bool) saga.Step {
+		s := saga.Step{Name: name, Reaches: saga.State(name + "_done"), Kind: saga.ExternalStep, Forward: noop}
+		if undo {
+			s.Compensate = noop
+		}
+		return s
+	}
+	branch := func(name string, undo bool) saga.Step {
+		s := step(name, undo)
+		s.Group, s.Reaches = "g", "grouped"
+		return s
+	}
+	def, err := saga.New("w", step("a", true), branch("b", true), branch("c", true), branch("d", false), step("e", true))
+	require.NoError(t, err)
+	ok, failed := saga.StepSucceeded, saga.StepFailed
+	ex := map[string]compensation.Execution{
+		"a": {Forward: ok}, "b": {Forward: ok}, "c": {Forward: failed, PossiblyDone: true}, "d": {Forward: ok},
+	}
+	// c failed possibly done, b succeeded: both at once; d has nothing
+	// to undo.
+	f := compensation.Walk(def, nil, ex)
+	require.Equal(t, []int{1, 2}, f.Dispatch)
+	require.False(t, f.Done)
+
+	ex["b"] = compensation.Execution{Forward: ok, Compensate: saga.StepDispatched}
+	ex["c"] = compensation.Execution{Forward: failed, PossiblyDone: true, Compensate: ok}
+	f = compensation.Walk(def, nil, ex)
+	require.Empty(t, f.Dispatch, "b's compensation still runs: a waits")
+	require.False(t, f.Done)
+
+	ex["b"] = compensation.Execution{Forward: ok, Compensate: ok}
+	f = compensation.Walk(def, nil, ex)
+	require.Equal(t, []int{0}, f.Dispatch, "the group is undone: the step before it")
+
+	ex["a"] = compensation.Execution{Forward: ok, Compensate: ok}
+	f = compensation.Walk(def, nil, ex)
+	require.True(t, f.Done)
+
+	// A branch still running forward holds the group.
+	f = compensation.Walk(def, nil, map[string]compensation.Execution{"a": {Forward: ok}, "b": {Forward: saga.StepDispatched}, "c": {Forward: failed}})
+	require.Empty(t, f.Dispatch)
+	require.False(t, f.Done)
+
+	// A failed compensation fails the saga once none runs beside it.
+	ex = map[string]compensation.Execution{"a": {Forward: ok}, "b": {Forward: ok, Compensate: failed}, "c": {Forward: ok, Compensate: saga.StepRetrying}, "d": {Forward: failed}}
+	f = compensation.Walk(def, nil, ex)
+	require.Equal(t, -1, f.Failed)
+	require.Empty(t, f.Dispatch)
+	ex["c"] = compensation.Execution{Forward: ok, Compensate: ok}
+	f = compensation.Walk(def, nil, ex)
+	require.Equal(t, 1, f.Failed)
+
+	// A skipped branch took no effect; a failed one not possibly done
+	// neither.
+	f = compensation.Walk(def, []string{"b"}, map[string]compensation.Execution{"a": {Forward: ok}, "b": {Forward: ok}, "c": {Forward: failed}})
+	require.Equal(t, []int{0}, f.Dispatch)
+}
+
+// TestWalkAgreesWithPlanOnALine checks Walk against Plan and Next on
+// random lines: it dispatches the plan's entries one at a time, in order.
+func TestWalkAgreesWithPlanOnALine(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(7, 11))
+	for range 500 {
+		n := 1 + r.IntN(7)
+		compensable := make([]bool, n)
+		for i := range compensable {
+			compensable[i] = r.IntN(2) == 0
+		}
+		def := definition(t, compensable...)
+		failed := r.IntN(n)
+		possibly := r.IntN(2) == 0
+		effect := compensation.NotDone
+		if possibly {
+			effect = compensation.PossiblyDone
+		}
+		plan, park := compensation.Plan(def, failed, effect, nil)
+		if park {
+			continue
+		}
+		ex := map[string]compensation.Execution{}
+		for i := range failed {
+			ex[fmt.Sprintf("s%d", i)] = compensation.Execution{Forward: saga.StepSucceeded}
+		}
+		ex[fmt.Sprintf("s%d", failed)] = compensation.Execution{Forward: saga.StepFailed, PossiblyDone: possibly}
+		var walked []int
+		for {
+			f := compensation.Walk(def, nil, ex)
+			if f.Done {
+				break
+			}
+			require.Len(t, f.Dispatch, 1)
+			walked = append(walked, f.Dispatch[0])
+			e := ex[fmt.Sprintf("s%d", f.Dispatch[0])]
+			e.Compensate = saga.StepSucceeded
+			ex[fmt.Sprintf("s%d", f.Dispatch[0])] = e
+		}
+		require.Equal(t, plan, walked, "compensable %v failed %d possibly %v", compensable, failed, possibly)
+	}
+}

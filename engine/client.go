@@ -87,10 +87,29 @@ type StartResult struct {
 // Once it started a saga it is that saga's key, as above.
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
 	// Without the caller's transaction the start is one statement, which
-	// PostgreSQL runs as its own transaction: one round trip.
-	res, sent, err := cl.start(ctx, cl.c.Pool(), def, key, input, cl.c.HandOffArg())
+	// PostgreSQL runs as its own transaction: one round trip. A saga that
+	// starts with a parallel group dispatches its branches in a
+	// transaction of its own.
+	var q store.Row = cl.c.Pool()
+	var tx pgx.Tx
+	if def != nil {
+		if _, end := def.Group(0); end > 1 {
+			var err error
+			if tx, err = cl.c.Pool().Begin(ctx); err != nil {
+				return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			q = tx
+		}
+	}
+	res, sent, err := cl.start(ctx, q, def, key, input, cl.c.HandOffArg())
 	if err != nil {
 		return res, err
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: commit: %w; retry with the same key", def.Name(), key, err)
+		}
 	}
 	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
@@ -236,11 +255,33 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		cl.c.Metrics().Duplicates.WithLabelValues(metrics.LayerStart).Inc()
 		return StartResult{ID: *existing, State: saga.State(*state), Duplicate: true}, nil, nil
 	}
-	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
 	var sent []outbox.Committed
 	if outboxID != nil {
 		sent = []outbox.Committed{{ID: *outboxID, Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}}
 	}
+	if _, end := registered.Group(0); end > 1 {
+		// The first group's other branches, in the same transaction.
+		outer, ok := q.(pgx.Tx)
+		if !ok {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: a saga that starts with a parallel group starts in a transaction", def.Name(), key)
+		}
+		btx := store.Within(outer)
+		btx.SetTrace(trace)
+		var branches []*store.Dispatch
+		for b := 1; b < end; b++ {
+			d, err := cl.c.Plan().Dispatch(sg, registered, b, saga.PhaseForward)
+			if err != nil {
+				return StartResult{}, nil, err
+			}
+			branches = append(branches, d)
+		}
+		store.QueueBranches(btx, id, branches, handOff)
+		if err := btx.Flush(ctx); err != nil {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: dispatch its first group: %w", def.Name(), key, err)
+		}
+		sent = append(sent, btx.Published()...)
+	}
+	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
 	return StartResult{ID: id, State: saga.StateInit}, sent, nil
 }
 

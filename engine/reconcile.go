@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -104,7 +105,14 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	// Steps an operator may skip on a parked saga that have nothing to
 	// undo: "name@version/step".
 	var noUndo []string
+	groups, groupStates := map[string]string{}, map[string]string{}
 	for _, d := range defs {
+		for i := range d.Len() {
+			if g := d.Step(i).Group; g != "" {
+				groups[d.Ref()+"/"+d.Step(i).Name] = g
+				groupStates[d.Ref()+"/"+d.Step(i).Name] = string(d.Step(i).Reaches)
+			}
+		}
 		finals[d.Ref()] = string(d.FinalState())
 		lengths[d.Ref()] = d.Len()
 		for i := range d.Len() {
@@ -134,6 +142,10 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 			args = []any{stale}
 		case store.StepsWithoutUndo:
 			args = []any{noUndo}
+		case store.BranchGroups:
+			args = []any{jsonText(groups)}
+		case store.BranchStates:
+			args = []any{jsonText(groupStates)}
 		}
 		rows, err := pool.Query(ctx, r.SQL, args...)
 		if err != nil {
@@ -171,4 +183,10 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	return diffs, nil
+}
+
+// jsonText is m as JSON text, a rule's parameter.
+func jsonText(m map[string]string) string {
+	b, _ := json.Marshal(m) // a map of strings always encodes
+	return string(b)
 }

@@ -66,15 +66,21 @@ func (d *Definition) Runs(i int, id uuid.UUID, input json.RawMessage, results ma
 }
 
 // checkCondition reports what is wrong with step i's condition, "" for
-// nothing: a first step always runs (a saga that should not run is not
-// started), a condition needs its Func, and it reads only the results of
-// steps before it. all indexes every step of the definition by name.
-func (d *Definition) checkCondition(i int, s Step, all map[string]int) string {
+// nothing: the first step (or the first group's branches) always runs (a
+// saga that should not run is not started), a condition needs its Func,
+// and it reads only the results of steps before it (not of its group).
+// all indexes every step of steps by name.
+func (d *Definition) checkCondition(i int, steps []Step, all map[string]int) string {
+	s := steps[i]
 	if s.When.IsZero() {
 		return ""
 	}
-	if i == 0 {
-		return fmt.Sprintf("step %q is the first step, which always runs; decide before Start whether the saga runs, or put the condition on a later step", s.Name)
+	first := i
+	for first > 0 && s.Group != "" && steps[first-1].Group == s.Group {
+		first--
+	}
+	if first == 0 {
+		return fmt.Sprintf("step %q is in the first step of the saga, which always runs; decide before Start whether the saga runs, or put the condition on a later step", s.Name)
 	}
 	if s.When.Func == nil && !d.described {
 		return fmt.Sprintf("step %q has a condition without its Func", s.Name)
@@ -84,8 +90,8 @@ func (d *Definition) checkCondition(i int, s Step, all map[string]int) string {
 		switch {
 		case !ok:
 			return fmt.Sprintf("step %q's condition reads step %q, which the definition does not have", s.Name, name)
-		case j >= i:
-			return fmt.Sprintf("step %q's condition reads the result of step %q, which does not come before it; a condition reads only earlier results (move the condition after %q, or decide from the input)", s.Name, name, name)
+		case j >= first:
+			return fmt.Sprintf("step %q's condition reads the result of step %q, which does not come before it (a branch of the same group runs beside it); a condition reads only earlier results (move the condition after %q, or decide from the input)", s.Name, name, name)
 		}
 	}
 	return ""

@@ -129,6 +129,15 @@ type Step struct {
 	// is never compensated. See Condition. The first step has none.
 	// Optional.
 	When Condition
+	// Group, if set, makes the step a branch of a parallel group:
+	// consecutive steps with the same Group run at the same time, each
+	// with its own kind, key, retries and compensation, and all name the
+	// same Reaches, the state the saga reaches when every branch
+	// succeeded. If a branch fails for good, the branches running finish
+	// their attempt, and every branch that succeeded or may have taken
+	// effect is compensated, concurrently, before the steps before the
+	// group in reverse. Letters, digits, '_' and '-'. Optional.
+	Group string
 }
 
 // CallbackWaitDefault is how long a CallbackStep waits for its callback
@@ -165,6 +174,8 @@ type Definition struct {
 
 	// version is the definition's version (WithVersion), 1 unless set.
 	version int
+	// grouped says a step is a branch of a parallel group.
+	grouped bool
 
 	// schedule starts its sagas at the ticks of a cron expression
 	// (WithSchedule), nil for none; events starts them from the messages
@@ -192,6 +203,9 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		return nil, bad("steps", "a saga needs at least one step")
 	}
 	d := &Definition{name: name, version: 1, index: make(map[string]int, len(steps)), described: described}
+	if problem, field := checkGroups(steps); problem != "" {
+		return nil, bad(field, "%s", problem)
+	}
 	reached := map[State]string{}
 	all := make(map[string]int, len(steps))
 	for i, s := range steps {
@@ -216,7 +230,7 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		if reservedState(s.Reaches) {
 			return nil, bad(field+".Reaches", "%q is a built-in state; pick another name", s.Reaches)
 		}
-		if other, dup := reached[s.Reaches]; dup {
+		if other, dup := reached[s.Reaches]; dup && (s.Group == "" || steps[i-1].Group != s.Group) {
 			return nil, bad(field+".Reaches", "state %q is already reached by step %q", s.Reaches, other)
 		}
 		if s.Kind != DatabaseStep && s.Kind != ExternalStep && s.Kind != CallbackStep {
@@ -234,7 +248,7 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		case s.Kind == CallbackStep && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
 			return nil, bad(field+".Wait", "step %q waits %s; give between 1s and %s", s.Name, s.Wait, CallbackWaitMax)
 		}
-		if problem := d.checkCondition(i, s, all); problem != "" {
+		if problem := d.checkCondition(i, steps, all); problem != "" {
 			return nil, bad(field+".When", "%s", problem)
 		}
 		limit, problem := s.Limit.withDefaults(name, s.Name, s.Kind)
@@ -254,6 +268,7 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		s.Retry = s.Retry.WithDefaults()
 		s.CompensateRetry = s.CompensateRetry.WithDefaults()
 		reached[s.Reaches] = s.Name
+		d.grouped = d.grouped || s.Group != ""
 		d.index[s.Name] = i
 		d.steps = append(d.steps, s)
 	}
@@ -326,10 +341,11 @@ func (d *Definition) FinalState() State { return d.steps[len(d.steps)-1].Reaches
 // StateBefore returns the state a saga is in while step i runs forward:
 // StateInit for the first step, else the state reached by step i-1.
 func (d *Definition) StateBefore(i int) State {
-	if i == 0 {
+	first, _ := d.Group(i)
+	if first == 0 {
 		return StateInit
 	}
-	return d.steps[i-1].Reaches
+	return d.steps[first-1].Reaches
 }
 
 // IsTerminal reports whether s ends a saga of this definition: its final
@@ -390,7 +406,7 @@ func (d *Definition) CanTransition(from, to State) bool {
 	if d.steps[next].Reaches == to {
 		return true
 	}
-	for k := next + 1; k < len(d.steps) && !d.steps[k].When.IsZero(); k++ {
+	for _, k := d.Group(next); k < len(d.steps) && d.skippable(k); _, k = d.Group(k) {
 		if d.steps[k].Reaches == to {
 			return true
 		}

@@ -55,6 +55,8 @@ type StepDescription struct {
 	// in the definition's code; Reads are the steps it reads.
 	Conditional bool     `json:"conditional,omitempty"`
 	Reads       []string `json:"reads,omitempty"`
+	// Group is the step's parallel group (Step.Group), empty for none.
+	Group string `json:"group,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -105,6 +107,7 @@ func (d *Definition) Describe() Description {
 		if !s.When.IsZero() {
 			desc.Steps[i].Conditional, desc.Steps[i].Reads = true, s.When.Reads
 		}
+		desc.Steps[i].Group = s.Group
 		if s.Kind == CallbackStep {
 			desc.Steps[i].Wait = s.Wait.String()
 			desc.Steps[i].ChecksCallbacks = s.CheckCallback != nil
@@ -129,7 +132,7 @@ func (desc Description) Fingerprint() string {
 func FromDescription(desc Description) (*Definition, error) {
 	steps := make([]Step, len(desc.Steps))
 	for i, s := range desc.Steps {
-		st := Step{Name: s.Name, Reaches: s.Reaches, Forward: describedHandler}
+		st := Step{Name: s.Name, Reaches: s.Reaches, Forward: describedHandler, Group: s.Group}
 		switch s.Kind {
 		case DatabaseStep.String():
 			st.Kind = DatabaseStep

@@ -2,6 +2,7 @@ package orchestrate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -259,6 +260,11 @@ func (c *Core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def 
 	if err != nil {
 		return err
 	}
+	if s.outcome != "succeeded" && phase == saga.PhaseForward {
+		if err := c.settleBranches(ctx, tx, sg, def, idx); err != nil {
+			return err
+		}
+	}
 	var m *store.Move
 	if s.outcome == "succeeded" {
 		c.log.Info("step given up had taken effect; applied as a success", "saga_id", sg.ID, "step", step.Name, "phase", phase, "attempt", attemptNo)
@@ -275,4 +281,69 @@ func (c *Core) giveUp(ctx context.Context, tx *store.Tx, sg *saga.Instance, def 
 
 func outboxCommitted(id int64, subject, msgID string, payload []byte, headers map[string]string) outbox.Committed {
 	return outbox.Committed{ID: id, Subject: subject, MsgID: msgID, Payload: payload, Headers: headers}
+}
+
+// withSteps reads sg's steps into sg.Steps, under the saga's lock that
+// tx holds, when its definition has parallel groups: their moves depend
+// on the other branches (plan.ErrNeedsSteps).
+func (c *Core) withSteps(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition) error {
+	if sg == nil || !def.HasGroups() {
+		return nil
+	}
+	steps, err := store.ReadSteps(ctx, tx.Conn(), sg.ID)
+	if err != nil {
+		return err
+	}
+	sg.Steps = append(make([]saga.StepExecution, 0, len(steps)), steps...)
+	return nil
+}
+
+// settleBranches settles the branches beside forward step idx, which is
+// given up, that are still under way: each finishes the attempt it runs
+// (store.ErrBusy until then: the caller tries again), then is settled
+// through the inbox as settle does, and ended as what its key holds,
+// succeeded, or failed and possibly done. sg.Steps is updated to match,
+// for the compensation's walk.
+func (c *Core) settleBranches(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int) error {
+	first, end := def.Group(idx)
+	if end-first == 1 {
+		return nil
+	}
+	for i := range sg.Steps {
+		st := &sg.Steps[i]
+		b := def.StepIndex(st.Step)
+		if b < first || b >= end || b == idx || st.Phase != saga.PhaseForward ||
+			st.Status != saga.StepDispatched && st.Status != saga.StepRetrying && st.Status != saga.StepWaiting {
+			continue
+		}
+		s, err := c.settleWith(ctx, tx, store.SettleTombstoneForCancel, sg.ID, st.Step, saga.PhaseForward)
+		if err != nil {
+			return err
+		}
+		if s.outcome == "started" {
+			return fmt.Errorf("settle branch %q of saga %s: its attempt %d is under way: %w", st.Step, sg.ID, st.Attempt, store.ErrBusy)
+		}
+		status, possibly := saga.StepFailed, s.effect(st.PossiblyDone) == compensation.PossiblyDone
+		var result any
+		if s.outcome == "succeeded" && len(s.result) > 0 {
+			result = string(s.result)
+		}
+		if s.outcome == "succeeded" {
+			// Its compensation's command carries its result.
+			status, possibly = saga.StepSucceeded, false
+			sg.Results = maps.Clone(sg.Results)
+			if sg.Results == nil {
+				sg.Results = map[string]json.RawMessage{}
+			}
+			sg.Results[st.Step] = json.RawMessage(s.result)
+			if len(s.result) == 0 {
+				sg.Results[st.Step] = json.RawMessage("null")
+			}
+		}
+		var ended bool
+		tx.Queue(store.EndBranch, func(row pgx.Row) error { return row.Scan(&ended) },
+			pguuid.Of(sg.ID), st.Step, string(status), result, possibly)
+		st.Status, st.PossiblyDone = status, st.PossiblyDone || possibly
+	}
+	return tx.Flush(ctx)
 }

@@ -155,6 +155,9 @@ func (c *Core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 	if v != VerdictApplied {
 		return v, nil
 	}
+	if err := c.withSteps(ctx, tx, sg, def); err != nil {
+		return "", err
+	}
 	if err := c.apply(ctx, tx, sg, def, idx, st, r, fx); err != nil {
 		return "", err
 	}
@@ -292,6 +295,10 @@ func (c *Core) Move(cmd wire.Command, kind saga.StepKind, o attempt.Outcome) (st
 	if err != nil {
 		c.log.Debug("step worker: an outcome cannot be applied as its command foresaw; answering with a reply",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "error", err)
+		return store.Move{}, false
+	}
+	if len(m.Also) > 0 {
+		// Several branches are dispatched under the saga's lock only.
 		return store.Move{}, false
 	}
 	m.RecordFailure = m.Status == saga.StepFailed

@@ -142,6 +142,9 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	if err != nil {
 		return false, err
 	}
+	if err := c.withSteps(ctx, tx, sg, def); err != nil {
+		return false, err
+	}
 	step := def.Step(st.index)
 	policy := plan.PolicyOf(def, st.index, st.phase)
 	fx := &effects{}

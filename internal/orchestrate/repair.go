@@ -209,6 +209,14 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		if err != nil {
 			return err
 		}
+		if s.outcome != "started" && def.HasGroups() {
+			// The branches beside it finish their attempts first.
+			if err := c.settleBranches(ctx, tx, sg, def, idx); errors.Is(err, store.ErrBusy) {
+				return fmt.Errorf("%w: saga %s: a branch beside step %q is calling another system; cancel again once its attempt ended", ErrStepInFlight, id, step)
+			} else if err != nil {
+				return err
+			}
+		}
 		if s.outcome == "started" {
 			// Claimed after the look above: the call is in flight.
 			var until time.Time
@@ -220,6 +228,8 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		}
 		var m *store.Move
 		switch {
+		case s.outcome == "succeeded" && def.HasGroups():
+			m, err = c.plan.CancelSucceeded(sg, def, idx, attemptNo, msg, s.result)
 		case s.outcome == "succeeded" && idx == def.Len()-1:
 			// It completed the saga: apply that; there is nothing to cancel.
 			m, err = c.plan.Success(sg, def, idx, saga.PhaseForward, attemptNo, s.result)
@@ -278,6 +288,9 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	}
 	*notDone = step
 	undo, _ := compensation.Plan(def, idx, compensation.NotDone, sg.Skipped)
+	if def.HasGroups() {
+		undo = plan.Undo(def, sg, step)
+	}
 	to := saga.StateCompensating
 	if len(undo) == 0 {
 		to = saga.StateCompensated
@@ -300,6 +313,21 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	}
 	if outboxID != nil {
 		tx.Sent(outboxCommitted(*outboxID, subject, msgID, payload, tx.Trace()))
+	}
+	if len(undo) > 1 {
+		// A group's branches are undone at once.
+		var also []*store.Dispatch
+		for _, b := range undo[1:] {
+			d, err := c.plan.Dispatch(&after, def, b, saga.PhaseCompensate)
+			if err != nil {
+				return err
+			}
+			also = append(also, d)
+		}
+		store.QueueBranches(tx, sg.ID, also, c.handOffFor(tx))
+		if err := tx.Flush(ctx); err != nil {
+			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensations: %w", sg.ID, err)
+		}
 	}
 	created, err := store.CancelSaga(ctx, tx.Conn(), sg.ID, sg.Version, to, msg, len(undo) == 0)
 	if err != nil {
@@ -521,6 +549,11 @@ func (c *Core) lockedOnce(ctx context.Context, in pgx.Tx, id uuid.UUID, what str
 		ctx, sp = c.tracer.StartRepair(ctx, traced, sg.ID, sg.Definition, what)
 		tx.SetTrace(c.tracer.Headers(ctx))
 		defer func() { sp.End("", err) }()
+	}
+	if def, err := c.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion); err == nil {
+		if err := c.withSteps(ctx, tx, sg, def); err != nil {
+			return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
+		}
 	}
 	ferr := fn(tx, sg)
 	var committed errCommitted

@@ -100,6 +100,11 @@ func Finish(m *store.Move, outcome string) {
 // compensation dispatches the next compensation (or ends compensated).
 func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, result json.RawMessage) (*store.Move, error) {
 	step := def.Step(idx)
+	if def.HasGroups() {
+		if m, done, err := p.groupSuccess(sg, def, idx, phase, attemptNo, result); done || err != nil {
+			return m, err
+		}
+	}
 	if phase == saga.PhaseCompensate {
 		next := compensation.Next(def, idx, sg.Skipped)
 		to := saga.StateCompensating
@@ -130,19 +135,35 @@ func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase
 		result = json.RawMessage("null")
 	}
 	after.Results[step.Name] = result
-	// The conditions of the steps that follow are decided here, once: a
-	// skipped step's state is reached with this move.
-	next := idx + 1
-	for ; next < def.Len(); next++ {
-		runs, err := def.Runs(next, sg.ID, sg.Input, after.Results)
-		if err != nil {
-			return nil, err
+	_, end := def.Group(idx)
+	return p.forward(m, sg, after, def, end)
+}
+
+// forward makes m, which reaches the state of the steps before next,
+// dispatch the next steps that run: the conditions of the steps from
+// next on are decided here, once, and a skipped step's state (or a
+// group's, all of whose branches are skipped) is reached with m. A
+// group's branches that run are dispatched together. With no step left,
+// m finishes the saga.
+func (p Planner) forward(m *store.Move, sg, after *saga.Instance, def *saga.Definition, next int) (*store.Move, error) {
+	var run []int
+	for next < def.Len() && len(run) == 0 {
+		first, end := def.Group(next)
+		for b := first; b < end; b++ {
+			runs, err := def.Runs(b, sg.ID, sg.Input, after.Results)
+			if err != nil {
+				return nil, err
+			}
+			if runs {
+				run = append(run, b)
+			} else {
+				m.Skip = append(m.Skip, def.Step(b).Name)
+			}
 		}
-		if runs {
-			break
+		if len(run) == 0 {
+			m.To = def.Step(first).Reaches
 		}
-		m.Skip = append(m.Skip, def.Step(next).Name)
-		m.To = def.Step(next).Reaches
+		next = end
 	}
 	if !def.CanTransition(sg.State, m.To) {
 		return nil, fmt.Errorf("idemsaga: saga %s cannot move from %q to %q", sg.ID, sg.State, m.To)
@@ -151,13 +172,28 @@ func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase
 	if len(m.Skip) > 0 {
 		after.Skipped = append(slices.Clip(sg.Skipped), m.Skip...)
 	}
-	if next == def.Len() {
+	if len(run) == 0 {
 		Finish(m, "completed")
 		return m, nil
 	}
-	var err error
-	m.Next, err = p.Dispatch(after, def, next, saga.PhaseForward)
-	return m, err
+	return p.dispatchAll(m, after, def, run, saga.PhaseForward)
+}
+
+// dispatchAll makes m dispatch steps idx in phase, together: the first
+// as m.Next, the rest as m.Also.
+func (p Planner) dispatchAll(m *store.Move, after *saga.Instance, def *saga.Definition, idx []int, phase saga.Phase) (*store.Move, error) {
+	for i, b := range idx {
+		d, err := p.Dispatch(after, def, b, phase)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			m.Next = d
+		} else {
+			m.Also = append(m.Also, d)
+		}
+	}
+	return m, nil
 }
 
 // Failure is the move of a step given up with reason: a forward step
@@ -165,6 +201,9 @@ func (p Planner) Success(sg *saga.Instance, def *saga.Definition, idx int, phase
 // is possibly done; a possibly-done step without a compensation parks the
 // saga; a compensation that cannot finish ends the saga failed.
 func (p Planner) Failure(sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, reason string, effect compensation.Effect) (*store.Move, error) {
+	if def.HasGroups() {
+		return p.groupFailure(sg, def, idx, phase, attemptNo, reason, effect)
+	}
 	step := def.Step(idx)
 	key := saga.StepKey(sg.ID, step.Name, phase)
 	possibly := effect == compensation.PossiblyDone
@@ -174,12 +213,7 @@ func (p Planner) Failure(sg *saga.Instance, def *saga.Definition, idx int, phase
 		}
 		m, _ := MoveFrom(sg, saga.StateFailed, step.Name, phase, attemptNo)
 		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, possibly
-		how := ""
-		if possibly {
-			how = " (it may have taken effect: an attempt's outcome is unknown)"
-		}
-		m.Error = fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `retry %s`, "+
-			"or, having undone the step by hand, go on with the next compensation with `skip %s --step %s`, or close the saga as handled with `close %s`", step.Name, key, how, reason, sg.ID, sg.ID, step.Name, sg.ID)
+		m.Error = cannotFinish(sg, step.Name, reason, possibly)
 		Finish(m, string(saga.StateFailed))
 		return m, nil
 	}
@@ -190,10 +224,7 @@ func (p Planner) Failure(sg *saga.Instance, def *saga.Definition, idx int, phase
 	if park {
 		m, _ := MoveFrom(sg, saga.StateParked, step.Name, phase, attemptNo)
 		m.Status, m.StepError, m.PossiblyDone = saga.StepFailed, reason, true
-		m.Error = fmt.Sprintf("step %q may have taken effect at the other system (an attempt's outcome is unknown; its key is %s) and has no compensation, so nothing was undone: %s; "+
-			"check the other system under that key, then retry the step with `retry %s` (the same key: the other system answers with what it did), "+
-			"or, if it did take effect, go on with `skip %s --step %s --result JSON` (its result), "+
-			"or, if it did not, compensate the steps before it with `cancel %s`, or close the saga as handled with `close %s`", step.Name, key, reason, sg.ID, sg.ID, step.Name, sg.ID, sg.ID)
+		m.Error = cannotUndo(sg, step.Name, reason)
 		Finish(m, string(saga.StateParked))
 		return m, nil
 	}
@@ -230,4 +261,26 @@ func (p Planner) Compensate(m *store.Move, after *saga.Instance, def *saga.Defin
 // Exhausted is the reason of a step whose attempts ran out.
 func Exhausted(attempts int, last string) string {
 	return fmt.Sprintf("%d attempts exhausted; last error: %s", attempts, last)
+}
+
+// cannotFinish is the error of a saga whose compensation of step could
+// not finish.
+func cannotFinish(sg *saga.Instance, step, reason string, possibly bool) string {
+	how := ""
+	if possibly {
+		how = " (it may have taken effect: an attempt's outcome is unknown)"
+	}
+	return fmt.Sprintf("compensation of step %q (key %s) cannot finish%s: %s; a person must repair the effects, then resume the compensation with `retry %s`, "+
+		"or, having undone the step by hand, go on with the next compensation with `skip %s --step %s`, or close the saga as handled with `close %s`",
+		step, saga.StepKey(sg.ID, step, saga.PhaseCompensate), how, reason, sg.ID, sg.ID, step, sg.ID)
+}
+
+// cannotUndo is the error of a saga parked on step, possibly done and
+// without a compensation.
+func cannotUndo(sg *saga.Instance, step, reason string) string {
+	return fmt.Sprintf("step %q may have taken effect at the other system (an attempt's outcome is unknown; its key is %s) and has no compensation, so nothing was undone: %s; "+
+		"check the other system under that key, then retry the step with `retry %s` (the same key: the other system answers with what it did), "+
+		"or, if it did take effect, go on with `skip %s --step %s --result JSON` (its result), "+
+		"or, if it did not, compensate the steps before it with `cancel %s`, or close the saga as handled with `close %s`",
+		step, saga.StepKey(sg.ID, step, saga.PhaseForward), reason, sg.ID, sg.ID, step, sg.ID, sg.ID)
 }

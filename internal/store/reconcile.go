@@ -26,6 +26,12 @@ const (
 	// StepsWithoutUndo: the steps ("name@version/step") that have no
 	// compensation, which an operator's skip may leave undone.
 	StepsWithoutUndo
+	// BranchGroups: a JSON object naming each branch of a parallel group
+	// ("name@version/step") with its group.
+	BranchGroups
+	// BranchStates: a JSON object naming each branch of a parallel group
+	// ("name@version/step") with its group's state.
+	BranchStates
 )
 
 // Rules are the writer's invariants, stated once.
@@ -36,7 +42,10 @@ where s.finished_at is null and not exists (
 	{"has several steps in flight: %s", `select s.id, string_agg(st.step || '/' || st.phase, ', ' order by st.step)
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where st.status in ('dispatched', 'retrying', 'waiting')
-group by s.id having count(*) > 1`, NoParam, "several_in_flight"},
+group by s.id having count(distinct coalesce('group ' || ($1::jsonb ->> (s.definition || '@' || s.definition_version || '/' || st.step)), st.step) || '/' || st.phase) > 1`, BranchGroups, "several_in_flight"},
+	{"is in its group's state while a branch of the group has not succeeded: %s", `select s.id, st.step || ' is ' || st.status || ' (state ' || s.state || ')'
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id and st.phase = 'forward'
+where st.status <> 'succeeded' and s.state = ($1::jsonb ->> (s.definition || '@' || s.definition_version || '/' || st.step))`, BranchStates, "group_state_early"},
 	{"finished but a step is still in flight: %s", `select s.id, st.step || '/' || st.phase
 from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id
 where s.finished_at is not null and st.status in ('dispatched', 'retrying', 'waiting')`, NoParam, "finished_in_flight"},

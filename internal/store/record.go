@@ -52,6 +52,10 @@ type Move struct {
 
 	// Next, if set, is the step this move dispatches, at attempt 1.
 	Next *Dispatch
+	// Also are the branches of a parallel group the move dispatches
+	// beside Next. Only a move under the saga's lock (QueueMove) has
+	// them.
+	Also []*Dispatch
 	// Outcome names how a finished saga ended (completed, compensated,
 	// failed, parked), for metrics.
 	Outcome string
@@ -519,6 +523,9 @@ func (r *Record) scan(tx *Tx, out *Recorded) func(pgx.Row) error {
 // QueueRecord adds r's statement to tx, an attempt's own transaction; out
 // is filled when it is sent.
 func QueueRecord(tx *Tx, r *Record, out *Recorded) {
+	if r.Move != nil && len(r.Move.Also) > 0 {
+		panic("store: a move that dispatches several branches is applied under the saga's lock (QueueMove) only")
+	}
 	sql, args := r.statement(false)
 	tx.Queue(sql, r.scan(tx, out), args...)
 }
@@ -548,6 +555,7 @@ func QueueMove(tx *Tx, m *Move, handOff any, created *time.Time) {
 		}
 		return nil
 	}, args...)
+	QueueBranches(tx, m.Saga, m.Also, handOff)
 }
 
 // nullJSON passes JSON as text, so that pgx's simple protocol (a pooler
