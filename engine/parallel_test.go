@@ -229,3 +229,47 @@ func TestParallelBranchesUnderRedelivery(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, diffs)
 }
+
+// TestParallelGroupParksAndRetries parks a saga whose branch may have
+// taken effect and has no compensation, while the branch beside it
+// succeeded; an operator's retry runs the parked branch again under its
+// key, and the group completes with the other branch's recorded result.
+func TestParallelGroupParksAndRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("PARPARK")
+	fx := &effects{}
+	var holds atomic.Int64
+	hold := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		if holds.Add(1) == 1 {
+			return nil, errors.New("the answer was lost") // unknown: possibly done
+		}
+		return fx.handler("hold", nil)(ctx, sc)
+	}
+	once := saga.RetryPolicy{MaxAttempts: 1, Timeout: 5 * time.Second}
+	def, err := saga.New("ppark",
+		saga.Step{Name: "reserve", Reaches: "held", Group: "g", Kind: saga.ExternalStep, Forward: fx.handler("reserve", nil), Compensate: fx.handler("reserve", nil)},
+		saga.Step{Name: "hold", Reaches: "held", Group: "g", Kind: saga.ExternalStep, Forward: hold, Retry: once},
+		saga.Step{Name: "ship", Reaches: "shipped", Kind: saga.ExternalStep, Forward: fx.handler("ship", nil)},
+	)
+	require.NoError(t, err)
+	e := startEngine(t, pool, nc, stream, []*saga.Definition{def})
+	cl := e.Client()
+	res, err := cl.Start(ctx, def, "park", map[string]any{})
+	require.NoError(t, err)
+	sg := waitState(t, cl, res.ID, saga.StateParked)
+	require.Contains(t, sg.Error, `step "hold" may have taken effect`)
+	require.Zero(t, fx.keysOf("reserve/compensate"), "a park undoes nothing")
+
+	_, err = cl.Retry(ctx, res.ID, engine.Repair{Reason: "the other system says it never held", By: "ops"})
+	require.NoError(t, err)
+	sg = waitState(t, cl, res.ID, "shipped")
+	require.Contains(t, sg.Results, "reserve", "the branch that succeeded before the park kept its result")
+	require.Equal(t, 1, fx.keysOf("reserve/forward"))
+	require.Equal(t, 1, fx.keysOf("hold/forward"))
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{def}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+}

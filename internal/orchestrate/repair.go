@@ -61,42 +61,27 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		if err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
-		key := saga.StepKey(id, step, phase)
-		// A database step's key holds its failure, cleared; an external
-		// step's keeps what it knows (an unknown outcome stays unknown) as
-		// a key the next attempt may claim.
-		if _, err := tx.Conn().Exec(ctx, store.ClearFailedKey,
-			pguuid.Of(id), pguuid.Of(key)); err != nil {
-			return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
-		}
-		if phase == saga.PhaseForward && def.Step(idx).Kind == saga.CallbackStep {
-			// A callback that came after the step was given up is the
-			// other system's word on the request sent again: it applies
-			// once the step waits.
-			if _, err := tx.Conn().Exec(ctx, store.ReopenLateCallbacks, pguuid.Of(id), step); err != nil {
-				return fmt.Errorf("idemsaga: retry saga %s: reopen its late callbacks: %w", id, err)
+		// A parked group's branches that failed run again together.
+		failed := []stepAt{{step, idx, attemptNo}}
+		if phase == saga.PhaseForward && def.HasGroups() {
+			first, end := def.Group(idx)
+			for _, st := range sg.Steps {
+				b := def.StepIndex(st.Step)
+				if b >= first && b < end && b != idx && st.Phase == saga.PhaseForward && st.Status == saga.StepFailed {
+					failed = append(failed, stepAt{st.Step, b, st.Attempt})
+				}
 			}
-		}
-		var next int
-		if err := tx.Conn().QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), step, string(phase), attemptNo,
-			c.plan.LeaseMillis(plan.PolicyOf(def, idx, phase))).Scan(&next); err != nil {
-			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
 		resumed := *sg
 		resumed.State, resumed.Version = saga.StateCompensating, sg.Version+1
 		if phase == saga.PhaseForward {
 			resumed.State = def.StateBefore(idx)
 		}
-		subject, msgID, payload, err := c.plan.Command(&resumed, def, idx, phase, next, false)
-		if err != nil {
-			return err
+		for _, f := range failed {
+			if err := c.retryFailed(ctx, tx, &resumed, def, f, phase); err != nil {
+				return err
+			}
 		}
-		var outboxID int64
-		if err := tx.Conn().QueryRow(ctx, store.InsertOutbox,
-			subject, msgID, payload, pguuid.Of(id), c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
-			return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
-		}
-		tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
 		if err := store.ReopenSaga(ctx, tx.Conn(), id, sg.Version, resumed.State, false); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
@@ -574,5 +559,50 @@ func (c *Core) lockedOnce(ctx context.Context, in pgx.Tx, id uuid.UUID, what str
 	if ferr != nil {
 		return committed.err
 	}
+	return nil
+}
+
+// stepAt is a step of a saga, where it is in its definition and at
+// which attempt.
+type stepAt struct {
+	step         string
+	idx, attempt int
+}
+
+// retryFailed makes failed step f of saga resumed (as the retry leaves it)
+// run again in phase, at its next attempt under the same key.
+func (c *Core) retryFailed(ctx context.Context, tx *store.Tx, resumed *saga.Instance, def *saga.Definition, f stepAt, phase saga.Phase) error {
+	id := resumed.ID
+	key := saga.StepKey(id, f.step, phase)
+	// A database step's key holds its failure, cleared; an external
+	// step's keeps what it knows (an unknown outcome stays unknown) as
+	// a key the next attempt may claim.
+	if _, err := tx.Conn().Exec(ctx, store.ClearFailedKey,
+		pguuid.Of(id), pguuid.Of(key)); err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
+	}
+	if phase == saga.PhaseForward && def.Step(f.idx).Kind == saga.CallbackStep {
+		// A callback that came after the step was given up is the
+		// other system's word on the request sent again: it applies
+		// once the step waits.
+		if _, err := tx.Conn().Exec(ctx, store.ReopenLateCallbacks, pguuid.Of(id), f.step); err != nil {
+			return fmt.Errorf("idemsaga: retry saga %s: reopen its late callbacks: %w", id, err)
+		}
+	}
+	var next int
+	if err := tx.Conn().QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), f.step, string(phase), f.attempt,
+		c.plan.LeaseMillis(plan.PolicyOf(def, f.idx, phase))).Scan(&next); err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
+	}
+	subject, msgID, payload, err := c.plan.Command(resumed, def, f.idx, phase, next, false)
+	if err != nil {
+		return err
+	}
+	var outboxID int64
+	if err := tx.Conn().QueryRow(ctx, store.InsertOutbox,
+		subject, msgID, payload, pguuid.Of(id), c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
+		return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
+	}
+	tx.Sent(outboxCommitted(outboxID, subject, msgID, payload, tx.Trace()))
 	return nil
 }

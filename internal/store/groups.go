@@ -77,12 +77,17 @@ func QueueBranches(tx *Tx, id uuid.UUID, ds []*Dispatch, handOff any) {
 // EndBranch ends forward step $2 of saga $1, still under way when its
 // group was given up and settled through the inbox: status $3
 // (succeeded or failed), result $4, possibly done $5. Its attempt's
-// timeline row is closed. It returns whether a row was ended.
+// timeline row is closed, and a success's result goes to the saga's
+// results, as a move's does (the saga's version is the move's to bump).
+// It returns whether a row was ended.
 const EndBranch = `with f as (
   update idemsaga.steps set status = $3, result = $4::jsonb, possibly_done = possibly_done or $5,
     lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = $1 and step = $2 and phase = 'forward' and status in ('dispatched', 'retrying', 'waiting')
   returning saga_id, step, phase, attempt
+), r as (
+  update idemsaga.sagas set results = results || jsonb_build_object($2::text, coalesce($4::jsonb, 'null'::jsonb))
+  where id = $1 and $3 = 'succeeded' and exists (select from f)
 ), a as (
   update idemsaga.step_attempts x set finished_at = coalesce(x.finished_at, idemsaga.now()),
     outcome = case when x.outcome is null or x.outcome = 'retry' then $3 else x.outcome end
