@@ -14,6 +14,9 @@ type Execution struct {
 	Forward      saga.StepStatus
 	PossiblyDone bool
 	Compensate   saga.StepStatus
+	// CompensateUnknown: an attempt of the compensation had an unknown
+	// outcome.
+	CompensateUnknown bool
 }
 
 // Frontier is where a saga's compensation stands (Walk).
@@ -58,20 +61,20 @@ func Walk(def *saga.Definition, skipped []string, ex map[string]Execution) Front
 			if e.Forward == "" || slices.Contains(skipped, step.Name) {
 				continue
 			}
-			if running(e.Forward) {
+			// A compensation that started is waited for, or ends the
+			// walk, whatever is known of the step since.
+			switch {
+			case running(e.Forward) || running(e.Compensate):
 				busy = true
 				continue
-			}
-			if step.Compensate == nil || !(e.Forward == saga.StepSucceeded || e.Forward == saga.StepFailed && e.PossiblyDone) {
-				continue
-			}
-			switch {
-			case e.Compensate == "":
-				dispatch = append(dispatch, b)
 			case e.Compensate == saga.StepFailed:
 				failed = b
-			case running(e.Compensate):
-				busy = true
+				continue
+			case e.Compensate != "":
+				continue
+			}
+			if step.Compensate != nil && (e.Forward == saga.StepSucceeded || e.Forward == saga.StepFailed && e.PossiblyDone) {
+				dispatch = append(dispatch, b)
 			}
 		}
 		switch {

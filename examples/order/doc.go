@@ -1,8 +1,18 @@
-// Package order is the order saga: reserve stock in the database, charge
-// the customer at a payment service over HTTP, then ship.
+// Package order is the order saga: reserve stock in the database and
+// charge the customer at a payment service over HTTP, at once (a
+// parallel group), then ship, unless the goods are digital (a
+// conditional step).
 //
-//	reserve (database step)  →  charge (external step)  →  ship (database step)
-//	release stock               refund
+//	┌ reserve (database step) ┐
+//	│ release stock           │  →  ship (database step, skipped for digital goods)
+//	│ charge (callback step)  │
+//	└ refund                  ┘
+//
+// The saga reaches "prepared" when both branches succeeded. If one fails
+// for good (out of stock, card declined), the other finishes its attempt
+// (a charge that waits for its confirmation is given up at once, as
+// possibly done), and whichever succeeded or may have taken effect is
+// undone: the stock released, the charge refunded or its key voided.
 //
 // reserve takes stock and writes its reservation through sc.Tx; release
 // gives them back. charge calls the payment service (package payments)

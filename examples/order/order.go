@@ -96,8 +96,8 @@ const (
 	StepReserve               = "reserve"
 	StepCharge                = "charge"
 	StepShip                  = "ship"
-	StateReserved  saga.State = "reserved"
-	StateCharged   saga.State = "charged"
+	GroupPrepare              = "prepare"
+	StatePrepared  saga.State = "prepared"
 	StateShipped   saga.State = "shipped"
 	DefinitionName            = "order"
 )
@@ -183,8 +183,11 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 		kind, wait = saga.ExternalStep, 0
 	}
 	d, err := saga.New(DefinitionName,
+		// The stock is reserved and the card charged at once: a group
+		// whose state is reached when both succeeded. If either fails,
+		// the other finishes its attempt and is undone.
 		saga.Step{
-			Name: StepReserve, Reaches: StateReserved, Kind: saga.DatabaseStep,
+			Name: StepReserve, Reaches: StatePrepared, Group: GroupPrepare, Kind: saga.DatabaseStep,
 			Forward: saga.Handle(reserve), Compensate: saga.Handle(release),
 			Retry: cfg.Policy, CompensateRetry: cfg.CompensatePolicy,
 		},
@@ -192,7 +195,7 @@ func NewDefinition(cfg Config) (*saga.Definition, error) {
 			// The payment service answers the charge request at once, and
 			// confirms it later by callback (Confirmation is the step's
 			// result).
-			Name: StepCharge, Reaches: StateCharged, Kind: kind, Wait: wait,
+			Name: StepCharge, Reaches: StatePrepared, Group: GroupPrepare, Kind: kind, Wait: wait,
 			Forward: charge, Compensate: refund, Verify: verify, Limit: cfg.Limit,
 			Retry: cfg.Policy, CompensateRetry: cfg.CompensatePolicy,
 		},

@@ -217,7 +217,8 @@ func TestOrdersEndAsTheirInputsSay(t *testing.T) {
 	require.Equal(t, int64(1500), confirmed.Amount)
 	require.Eventually(t, func() bool { return v.svc.Counts().Confirmed == payments.Confirmations }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1.0, metric(t, v.reg, "idemsaga_duplicates_absorbed_total", "layer", "callback"))
-	require.Equal(t, saga.StateCompensated, v.run("o-2", order.Input{Customer: "ann", Product: 2, Quantity: 101, Amount: 9, Address: "x"}).State)
+	outOfStock := v.run("o-2", order.Input{Customer: "ann", Product: 2, Quantity: 101, Amount: 9, Address: "x"})
+	require.Equal(t, saga.StateCompensated, outOfStock.State)
 	declined := v.run("o-3", order.Input{Customer: "declined-bob", Product: 1, Quantity: 1, Amount: 700, Address: "x"})
 	require.Equal(t, saga.StateCompensated, declined.State)
 	require.Contains(t, declined.Error, "card declined")
@@ -229,7 +230,16 @@ func TestOrdersEndAsTheirInputsSay(t *testing.T) {
 
 	rep := v.audit(map[string]int{"shipped": 1, "compensated": 3})
 	require.Equal(t, int64(1500), rep.Charged)
-	require.Equal(t, 1, rep.Refunded)
+	// The undeliverable order's charge is refunded; the out-of-stock
+	// one's, made beside its reservation, is refunded or its key voided,
+	// as far as it got when the reservation failed.
+	state, _ = v.charge(outOfStock.ID)
+	require.Contains(t, []string{"none", "refunded", "voided"}, state)
+	refunded := 1
+	if state == "refunded" {
+		refunded++
+	}
+	require.Equal(t, refunded, rep.Refunded)
 	var stock int64
 	require.NoError(t, v.pool.QueryRow(context.Background(), `select stock from orders.products where id = 1`).Scan(&stock))
 	require.Equal(t, int64(98), stock, "only the shipped order keeps its stock")

@@ -25,7 +25,7 @@ func executions(sg *saga.Instance) map[string]compensation.Execution {
 	for _, st := range sg.Steps {
 		e := ex[st.Step]
 		if st.Phase == saga.PhaseCompensate {
-			e.Compensate = st.Status
+			e.Compensate, e.CompensateUnknown = st.Status, st.PossiblyDone
 		} else {
 			e.Forward, e.PossiblyDone = st.Status, st.PossiblyDone
 		}
@@ -148,14 +148,17 @@ func (p Planner) walk(m *store.Move, sg, after *saga.Instance, def *saga.Definit
 	switch {
 	case f.Failed >= 0:
 		name := def.Step(f.Failed).Name
-		reason := m.StepError
-		for _, st := range sg.Steps {
-			if st.Step == name && st.Phase == saga.PhaseCompensate && st.LastError != "" && name != m.Step {
-				reason = st.LastError
+		reason, possibly := m.StepError, m.PossiblyDone
+		if name != m.Step || m.Phase != saga.PhaseCompensate {
+			possibly = ex[name].CompensateUnknown
+			for _, st := range sg.Steps {
+				if st.Step == name && st.Phase == saga.PhaseCompensate && st.LastError != "" {
+					reason = st.LastError
+				}
 			}
 		}
 		m.To = saga.StateFailed
-		m.Error = cannotFinish(sg, name, reason, ex[name].PossiblyDone)
+		m.Error = cannotFinish(sg, name, reason, possibly)
 		Finish(m, string(saga.StateFailed))
 		return m, nil
 	case f.Done:
