@@ -20,7 +20,11 @@ import (
 	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -103,6 +107,7 @@ func consoleSaga(refundDown *atomic.Bool) *saga.Definition {
 type consoleEnv struct {
 	srv    *httptest.Server
 	client *engine.Client
+	pool   *pgxpool.Pool
 	// token is the API token required, "" for none.
 	token string
 }
@@ -111,12 +116,23 @@ type consoleEnv struct {
 // token the server takes.
 func newConsoleEnv(t *testing.T, def *saga.Definition, token string) *consoleEnv {
 	t.Helper()
+	return newConsoleEnvOf(t, token, nil, def)
+}
+
+// newConsoleEnvOf serves the engine of defs, as newConsoleEnv does;
+// before, if not nil, runs on the NATS connection before the engine
+// starts (to create a publisher's stream).
+func newConsoleEnvOf(t *testing.T, token string, before func(nc *nats.Conn), defs ...*saga.Definition) *consoleEnv {
+	t.Helper()
 	pool := testenv.DB(t)
 	_, nc := testenv.NATS(t)
+	if before != nil {
+		before(nc)
+	}
 	stream := testenv.Name("CONSOLE")
 	reg := prometheus.NewRegistry()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: []*saga.Definition{def}, Stream: stream, SubjectPrefix: "t." + stream,
+	cfg := engine.Config{Pool: pool, NATS: nc, Definitions: defs, Stream: stream, SubjectPrefix: "t." + stream,
 		ReapInterval: 20 * time.Millisecond, RelayPollInterval: 20 * time.Millisecond, Logger: quiet, Registerer: reg}
 	e, err := engine.New(cfg)
 	require.NoError(t, err)
@@ -139,7 +155,7 @@ func newConsoleEnv(t *testing.T, def *saga.Definition, token string) *consoleEnv
 	mux.Handle(console.Prefix, console.Handler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &consoleEnv{srv: srv, client: e.Client(), token: token}
+	return &consoleEnv{srv: srv, client: e.Client(), pool: pool, token: token}
 }
 
 // send makes one API request, with the token when withToken.
@@ -502,5 +518,128 @@ func TestConsoleSkipWithoutTokens(t *testing.T) {
 	require.Contains(t, b.text(t, "#repairs"), "reserve (compensate)")
 	require.Contains(t, b.text(t, "#repairs"), "refunded by hand")
 	env.waitState(t, failed, saga.StateCompensated)
+	b.noPageErrors(t)
+}
+
+// hostile is text an operator or a publisher could send that would run
+// if the page inserted it as markup.
+const hostile = `<img src=x onerror="window.pwned=1">`
+
+// noop is a step that writes nothing.
+func noop(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }
+
+// TestConsoleSchedules drives the Schedules view and the event dead
+// letters: the view lists a nightly schedule; its Pause button, reached
+// and pressed from the keyboard, with a reason in markup, pauses it in
+// the database with one request under the console's Idempotency-Key,
+// and the page shows the reason as text; its Resume button resumes it.
+// The event dead letters view shows a message that could not start a
+// saga, its body as text.
+func TestConsoleSchedules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	nightly := saga.WithSchedule(saga.MustNew("nightly",
+		saga.Step{Name: "settle", Reaches: "settled", Kind: saga.DatabaseStep, Forward: noop}),
+		saga.Schedule{Cron: "0 2 * * *"})
+	incoming := saga.WithEvents(saga.MustNew("incoming",
+		saga.Step{Name: "take", Reaches: "taken", Kind: saga.DatabaseStep, Forward: noop}),
+		saga.Events{Subject: "consoletest.incoming"})
+	var js jetstream.JetStream
+	env := newConsoleEnvOf(t, apiToken, func(nc *nats.Conn) {
+		var err error
+		js, err = jetstream.New(nc)
+		require.NoError(t, err)
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "CONSOLETEST", Subjects: []string{"consoletest.>"}})
+		require.NoError(t, err)
+	}, nightly, incoming)
+
+	// A message without the key header cannot start a saga: kept as a
+	// dead letter, with its body, markup and all.
+	msg := nats.NewMsg("consoletest.incoming")
+	msg.Data = []byte(hostile)
+	_, err := js.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		status, body := env.send(t, http.MethodGet, "/v1/event-dead-letters", "", "", true)
+		require.Equal(t, http.StatusOK, status, body)
+		if strings.Contains(body, `"definition":"incoming"`) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no event dead letter after 15 s: %s", body)
+		time.Sleep(20 * time.Millisecond)
+	}
+	status, body := env.send(t, http.MethodGet, "/v1/schedules", "", "", false)
+	require.Equal(t, http.StatusUnauthorized, status, "no schedule without the token: %s", body)
+
+	b := newBrowser(t)
+	b.do(t, "open the schedules", chromedp.Navigate(env.srv.URL+"/ui/#/schedules"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.do(t, "sign in", chromedp.SetValue(chromedp.CSS("#token"), apiToken), chromedp.Click(chromedp.CSS("#login-btn")))
+	row := `#schedule-rows tr[data-definition="nightly"]`
+	b.waitJS(t, "the nightly schedule, ticking", fmt.Sprintf(`document.querySelector('%s[data-paused="false"]') !== null`, row))
+	require.Contains(t, b.text(t, row), "0 2 * * *")
+	require.Contains(t, b.text(t, row), "none yet", "no saga started yet")
+
+	// Pause from the keyboard: the button takes the focus, Enter opens
+	// the form with the reason focused, Enter sends it.
+	b.do(t, "pause by the keyboard", chromedp.Focus(chromedp.CSS(row+` button[data-op="pause"]`)), chromedp.KeyEvent(kb.Enter),
+		chromedp.WaitVisible(chromedp.CSS("#schedule-send")))
+	b.waitJS(t, "the reason focused", `document.activeElement && document.activeElement.id === 'schedule-reason'`)
+	b.do(t, "send the pause", chromedp.KeyEvent(hostile+" quarter close"), chromedp.KeyEvent(kb.Enter),
+		chromedp.WaitVisible(chromedp.CSS("#schedule-ok")))
+	b.waitJS(t, "the schedule paused in the page", fmt.Sprintf(`document.querySelector('%s[data-paused="true"]') !== null`, row))
+	require.Equal(t, hostile+" quarter close", b.text(t, row+" .paused-reason"), "the reason is shown as text")
+	require.Equal(t, "http", b.text(t, row+" .paused-by"))
+	require.Equal(t, 0, b.count(t, "#schedules img"), "no markup from the reason")
+	b.screenshot(t, screenshotDir(t), "6-schedule-paused")
+
+	var pausedBy, reason, pauseKey string
+	require.NoError(t, env.pool.QueryRow(ctx, `select paused_by, pause_reason from idemsaga.schedules where definition = 'nightly' and paused_at is not null`).
+		Scan(&pausedBy, &reason))
+	require.Equal(t, "http", pausedBy)
+	require.Equal(t, hostile+" quarter close", reason)
+	require.NoError(t, env.pool.QueryRow(ctx, `select request_key from idemsaga.schedule_repairs where definition = 'nightly' and operation = 'pause'`).Scan(&pauseKey))
+	require.True(t, strings.HasPrefix(pauseKey, "console-schedule-pause-"), pauseKey)
+	status, body = env.send(t, http.MethodGet, "/v1/schedules", "", "", true)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, `"paused":{`)
+
+	// A pause sent again under the console's key is the same request:
+	// replayed, nothing written.
+	status, body = env.send(t, http.MethodPost, "/v1/schedules/nightly/pause", pauseKey,
+		fmt.Sprintf(`{"reason":%q}`, hostile+" quarter close"), true)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, `"replayed":true`)
+
+	b.do(t, "resume by its button", chromedp.Click(chromedp.CSS(row+` button[data-op="resume"]`)), chromedp.WaitVisible(chromedp.CSS("#schedule-send")),
+		chromedp.SendKeys(chromedp.CSS("#schedule-reason"), "quarter closed"),
+		chromedp.Click(chromedp.CSS("#schedule-send")), chromedp.WaitVisible(chromedp.CSS("#schedule-ok")))
+	b.waitJS(t, "the schedule ticking again in the page", fmt.Sprintf(`document.querySelector('%s[data-paused="false"]') !== null`, row))
+	var paused bool
+	require.NoError(t, env.pool.QueryRow(ctx, `select paused_at is not null from idemsaga.schedules where definition = 'nightly'`).Scan(&paused))
+	require.False(t, paused)
+	// One request per click, each under a key of the console's.
+	rows, err := env.pool.Query(ctx, `select operation, request_key, reason from idemsaga.schedule_repairs where definition = 'nightly' order by created_at`)
+	require.NoError(t, err)
+	var ops []string
+	for rows.Next() {
+		var op, key, why string
+		require.NoError(t, rows.Scan(&op, &key, &why))
+		require.True(t, strings.HasPrefix(key, "console-schedule-"+op+"-"), key)
+		ops = append(ops, op+": "+why)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"pause: " + hostile + " quarter close", "resume: quarter closed"}, ops)
+
+	// The event dead letter, read-only, its body as text.
+	b.do(t, "open the event dead letters", chromedp.Click(chromedp.CSS(`#nav a[data-view="events"]`)))
+	b.waitJS(t, "the dead letter", `document.querySelector('#event-dead-letter-rows tr[data-definition="incoming"]') !== null`)
+	require.Equal(t, hostile, b.text(t, `#event-dead-letter-rows tr[data-definition="incoming"] .dead-letter-body`))
+	require.Contains(t, b.text(t, `#event-dead-letter-rows tr[data-definition="incoming"] .dead-letter-reason`), "has no Nats-Msg-Id header")
+	require.Equal(t, 0, b.count(t, "#event-dead-letters img"), "no markup from the body")
+	require.Equal(t, 0, b.count(t, "#event-dead-letters button"), "the view is read-only")
+	b.screenshot(t, screenshotDir(t), "7-event-dead-letters")
+
+	b.waitJS(t, "nothing the page was sent ran", `window.pwned === undefined`)
 	b.noPageErrors(t)
 }

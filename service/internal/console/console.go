@@ -1,7 +1,9 @@
 // Package console serves the web console of a deployment: one page of
 // plain HTML, CSS and JavaScript, embedded in the binary, that lists
 // sagas with their counts by state, shows one saga's timeline, sends the
-// repairs of the HTTP API, and plots the live figures of GET /v1/stats.
+// repairs of the HTTP API, lists the schedules with their pause and
+// resume and the event dead letters, and plots the live figures of GET
+// /v1/stats.
 //
 // The runtime's run command mounts it beside the API:
 //

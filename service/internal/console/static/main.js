@@ -4,8 +4,10 @@
 // This module signs in, routes between the views, and starts the page.
 import {TOKEN_KEY, api, h, onUnauthorized, problemText, session, show, stopView, errorBox} from './common.js';
 import {forgetSamples, liveView} from './live.js';
+import {eventsView} from './events.js';
 import {sagaView} from './saga.js';
 import {listView} from './sagas.js';
+import {schedulesView} from './schedules.js';
 
 function setToken(tok) {
   session.token = tok;
@@ -92,6 +94,14 @@ function route() {
     case 'live':
       setNav('live');
       liveView();
+      break;
+    case 'schedules':
+      setNav('schedules');
+      schedulesView();
+      break;
+    case 'events':
+      setNav('events');
+      eventsView(params);
       break;
     default:
       setNav('sagas');
