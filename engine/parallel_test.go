@@ -162,6 +162,7 @@ func TestParallelGroup(t *testing.T) {
 	times = stepTimes(t, e, sg.ID)
 	require.Equal(t, times["reserve/forward"], times["authorize/forward"], "a saga that starts with a group starts every branch")
 	sg = run(firstDef, "first-declined", groupInput{Decline: true}, saga.StateCompensated)
+	require.Contains(t, sg.Error, "card declined")
 
 	diffs, err := engine.Reconcile(ctx, pool, defs, time.Minute)
 	require.NoError(t, err)
