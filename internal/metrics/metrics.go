@@ -216,7 +216,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"definition", "how"})
 	m.CommandsRequeued = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "commands_requeued_total",
-		Help: "Dispatched steps whose command no worker had claimed when its lease ran out: kept at their attempt, by how: queued (still waiting in the stream, nothing sent), resent (not in the stream: sent again), claimed (found running: its lease restarted, the next expiry is a takeover).",
+		Help: "Dispatched steps whose command no worker had claimed when its lease ran out: kept at their attempt, by how: queued (still waiting in the stream, nothing sent), resent (not in the stream: sent again), claimed (found running: its lease restarted, the next expiry is a takeover), answered (its outcome in the inbox and no reply applied: applied from the inbox).",
 	}, []string{"definition", "step", "phase", "how"})
 	m.StartsShed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "starts_shed_total",

@@ -101,7 +101,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 	var sg *saga.Instance
 	var st stepRow
 	var phase, status string
-	var due, expired, resend, paused, waited, claimed, running, answered, verifying, found bool
+	var due, expired, resend, paused, waited, claimed, running, answered, ended, verifying, found bool
 	var queuedMillis int64
 	tx.Queue(store.LockSagaOfStep, func(row pgx.Row) error {
 		var err error
@@ -112,7 +112,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return err
 	}, pguuid.Of(id.saga))
 	tx.Queue(store.SelectStepForReap, func(row pgx.Row) error {
-		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &queuedMillis, &verifying)
+		err := row.Scan(&st.index, &phase, &status, &st.attempt, &st.possiblyDone, &due, &expired, &resend, &paused, &waited, &claimed, &running, &answered, &ended, &queuedMillis, &verifying)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -174,6 +174,20 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// have been, and its next expiry is a takeover.
 		c.claimRunning(tx, def, id, st.index, st.attempt)
 		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), "claimed").Inc()
+	case expired && !claimed && ended:
+		// The attempt's outcome is in the inbox, and no reply applied it
+		// within its lease: the reply may be lost (a worker that died
+		// between its outcome's commit and its reply's, after a move
+		// that missed). It is applied from the inbox, as the reply would
+		// have been; a reply that comes later is a duplicate.
+		reason := fmt.Sprintf("attempt %d failed for good; its outcome was recorded and its reply did not come within its lease", st.attempt)
+		if err := c.giveUpOrComplete(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, st.possiblyDone, fx); err != nil {
+			if errors.Is(err, store.ErrBusy) {
+				return false, nil
+			}
+			return false, err
+		}
+		c.metrics.CommandsRequeued.WithLabelValues(def.Name(), step.Name, string(st.phase), "answered").Inc()
 	case expired && !claimed && !(answered && st.attempt >= policy.MaxAttempts):
 		// No worker claimed the command: it waits in the queue, or was
 		// lost on its way. Either way the attempt has not started, and

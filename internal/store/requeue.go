@@ -32,6 +32,7 @@ case when status = 'dispatched' and lease_until < idemsaga.now() and next_attemp
     and l.classid = %d and l.objid = ($4::bigint & 4294967295)::oid)
 else false end as running,
 exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed', 'retry')) as answered,
+exists (select 1 from idemsaga.inbox i where i.saga_id = st.saga_id and i.step_key = st.key and i.attempt >= st.attempt and i.outcome in ('succeeded', 'failed')) as ended,
 (extract(epoch from idemsaga.now() - coalesce(dispatched_at, created_at)) * 1000)::bigint as queued_ms,
 coalesce(verify_attempt = attempt, false) as verifying
 from idemsaga.steps st where saga_id = $1 and step = $2 and phase = $3`, LockClass)
