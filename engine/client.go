@@ -87,29 +87,11 @@ type StartResult struct {
 // Once it started a saga it is that saga's key, as above.
 func (cl *Client) Start(ctx context.Context, def *saga.Definition, key string, input any) (StartResult, error) {
 	// Without the caller's transaction the start is one statement, which
-	// PostgreSQL runs as its own transaction: one round trip. A saga that
-	// starts with a parallel group dispatches its branches in a
-	// transaction of its own.
-	var q store.Row = cl.c.Pool()
-	var tx pgx.Tx
-	if def != nil {
-		if _, end := def.Group(0); end > 1 {
-			var err error
-			if tx, err = cl.c.Pool().Begin(ctx); err != nil {
-				return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-			q = tx
-		}
-	}
-	res, sent, err := cl.start(ctx, q, def, key, input, cl.c.HandOffArg())
+	// PostgreSQL runs as its own transaction: one round trip. (A saga that
+	// starts with a parallel group takes a transaction of its own.)
+	res, sent, err := cl.start(ctx, cl.c.Pool(), def, key, input, cl.c.HandOffArg())
 	if err != nil {
 		return res, err
-	}
-	if tx != nil {
-		if err := tx.Commit(ctx); err != nil {
-			return StartResult{}, fmt.Errorf("idemsaga: start saga %q key %q: commit: %w; retry with the same key", def.Name(), key, err)
-		}
 	}
 	if err := failpoint.Inject(failpoint.StartAfterCommit); err != nil {
 		return StartResult{}, fmt.Errorf("idemsaga: start saga: the answer was lost after commit; retry with the same key: %w", err)
@@ -202,11 +184,48 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
 	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
-	first := registered.Step(0)
 	subject, msgID, payload, err := cl.c.Plan().Command(sg, registered, 0, saga.PhaseForward, 1, false)
 	if err != nil {
 		return StartResult{}, nil, err
 	}
+	stmt := store.StartSaga
+	if IsSubmitToken(key) {
+		stmt = store.StartSagaWithToken
+	}
+	_, firstEnd := registered.Group(0)
+	if _, inTx := q.(pgx.Tx); firstEnd > 1 && !inTx {
+		// The first group's branches are written with the saga: a
+		// transaction, begun only now, so that it never holds a
+		// connection while the checks above take another.
+		pool, ok := q.(interface {
+			Begin(context.Context) (pgx.Tx, error)
+		})
+		if !ok {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: a saga that starts with a parallel group starts in a transaction", def.Name(), key)
+		}
+		own, err := pool.Begin(ctx)
+		if err != nil {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
+		}
+		defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
+		res, sent, err := cl.insertSaga(ctx, own, stmt, def, registered, sg, key, sum[:], canonical, subject, msgID, payload, handOff, trace)
+		if err != nil {
+			return res, nil, err
+		}
+		if err := own.Commit(ctx); err != nil {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: commit: %w; start it again with the same key", def.Name(), key, err)
+		}
+		return res, sent, nil
+	}
+	return cl.insertSaga(ctx, q, stmt, def, registered, sg, key, sum[:], canonical, subject, msgID, payload, handOff, trace)
+}
+
+// insertSaga runs the start statement stmt on q for saga sg and
+// adjudicates a duplicate; a saga that starts with a parallel group also
+// dispatches the group's other branches, on q, a transaction.
+func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def, registered *saga.Definition, sg *saga.Instance, key string, sum, canonical []byte,
+	subject, msgID string, payload []byte, handOff any, trace map[string]string) (StartResult, []outbox.Committed, error) {
+	id, first := sg.ID, registered.Step(0)
 	var inserted int
 	var outboxID *int64
 	// What the statement saw under the key, for a duplicate.
@@ -215,11 +234,7 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		hash     []byte
 		state    *string
 	)
-	stmt := store.StartSaga
-	if IsSubmitToken(key) {
-		stmt = store.StartSagaWithToken
-	}
-	err = q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum[:], string(canonical),
+	err := q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum, string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
 		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError

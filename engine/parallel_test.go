@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -273,4 +274,43 @@ func TestParallelGroupParksAndRetries(t *testing.T) {
 	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{def}, time.Minute)
 	require.NoError(t, err)
 	require.Empty(t, diffs)
+}
+
+// TestStartsOfAGroupFirstSagaShareASmallPool starts many sagas that begin
+// with a parallel group at once through a client whose pool has two
+// connections: a start's transaction must never hold a connection while
+// it waits for another.
+func TestStartsOfAGroupFirstSagaShareASmallPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	fx := &effects{}
+	def := groupOrder(t, "psmall", fx, true, nil)
+	cfg := pool.Config().Copy()
+	cfg.MaxConns = 2
+	small, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(small.Close)
+	ecfg := engine.Config{Pool: small, Definitions: []*saga.Definition{def}, Stream: "SMALL", SubjectPrefix: "t.small", Logger: quietLogger()}
+	require.NoError(t, engine.Deploy(ctx, ecfg))
+	cl, err := engine.NewClient(ecfg)
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 {
+		wg.Go(func() {
+			_, err := cl.Start(sctx, def, fmt.Sprintf("s-%02d", i), groupInput{})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	var branches int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where step in ('reserve', 'authorize', 'pack')`).Scan(&branches))
+	require.Equal(t, 3*32, branches, "every saga started every branch of its first group")
 }
