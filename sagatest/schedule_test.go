@@ -58,3 +58,27 @@ func mustParseDay(t *testing.T, day string) time.Time {
 	require.NoError(t, err)
 	return d
 }
+
+// TestTickAfterTheClockPassedTicks moves the clock past three nights
+// before the engine looks, then asks for the next tick: Tick moves on to
+// the first night after the clock's now, and does not wait for a night
+// the catch-up policy skipped.
+func TestTickAfterTheClockPassedTicks(t *testing.T) {
+	t.Parallel()
+	def := saga.WithSchedule(saga.MustNew("nightly", saga.Step{
+		Name: "settle", Reaches: "settled", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil },
+	}), saga.Schedule{Cron: "0 2 * * *"})
+	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}})
+	ctx := context.Background()
+	first := env.Tick(t, def)
+	require.NoError(t, env.Clock.Advance(ctx, 3*24*time.Hour+time.Hour))
+	now, err := env.Clock.Now(ctx)
+	require.NoError(t, err)
+	next := env.Tick(t, def)
+	require.Equal(t, saga.State("settled"), next.State)
+	require.True(t, next.CreatedAt.After(first.CreatedAt))
+	c, err := saga.ParseCron("0 2 * * *")
+	require.NoError(t, err)
+	require.Equal(t, saga.TickKey(c.Next(now)), next.Key, "the first night after the clock's now")
+}
