@@ -377,7 +377,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		}
 		s.Phase, s.Status = saga.Phase(phase), saga.StepStatus(status)
 		if def != nil && s.Index < def.Len() {
-			s.Kind = def.Step(s.Index).Kind.String()
+			s.Kind, s.Group = def.Step(s.Index).Kind.String(), def.Step(s.Index).Group
 			if def.Step(s.Index).Kind == saga.CallbackStep && s.Phase == saga.PhaseForward {
 				s.CallbackToken = saga.CallbackToken(sg.ID, s.Step)
 			}
@@ -625,10 +625,10 @@ func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error
 func withSkipped(steps []saga.StepExecution, skipped []string, def *saga.Definition) []saga.StepExecution {
 	for _, name := range skipped {
 		idx := -1
-		kind := ""
+		kind, group := "", ""
 		if def != nil {
 			if idx = def.StepIndex(name); idx >= 0 {
-				kind = def.Step(idx).Kind.String()
+				kind, group = def.Step(idx).Kind.String(), def.Step(idx).Group
 			}
 		}
 		at := 0
@@ -637,7 +637,7 @@ func withSkipped(steps []saga.StepExecution, skipped []string, def *saga.Definit
 				at = i + 1
 			}
 		}
-		steps = slices.Insert(steps, at, saga.StepExecution{Step: name, Phase: saga.PhaseForward, Index: idx, Kind: kind, Status: saga.StepSkipped})
+		steps = slices.Insert(steps, at, saga.StepExecution{Step: name, Phase: saga.PhaseForward, Index: idx, Kind: kind, Group: group, Status: saga.StepSkipped})
 	}
 	return steps
 }

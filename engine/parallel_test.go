@@ -130,6 +130,11 @@ func TestParallelGroup(t *testing.T) {
 	for _, b := range []string{"reserve", "authorize", "pack", "ship"} {
 		require.Contains(t, sg.Results, b)
 	}
+	groups := map[string]string{}
+	for _, s := range sg.Steps {
+		groups[s.Step] = s.Group
+	}
+	require.Equal(t, map[string]string{"open": "", "reserve": "prepare", "authorize": "prepare", "pack": "prepare", "ship": ""}, groups, "show names each branch's group")
 	times := stepTimes(t, e, sg.ID)
 	require.Equal(t, times["reserve/forward"], times["authorize/forward"], "the branches are dispatched by one move")
 	require.Equal(t, times["reserve/forward"], times["pack/forward"])

@@ -147,11 +147,14 @@ func (i *Instance) Finished() bool { return i.FinishedAt != nil }
 
 // StepExecution is one (saga, step, phase) row.
 type StepExecution struct {
-	Step    string     `json:"step"`
-	Phase   Phase      `json:"phase"`
-	Index   int        `json:"index"`
-	Key     uuid.UUID  `json:"key"`
-	Kind    string     `json:"kind"`
+	Step  string    `json:"step"`
+	Phase Phase     `json:"phase"`
+	Index int       `json:"index"`
+	Key   uuid.UUID `json:"key"`
+	Kind  string    `json:"kind"`
+	// Group is the step's parallel group (Step.Group), empty for none:
+	// the steps of a group run side by side.
+	Group   string     `json:"group,omitempty"`
 	Status  StepStatus `json:"status"`
 	Attempt int        `json:"attempt"`
 	// PossiblyDone is set when some attempt's outcome at another system is

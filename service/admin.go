@@ -281,7 +281,11 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 			if st.Status == saga.StepSkipped {
 				key, note = "-", "skipped by its condition: no key, no effect, nothing to compensate"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", st.Step, st.Kind, st.Phase, st.Status, st.Attempt, key, note)
+			name := st.Step
+			if st.Group != "" {
+				name += " (group " + st.Group + ")"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, st.Kind, st.Phase, st.Status, st.Attempt, key, note)
 		}
 		_ = w.Flush()
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -166,6 +167,7 @@ func TestRateLimitAnswers429BeforeCharging(t *testing.T) {
 	}
 	statuses, retryAfter := make([]int, n), make([]string, n)
 	var wg sync.WaitGroup
+	began := time.Now()
 	for i, req := range reqs {
 		wg.Go(func() {
 			resp, err := srv.Client().Do(req)
@@ -194,7 +196,10 @@ func TestRateLimitAnswers429BeforeCharging(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `select (select count(*) from payments.charges where key = $1) + (select count(*) from payments.refunds where key = $1)`, keys[i]).Scan(&rows))
 		require.Zero(t, rows, "request %d was answered 429 and wrote nothing", i)
 	}
-	require.LessOrEqual(t, admitted, 6, "at most the bucket's 5, and one token back")
+	// The bucket regains 5 tokens a second: a burst that a busy machine
+	// stretched admits those too.
+	most := 5 + int(math.Ceil(5*time.Since(began).Seconds()))
+	require.LessOrEqual(t, admitted, most, "at most the bucket's 5, and the tokens back during the burst")
 	require.GreaterOrEqual(t, admitted, 5, "a full bucket admits 5")
 	c := svc.Counts()
 	require.Equal(t, []int64{n, int64(limited)}, []int64{c.Requests, c.RateLimited})

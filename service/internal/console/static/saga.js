@@ -69,7 +69,7 @@ function sagaBody(s) {
       h('thead', null, h('tr', null, ['#', 'Step', 'Phase', 'Kind', 'Status', 'Attempt', 'Step key', 'Lease / next attempt', 'Last error', 'Result'].map(c => h('th', null, c)))),
       h('tbody', null, s.steps.map(st => h('tr', {dataset: {step: st.step, phase: st.phase, status: st.status}},
         h('td', null, st.index),
-        h('td', null, st.step),
+        h('td', null, st.step, st.group ? h('div', {class: 'small muted', title: 'a parallel group: its steps run side by side'}, 'group ' + st.group) : null),
         h('td', null, st.phase),
         h('td', null, st.kind),
         h('td', null, h('span', {class: 'badge ' + statusClass(st.status)}, st.status), st.possibly_done ? h('span', {class: 'badge warn', title: 'an attempt\'s outcome at another system is unknown: it may have taken effect'}, 'possibly done') : null),
