@@ -74,7 +74,7 @@ func conditionalOrder(t *testing.T, fx *effects, shipAsked func(*saga.StepContex
 	if shipAsked == nil {
 		shipAsked = physical
 	}
-	policy := saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, Timeout: 5 * time.Second}
+	policy := saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, Timeout: 2 * time.Second}
 	def, err := saga.New("corder",
 		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.ExternalStep, Forward: fx.handler("reserve", nil), Compensate: fx.handler("reserve", nil), Retry: policy},
 		saga.Step{Name: "pack", Reaches: "packed", Kind: saga.ExternalStep, Forward: fx.handler("pack", nil), Compensate: fx.handler("pack", nil), Retry: policy,
@@ -175,7 +175,10 @@ func TestConditionDecidedOnceUnderRedelivery(t *testing.T) {
 		f.Add(attempt.Fault{Kind: attempt.DeliverTwice, Step: "pack", Times: 1000})
 		f.Add(attempt.Fault{Kind: attempt.CrashAfterCommit, Step: "pack", Times: 5})
 		faults = append(faults, f)
-		engines = append(engines, startEngineCtx(t, testhook.With(ctx, &testhook.Hooks{Faults: f}), pool, nc, stream, []*saga.Definition{def}))
+		// A worker that died after its commit leaves its command to a
+		// lease: a short one keeps the test quick.
+		engines = append(engines, startEngineCtx(t, testhook.With(ctx, &testhook.Hooks{Faults: f}), pool, nc, stream, []*saga.Definition{def},
+			func(c *engine.Config) { c.LeaseGrace = time.Second }))
 	}
 	const n = 60
 	var wg sync.WaitGroup
