@@ -319,3 +319,52 @@ func TestStartsOfAGroupFirstSagaShareASmallPool(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where step in ('reserve', 'authorize', 'pack')`).Scan(&branches))
 	require.Equal(t, 3*32, branches, "every saga started every branch of its first group")
 }
+
+// TestSkipNamesItsBranch skips, as an operator, each of two branches
+// that wait out a long backoff, the one whose retry was scheduled first
+// first: a skip takes the branch it names, and the group completes with
+// the operator's results.
+func TestSkipNamesItsBranch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	second := make(chan struct{})
+	wait := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		if sc.Step == "b" {
+			<-second // b fails after a
+		}
+		return nil, saga.RetryAfter(errors.New("busy"), time.Hour) // the other system asks to wait
+	}
+	def, err := saga.New("pskip",
+		saga.Step{Name: "a", Reaches: "both", Group: "g", Kind: saga.ExternalStep, Forward: wait},
+		saga.Step{Name: "b", Reaches: "both", Group: "g", Kind: saga.ExternalStep, Forward: wait},
+	)
+	require.NoError(t, err)
+	e := startEngine(t, pool, nc, testenv.Name("PARSKIP"), []*saga.Definition{def})
+	cl := e.Client()
+	res, err := cl.Start(ctx, def, "skip", map[string]any{})
+	require.NoError(t, err)
+	retrying := func(step string) func() bool {
+		return func() bool {
+			sg, err := cl.Get(ctx, res.ID)
+			require.NoError(t, err)
+			for _, s := range sg.Steps {
+				if s.Step == step && s.Status == saga.StepRetrying {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	require.Eventually(t, retrying("a"), 30*time.Second, 10*time.Millisecond)
+	close(second)
+	require.Eventually(t, retrying("b"), 30*time.Second, 10*time.Millisecond)
+	for _, step := range []string{"a", "b"} {
+		_, err = cl.Skip(ctx, res.ID, engine.SkipStep{Step: step, Result: json.RawMessage(`{"by":"hand"}`)}, engine.Repair{Reason: "done by hand", By: "ops"})
+		require.NoError(t, err, "skip %s", step)
+	}
+	sg := waitState(t, cl, res.ID, "both")
+	require.JSONEq(t, `{"by":"hand"}`, string(sg.Results["a"]))
+	require.JSONEq(t, `{"by":"hand"}`, string(sg.Results["b"]))
+}

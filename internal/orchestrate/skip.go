@@ -75,11 +75,11 @@ func (c *Core) skipFn(ctx context.Context, s Skip, r Request, skipped *saga.Phas
 				want = saga.PhaseCompensate
 			}
 			err = tx.Conn().QueryRow(ctx, `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
-where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(id), string(want)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+where saga_id = $1 and phase = $2 and status = 'failed' order by step = $3 desc, updated_at desc limit 1`, pguuid.Of(id), string(want), s.Step).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		case sg.Finished():
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running, parked or failed saga's step can be skipped", ErrStateForbids, id, sg.State)
 		default:
-			err = tx.Conn().QueryRow(ctx, store.SelectStepInFlight, pguuid.Of(id)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+			err = tx.Conn().QueryRow(ctx, store.SelectNamedStepInFlight, pguuid.Of(id), s.Step).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `show %s`", ErrStateForbids, id, sg.State, id)
@@ -92,6 +92,17 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 		}
 		if idx >= def.Len() || def.Step(idx).Name != step {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: definition %q has no such step at %d; deploy the same definition everywhere", step, id, sg.Definition, idx)
+		}
+		if def.HasGroups() && saga.Phase(phase) == saga.PhaseForward {
+			// A group completes when every branch succeeded: a skip of one
+			// branch beside another that failed would leave it waiting.
+			first, end := def.Group(idx)
+			for _, st := range sg.Steps {
+				if b := def.StepIndex(st.Step); b >= first && b < end && st.Step != step && st.Phase == saga.PhaseForward && st.Status == saga.StepFailed {
+					return fmt.Errorf("%w: branch %q of the group of step %q failed too; nothing was skipped: run every failed branch again with `retry %s`, or cancel the saga",
+						ErrStateForbids, st.Step, step, id)
+				}
+			}
 		}
 		ph := saga.Phase(phase)
 		*skipped = ph

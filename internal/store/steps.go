@@ -289,9 +289,15 @@ const RetryFailedStep = `with cur as (
 select attempt from r`
 
 // SelectStepInFlight reads a running saga's step in flight (one, as
-// reconcile checks), under its saga's lock.
+// reconcile checks; of a parallel group's branches, one that waits out a
+// retry's backoff first), under its saga's lock.
 const SelectStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
-where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting') order by updated_at desc limit 1`
+where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting') order by status = 'retrying' desc, updated_at desc limit 1`
+
+// SelectNamedStepInFlight is SelectStepInFlight for a repair that names
+// its step ($2): of a parallel group's branches in flight, that one.
+const SelectNamedStepInFlight = `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
+where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting') order by step = $2 desc, updated_at desc limit 1`
 
 // SkipAttempt ends a step's attempt $4 for an operator's skip (into the
 // timeline as it ended: failed, retry, or cut short) and opens the skip's
