@@ -92,3 +92,17 @@ func Next(def *saga.Definition, done int, skipped []string) int {
 	}
 	return -1
 }
+
+// Completed returns the step indexes to compensate, in order, of a saga
+// that completed every step and is compensated whole (its parent
+// compensates it, saga.ChildStep): every step with a compensation that
+// was not skipped, last first.
+func Completed(def *saga.Definition, skipped []string) []int {
+	var plan []int
+	for i := def.Len() - 1; i >= 0; i-- {
+		if undoes(def, i, skipped) {
+			plan = append(plan, i)
+		}
+	}
+	return plan
+}

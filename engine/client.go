@@ -388,6 +388,9 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	sg.Steps = withSkipped(sg.Steps, sg.Skipped, def)
+	if err := cl.loadChildren(ctx, sg); err != nil {
+		return err
+	}
 	arows, err := cl.c.Pool().Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)

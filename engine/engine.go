@@ -329,6 +329,9 @@ func newCoreWith(cfg *Config, m *metrics.Metrics, out orchestrate.HandOff) *orch
 // Registerer of cfg.
 func NewClient(cfg Config) (*Client, error) {
 	cfg = *cfg.WithDefaults()
+	if err := cfg.withChildren(); err != nil {
+		return nil, err
+	}
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
@@ -395,6 +398,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // New returns an engine; Start runs it.
 func New(cfg Config) (*Engine, error) {
 	cfg = *cfg.WithDefaults()
+	if err := cfg.withChildren(); err != nil {
+		return nil, err
+	}
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
@@ -458,6 +464,7 @@ func New(cfg Config) (*Engine, error) {
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.Tracer(),
+		Children: children{cl: e.client},
 	}
 	e.steps, err = attempt.New(acfg)
 	if err != nil {
@@ -572,7 +579,26 @@ func (e *Engine) handleCommand(ctx context.Context, cmd wire.Command) (wire.Repl
 
 // reapOnce runs one pass of the reaper.
 func (e *Engine) reapOnce(ctx context.Context) (int, error) {
-	return e.c.ReapOnce(ctx, ReapBatchDefault)
+	n, err := e.c.ReapOnce(ctx, ReapBatchDefault)
+	// Ends of children whose process stopped before it told the parent.
+	k, serr := e.c.SweepChildren(ctx, ReapBatchDefault)
+	return n + k, errors.Join(err, serr)
+}
+
+// childLoop tells parents the ends of the children this process moved
+// to their end, right after each commit (the reaper's sweep tells those
+// it missed).
+func (e *Engine) childLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-e.c.ChildEnds():
+			if err := e.c.ChildEnded(context.WithoutCancel(ctx), id); err != nil {
+				e.cfg.Logger.Warn("engine: could not tell a child's end to its parent; the reaper's sweep will", "saga_id", id, "error", err)
+			}
+		}
+	}
 }
 
 // Start checks the database (reachable, migrated) and the broker, creates
@@ -653,6 +679,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			broker.Pool(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.HandleReplyMsg)
 		},
 		e.reapLoop,
+		e.childLoop,
 		e.heartbeat,
 		e.watchFailovers,
 		e.reconcileLoop,
@@ -679,7 +706,7 @@ func (e *Engine) reapLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		for {
-			n, err := e.c.ReapOnce(context.WithoutCancel(ctx), ReapBatchDefault)
+			n, err := e.reapOnce(context.WithoutCancel(ctx))
 			if err != nil {
 				e.cfg.Logger.Warn("reaper: pass failed; will retry", "error", err)
 			}

@@ -57,7 +57,7 @@ func TestCallbackStepWait(t *testing.T) {
 
 	_, err = saga.New("cb", saga.Step{Name: "pay", Reaches: "paid", Kind: saga.ExternalStep, Forward: noop, Wait: time.Minute})
 	require.ErrorIs(t, err, saga.ErrInvalidDefinition)
-	require.ErrorContains(t, err, "only a saga.CallbackStep waits")
+	require.ErrorContains(t, err, "only a saga.CallbackStep or a saga.ChildStep waits")
 	for _, w := range []time.Duration{time.Millisecond, -time.Second, saga.CallbackWaitMax + time.Second} {
 		_, err = saga.New("cb", saga.Step{Name: "pay", Reaches: "paid", Kind: saga.CallbackStep, Forward: noop, Wait: w})
 		require.ErrorIs(t, err, saga.ErrInvalidDefinition, "%s", w)

@@ -50,9 +50,23 @@ const (
 	// request is possibly done and given up. Its compensation is an
 	// external call.
 	CallbackStep
+	// ChildStep: the step runs another definition, Step.Child, as a saga
+	// of its own (its child), started under a key derived from the
+	// step's key (ChildKey), so a redelivered or retried attempt finds the
+	// same child. Its Forward, if set, returns the child's input (without
+	// one, the child takes the parent's input). The step waits for the
+	// child's end, as a CallbackStep waits for its callback, and up to
+	// Step.Wait: a child that completes gives the step its results (an
+	// object of the child's step results by step name); a child that
+	// compensated fails the step, without effect; a child that failed
+	// or was closed fails it as possibly done. When the parent
+	// compensates, the engine cancels a running child, or compensates a
+	// completed one, and waits for it to be compensated. It has no
+	// Compensate, Verify or Limit of its own.
+	ChildStep
 )
 
-// String returns "database", "external" or "callback".
+// String returns "database", "external", "callback" or "child".
 func (k StepKind) String() string {
 	switch k {
 	case DatabaseStep:
@@ -61,6 +75,8 @@ func (k StepKind) String() string {
 		return "external"
 	case CallbackStep:
 		return "callback"
+	case ChildStep:
+		return "child"
 	}
 	return fmt.Sprintf("StepKind(%d)", int(k))
 }
@@ -83,11 +99,17 @@ type Step struct {
 	// Reaches is the saga state once this step's forward action succeeded,
 	// such as "deducted". Unique within the definition.
 	Reaches State
-	// Kind says how the step takes effect: DatabaseStep, ExternalStep or
-	// CallbackStep. It applies to both phases. Required.
+	// Kind says how the step takes effect: DatabaseStep, ExternalStep,
+	// CallbackStep or ChildStep. It applies to both phases. Required.
 	Kind StepKind
-	// Forward performs the step. Required.
+	// Forward performs the step. Required, except in a ChildStep, where
+	// it returns the child's input (see ChildStep).
 	Forward HandlerFunc
+	// Child, for a ChildStep only, is the definition the step runs as
+	// its child. It is built before its parent, so children cannot form
+	// a cycle; they nest at most ChildDepthMax deep, and a definition
+	// has at most ChildStepsMax child steps.
+	Child *Definition
 	// Compensate undoes a completed Forward. Optional: a step without one
 	// has nothing to undo.
 	Compensate HandlerFunc
@@ -96,10 +118,13 @@ type Step struct {
 	// CompensateRetry governs Compensate. Zero fields take the defaults.
 	// When its attempts run out the saga ends in StateFailed.
 	CompensateRetry RetryPolicy
-	// Wait, for a CallbackStep only, is how long the step waits for its
-	// callback once its request was accepted, measured on the database's
-	// clock; past it the step is given up as possibly done. Defaults to
-	// CallbackWaitDefault; at most CallbackWaitMax.
+	// Wait, for a CallbackStep or a ChildStep only, is how long the step
+	// waits for its callback once its request was accepted (for its
+	// child's end once the child started; for the child's compensation
+	// once the parent ordered it), measured on the database's clock;
+	// past it the step is given up as possibly done (a child's
+	// compensation: as failed). Defaults to CallbackWaitDefault; at most
+	// CallbackWaitMax.
 	Wait time.Duration
 	// Verify, for an ExternalStep or a CallbackStep, asks the other system
 	// what the step's key did when an attempt's outcome is unknown (its
@@ -182,6 +207,13 @@ type Definition struct {
 	// of a NATS subject (WithEvents), nil for none.
 	schedule *Schedule
 	events   *Events
+
+	// children are the ChildSteps' children, by step index; depth is how
+	// deep they nest below this definition (0 for none), tree the names
+	// of every definition below it.
+	children map[int]child
+	depth    int
+	tree     map[string]bool
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -193,6 +225,12 @@ func New(name string, steps ...Step) (*Definition, error) {
 }
 
 func build(name string, steps []Step, described bool) (*Definition, error) {
+	return buildWith(name, steps, described, nil)
+}
+
+// buildWith is build; childRefs are a described definition's children,
+// as "name@version" by step index.
+func buildWith(name string, steps []Step, described bool, childRefs map[int]string) (*Definition, error) {
 	bad := func(field, format string, args ...any) error {
 		return &DefinitionError{Definition: name, Field: field, Problem: fmt.Sprintf(format, args...)}
 	}
@@ -233,19 +271,23 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 		if other, dup := reached[s.Reaches]; dup && (s.Group == "" || steps[i-1].Group != s.Group) {
 			return nil, bad(field+".Reaches", "state %q is already reached by step %q", s.Reaches, other)
 		}
-		if s.Kind != DatabaseStep && s.Kind != ExternalStep && s.Kind != CallbackStep {
-			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx), saga.ExternalStep (it calls another system with sc.Key) or saga.CallbackStep (it sends a request and waits for the other system's callback)", s.Name)
+		if s.Kind != DatabaseStep && s.Kind != ExternalStep && s.Kind != CallbackStep && s.Kind != ChildStep {
+			return nil, bad(field+".Kind", "step %q must say how it takes effect: saga.DatabaseStep (its writes go through sc.Tx), saga.ExternalStep (it calls another system with sc.Key), saga.CallbackStep (it sends a request and waits for the other system's callback) or saga.ChildStep (it runs another definition as a child saga)", s.Name)
+		}
+		waits := s.Kind == CallbackStep || s.Kind == ChildStep
+		if problem, f := d.checkChild(i, &s, described, childRefs[i]); problem != "" {
+			return nil, bad(field+"."+f, "%s", problem)
 		}
 		switch {
 		case s.Kind == DatabaseStep && s.Verify != nil:
 			return nil, bad(field+".Verify", "step %q is a database step: its outcome is never unknown (remove Verify)", s.Name)
 		case s.Kind != CallbackStep && s.CheckCallback != nil:
 			return nil, bad(field+".CheckCallback", "step %q is a %s step; only a saga.CallbackStep takes callbacks (remove CheckCallback)", s.Name, s.Kind)
-		case s.Kind != CallbackStep && s.Wait != 0:
-			return nil, bad(field+".Wait", "step %q is a %s step; only a saga.CallbackStep waits (remove Wait)", s.Name, s.Kind)
-		case s.Kind == CallbackStep && s.Wait == 0:
+		case !waits && s.Wait != 0:
+			return nil, bad(field+".Wait", "step %q is a %s step; only a saga.CallbackStep or a saga.ChildStep waits (remove Wait)", s.Name, s.Kind)
+		case waits && s.Wait == 0:
 			s.Wait = CallbackWaitDefault
-		case s.Kind == CallbackStep && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
+		case waits && (s.Wait < time.Second || s.Wait > CallbackWaitMax):
 			return nil, bad(field+".Wait", "step %q waits %s; give between 1s and %s", s.Name, s.Wait, CallbackWaitMax)
 		}
 		if problem := d.checkCondition(i, steps, all); problem != "" {
@@ -256,7 +298,7 @@ func build(name string, steps []Step, described bool) (*Definition, error) {
 			return nil, bad(field+".Limit", "%s", problem)
 		}
 		s.Limit = limit
-		if s.Forward == nil && !described {
+		if s.Forward == nil && !described && s.Kind != ChildStep {
 			return nil, bad(field+".Forward", "step %q has no forward handler", s.Name)
 		}
 		if err := s.Retry.validate(); err != nil {

@@ -181,6 +181,7 @@ func TestStepKindString(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "database", saga.DatabaseStep.String())
 	require.Equal(t, "external", saga.ExternalStep.String())
+	require.Equal(t, "child", saga.ChildStep.String())
 	require.Equal(t, "StepKind(0)", saga.StepKind(0).String())
 }
 

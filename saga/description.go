@@ -57,6 +57,8 @@ type StepDescription struct {
 	Reads       []string `json:"reads,omitempty"`
 	// Group is the step's parallel group (Step.Group), empty for none.
 	Group string `json:"group,omitempty"`
+	// Child is a child step's child definition, as "name@version".
+	Child string `json:"child,omitempty"`
 }
 
 // PolicyDescription is a RetryPolicy with readable durations.
@@ -108,9 +110,12 @@ func (d *Definition) Describe() Description {
 			desc.Steps[i].Conditional, desc.Steps[i].Reads = true, s.When.Reads
 		}
 		desc.Steps[i].Group = s.Group
-		if s.Kind == CallbackStep {
+		if s.Kind == CallbackStep || s.Kind == ChildStep {
 			desc.Steps[i].Wait = s.Wait.String()
 			desc.Steps[i].ChecksCallbacks = s.CheckCallback != nil
+		}
+		if name, version, ok := d.Child(i); ok {
+			desc.Steps[i].Child = Ref(name, version)
 		}
 	}
 	return desc
@@ -131,6 +136,7 @@ func (desc Description) Fingerprint() string {
 // which lives in that code, does not run.
 func FromDescription(desc Description) (*Definition, error) {
 	steps := make([]Step, len(desc.Steps))
+	childRefs := map[int]string{}
 	for i, s := range desc.Steps {
 		st := Step{Name: s.Name, Reaches: s.Reaches, Forward: describedHandler, Group: s.Group}
 		switch s.Kind {
@@ -138,8 +144,11 @@ func FromDescription(desc Description) (*Definition, error) {
 			st.Kind = DatabaseStep
 		case ExternalStep.String():
 			st.Kind = ExternalStep
-		case CallbackStep.String():
+		case CallbackStep.String(), ChildStep.String():
 			st.Kind = CallbackStep
+			if s.Kind == ChildStep.String() {
+				st.Kind, st.Forward, childRefs[i] = ChildStep, nil, s.Child
+			}
 			w, err := time.ParseDuration(s.Wait)
 			if err != nil {
 				return nil, fmt.Errorf("%w: description of %q: step %q: wait %q: %v", ErrInvalidDefinition, desc.Name, s.Name, s.Wait, err)
@@ -169,7 +178,7 @@ func FromDescription(desc Description) (*Definition, error) {
 		}
 		steps[i] = st
 	}
-	d, err := build(desc.Name, steps, true)
+	d, err := buildWith(desc.Name, steps, true, childRefs)
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,22 @@ type Instance struct {
 	// received them knew their definition, version or step, filled by
 	// inspection calls only.
 	DeadLetters []DeadLetter `json:"dead_letters,omitempty"`
+	// Parent is the saga whose ChildStep ParentStep started this one, nil
+	// for a saga started otherwise.
+	Parent     *uuid.UUID `json:"parent,omitempty"`
+	ParentStep string     `json:"parent_step,omitempty"`
+	// Children are the sagas the saga's ChildSteps started, filled by
+	// inspection calls only.
+	Children []ChildRecord `json:"children,omitempty"`
+}
+
+// ChildRecord is a child saga as its parent's inspection shows it.
+type ChildRecord struct {
+	// Step is the parent's ChildStep that started it.
+	Step       string    `json:"step"`
+	ID         uuid.UUID `json:"id"`
+	Definition string    `json:"definition"`
+	State      State     `json:"state"`
 }
 
 // CallbackRecord is one callback received for a CallbackStep, as stored

@@ -152,7 +152,8 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 // runHandler runs the handler, or, for a compensation whose forward step
 // took no effect, nothing.
 func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]byte, error) {
-	if fwd != nil && !fwd.undo() {
+	if fwd != nil && !fwd.undo() && a.step.Kind != saga.ChildStep {
+		// (A child step asks its child: Children.Undo.)
 		return nil, nil // the forward step took no effect and now never will
 	}
 	if a.handler == nil {

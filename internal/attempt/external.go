@@ -224,6 +224,12 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, not
 		// callback that came first.
 		reply.Outcome, reply.Result = wire.OutcomeWaiting, result
 		w.InboxOutcome, w.Result = "waiting", result
+	case herr == nil && a.step.Kind == saga.ChildStep && (a.cmd.Phase == saga.PhaseForward || len(result) > 0):
+		// The child started, or was ordered to compensate: the step
+		// waits for its end, which decides (a compensation that found no
+		// child succeeds at once, below).
+		reply.Outcome, reply.Result = wire.OutcomeWaiting, result
+		w.InboxOutcome, w.Result = "waiting", result
 	case herr == nil:
 		reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 		w.InboxOutcome, w.Result = "succeeded", result

@@ -105,6 +105,9 @@ type Config struct {
 	// LeaseGrace, if positive, is the engine's: a command delivered late
 	// or again restarts its step's lease at delivery (claimLease).
 	LeaseGrace time.Duration
+	// Children runs the phases of child steps (saga.ChildStep); without
+	// it, their attempts fail.
+	Children Children
 }
 
 // Runner runs attempts of step commands: the step side of the engine.
@@ -401,6 +404,9 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 		return wire.Reply{}, nil, err
 	}
 	step := def.Step(idx)
+	if step.Kind == saga.ChildStep {
+		step = r.childHandlers(def, idx, step)
+	}
 	if r.faults.take(DeliverTwice, cmd) && r.faults.Duplicate != nil {
 		r.faults.Duplicate(cmd)
 	}

@@ -42,7 +42,10 @@ type Metrics struct {
 	UniqueConflicts   *prometheus.CounterVec
 	// Callbacks counts callbacks received, by outcome; duplicates
 	// (an event delivered again) count under LayerCallback too.
-	Callbacks            *prometheus.CounterVec
+	Callbacks *prometheus.CounterVec
+	// ChildEnds counts child sagas' ends applied to their parents' child
+	// steps, by phase and outcome.
+	ChildEnds            *prometheus.CounterVec
 	CallbackWaitsExpired *prometheus.CounterVec
 	// DeadlinesPassed and CommandsHeld are the saga deadlines' and the
 	// pauses'.
@@ -194,6 +197,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "callbacks_total",
 		Help: "Callbacks received for callback steps, by outcome: applied (completed the step), pending (came before the step's request was recorded; applied when it is), late (the step no longer waited: look at the saga), superseded (another event completed the step), duplicate (an event delivered again, answered from its record).",
 	}, []string{"definition", "step", "outcome"})
+	m.ChildEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "child_ends_total",
+		Help: "Child sagas' ends applied to the child steps of their parents, by phase and outcome: succeeded (completed; or compensated, for a compensation), failed (compensated on its own: the step failed without effect; or, for a compensation, the child could not finish compensating), possibly_done (the child failed or was closed).",
+	}, []string{"definition", "step", "phase", "outcome"})
 	m.CallbackWaitsExpired = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "callback_waits_expired_total",
 		Help: "Callback steps given up, as possibly done, because no callback came within their wait.",
@@ -237,7 +244,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.SagasStarted, m.KeyReused, m.SagasFinished, m.SagaDuration,
 		m.StepAttempts, m.StepHandler, m.Duplicates, m.StaleReplies,
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
-		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.CallbackWaitsExpired,
+		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.ChildEnds, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
 		m.DeadLettersParked, m.DeadLettersResumed,
 		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns, m.Verified,

@@ -250,8 +250,11 @@ func queueComplete(tx *store.Tx, sagaID, key uuid.UUID, attemptNo int, refusal s
 // wait makes a callback step whose request was accepted wait for its
 // callback, in tx, which holds the saga's lock; a callback that came
 // first (pending) is applied at once.
-func (c *Core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx, attemptNo int, fx *effects) error {
+func (c *Core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, fx *effects) error {
 	step := def.Step(idx)
+	if step.Kind == saga.ChildStep {
+		return c.waitForChild(ctx, tx, sg, def, idx, phase, attemptNo, fx)
+	}
 	var eventID, refusal string
 	var failed bool
 	var result json.RawMessage
@@ -259,7 +262,7 @@ func (c *Core) wait(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *s
 	tx.Queue(store.WaitForCallback, func(row pgx.Row) error {
 		var invariant *int
 		return row.Scan(&invariant)
-	}, pguuid.Of(sg.ID), step.Name, attemptNo, step.Wait.Milliseconds(), sg.Version)
+	}, pguuid.Of(sg.ID), step.Name, attemptNo, step.Wait.Milliseconds(), sg.Version, string(saga.PhaseForward))
 	tx.Queue(store.FirstPendingCallback, func(row pgx.Row) error {
 		err := row.Scan(&eventID, &failed, &result, &refusal)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -57,6 +57,10 @@ type Core struct {
 	out HandOff
 	// onFinished is Config.OnFinishedFunc.
 	onFinished func(id uuid.UUID, definition string, state saga.State)
+	// children names the definitions some ChildStep runs; childEnds
+	// takes the IDs of their sagas that finished (ChildEnds).
+	children  map[string]bool
+	childEnds chan uuid.UUID
 }
 
 // Config is what a Core is built from (the engine's Config, resolved).
@@ -85,12 +89,24 @@ func New(cfg Config) *Core {
 	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
 	all := slices.Collect(maps.Values(versions))
 	slices.SortFunc(all, func(a, b *saga.Definition) int { return strings.Compare(a.Ref(), b.Ref()) })
-	return &Core{all: all, names: slices.Sorted(maps.Keys(defs)),
+	children := map[string]bool{}
+	for _, d := range all {
+		for i := range d.Len() {
+			if name, _, ok := d.Child(i); ok {
+				children[name] = true
+			}
+		}
+	}
+	return &Core{all: all, children: children, childEnds: make(chan uuid.UUID, childEndsQueue), names: slices.Sorted(maps.Keys(defs)),
 		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
 		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes,
 		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
 	}
 }
+
+// childEndsQueue bounds the ends of children waiting to be told to
+// their parents; past it the reaper's sweep tells them.
+const childEndsQueue = 1024
 
 // Pool is the core's database.
 func (c *Core) Pool() *pgxpool.Pool { return c.pool }
@@ -180,6 +196,9 @@ func (c *Core) emit(fx *effects) {
 func (c *Core) Moved(m *store.Move, created time.Time) {
 	if !m.Finished {
 		return
+	}
+	if c.children[m.Definition] {
+		c.childEnded(m.Saga)
 	}
 	c.metrics.SagasFinished.WithLabelValues(m.Definition, m.Outcome).Inc()
 	if !created.IsZero() {

@@ -176,7 +176,7 @@ func (c *Core) apply(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *
 	possiblyDone := st.possiblyDone || r.Outcome == wire.OutcomeUnknown
 	switch {
 	case r.Outcome == wire.OutcomeWaiting:
-		return c.wait(ctx, tx, sg, def, idx, r.Attempt, fx)
+		return c.wait(ctx, tx, sg, def, idx, r.Phase, r.Attempt, fx)
 
 	case r.Outcome == wire.OutcomeSucceeded:
 		m, err := c.plan.Success(sg, def, idx, r.Phase, r.Attempt, r.Result)

@@ -155,6 +155,16 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		// within its wait: it may have taken effect, so it is given up
 		// as possibly done.
 		reason := fmt.Sprintf("no callback within %s of its request (attempt %d)", step.Wait, st.attempt)
+		if step.Kind == saga.ChildStep {
+			// A child's end not applied yet is applied now instead.
+			if moved, err := c.applyChild(ctx, tx, sg, def, st.index, st.phase, st.attempt, fx); moved || err != nil {
+				if err != nil {
+					return false, err
+				}
+				break
+			}
+			reason = fmt.Sprintf("its child did not end within %s (attempt %d)", step.Wait, st.attempt)
+		}
 		if err := c.giveUp(ctx, tx, sg, def, st.index, st.phase, st.attempt, reason, true, fx); err != nil {
 			if errors.Is(err, store.ErrBusy) {
 				return false, nil

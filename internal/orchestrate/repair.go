@@ -276,6 +276,19 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	if def.HasGroups() {
 		undo = plan.Undo(def, sg, step)
 	}
+	return c.startCompensation(ctx, tx, sg, def, undo, msg, fx)
+}
+
+// startCompensation moves sg, locked in tx, to compensating with error
+// msg, and dispatches undo: a line's plan (compensation.Plan), whose
+// first compensation is dispatched, or a walk's frontier (a group's
+// branches, dispatched together); with nothing to undo the saga ends
+// compensated.
+func (c *Core) startCompensation(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, undo []int, msg string, fx *effects) error {
+	if !def.HasGroups() && len(undo) > 1 {
+		// A line's plan: its first compensation dispatches the next.
+		undo = undo[:1]
+	}
 	to := saga.StateCompensating
 	if len(undo) == 0 {
 		to = saga.StateCompensated
@@ -285,6 +298,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 	var outboxID *int64
 	var subject, msgID string
 	var payload []byte
+	var err error
 	if len(undo) > 0 {
 		if subject, msgID, payload, err = c.plan.Command(&after, def, undo[0], saga.PhaseCompensate, 1, false); err != nil {
 			return err
@@ -293,7 +307,7 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		if err := tx.Conn().QueryRow(ctx, store.DispatchCompensation,
 			pguuid.Of(sg.ID), first, undo[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
 			c.plan.LeaseMillis(plan.PolicyOf(def, undo[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensation: %w", sg.ID, err)
+			return fmt.Errorf("idemsaga: compensate saga %s: dispatch the compensation: %w", sg.ID, err)
 		}
 	}
 	if outboxID != nil {
@@ -311,18 +325,17 @@ where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_
 		}
 		store.QueueBranches(tx, sg.ID, also, c.handOffFor(tx))
 		if err := tx.Flush(ctx); err != nil {
-			return fmt.Errorf("idemsaga: cancel saga %s: dispatch the compensations: %w", sg.ID, err)
+			return fmt.Errorf("idemsaga: compensate saga %s: dispatch the compensations: %w", sg.ID, err)
 		}
 	}
 	created, err := store.CancelSaga(ctx, tx.Conn(), sg.ID, sg.Version, to, msg, len(undo) == 0)
 	if err != nil {
-		return fmt.Errorf("idemsaga: cancel saga %s: %w", sg.ID, err)
+		return fmt.Errorf("idemsaga: compensate saga %s: %w", sg.ID, err)
 	}
 	if len(undo) == 0 {
 		m := &store.Move{Saga: sg.ID, Definition: sg.Definition, To: to, Finished: true, Outcome: string(saga.StateCompensated)}
 		*fx.moved(m) = created
 	}
-	_ = step
 	return nil
 }
 

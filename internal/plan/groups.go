@@ -200,3 +200,10 @@ func Undo(def *saga.Definition, sg *saga.Instance, notDone string) []int {
 	ex[notDone] = e
 	return compensation.Walk(def, sg.Skipped, ex).Dispatch
 }
+
+// UndoCompleted returns the compensations that start the compensation of
+// completed saga sg as a whole: the first of its walk (sg.Steps read
+// under its lock), none when nothing is to be undone.
+func UndoCompleted(def *saga.Definition, sg *saga.Instance) []int {
+	return compensation.Walk(def, sg.Skipped, executions(sg)).Dispatch
+}

@@ -29,13 +29,14 @@ const CompleteWaiting = `with c as (
 )
 select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`
 
-// WaitForCallback makes a callback step wait for its callback until
-// its deadline ($4 milliseconds from now), fenced by the attempt and
-// the saga's version ($5), which it bumps.
+// WaitForCallback makes a callback step (or a child step, in phase $6)
+// wait for its callback (its child) until its deadline ($4 milliseconds
+// from now), fenced by the attempt and the saga's version ($5), which
+// it bumps.
 const WaitForCallback = `with st as (
   update idemsaga.steps set status = 'waiting', lease_until = idemsaga.now() + $4 * interval '1 millisecond',
     next_attempt_at = null, updated_at = idemsaga.now()
-  where saga_id = $1 and step = $2 and phase = 'forward' and attempt = $3 and status in ('dispatched', 'retrying')
+  where saga_id = $1 and step = $2 and phase = $6 and attempt = $3 and status in ('dispatched', 'retrying')
   returning saga_id
 ), s as (
   update idemsaga.sagas set version = version + 1, updated_at = idemsaga.now()

@@ -25,7 +25,7 @@ func ScanSaga(row pgx.Row) (*saga.Instance, error) {
 	var state string
 	var results map[string]json.RawMessage
 	err := row.Scan(&s.ID, &s.Definition, &s.Key, &state, &s.Version, &s.Input, &results, &s.Error,
-		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion, &s.Skipped)
+		&s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.DefinitionVersion, &s.Skipped, &s.Parent, &s.ParentStep)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, saga.ErrNotFound
 	}

@@ -6,7 +6,8 @@ package store
 // ClaimFinishedSagas locks a batch of finished sagas past the window.
 // A saga with a step still in flight, or with a command or reply not
 // yet published (a row the broker refused, say), is kept even if marked
-// finished: that message may still be delivered.
+// finished: that message may still be delivered. A child is kept while
+// its parent is (saga.ChildStep): the parent may still compensate it.
 const ClaimFinishedSagas = `select s.id from idemsaga.sagas s
 where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
   and (s.state not in ('failed', 'parked') or $3::bool)
@@ -16,6 +17,7 @@ where s.finished_at < idemsaga.now() - $1 * interval '1 millisecond'
   and not exists (
     select 1 from idemsaga.outbox o
     where o.saga_id = s.id and o.published_at is null)
+  and (s.parent_id is null or not exists (select 1 from idemsaga.sagas p where p.id = s.parent_id))
 order by s.finished_at
 limit $2
 for update of s skip locked`

@@ -6,7 +6,7 @@ import "fmt"
 
 // SagaColumns are a saga's columns, in the order the engine scans them.
 const SagaColumns = `id, definition, idem_key, state::text, version, input, results, coalesce(error, ''),
-created_at, updated_at, finished_at, definition_version, skipped`
+created_at, updated_at, finished_at, definition_version, skipped, parent_id, coalesce(parent_step, '')`
 
 // SelectSagaByIDLocked takes the lock every writer of a saga or of its
 // steps holds. FOR NO KEY UPDATE, not FOR UPDATE: it does not block the

@@ -1,0 +1,44 @@
+package store
+
+// The statements of child sagas (saga.ChildStep): the start fenced by
+// the parent's attempt, the link from child to parent, and the reads of
+// a child's end.
+
+// FenceChildStart holds the parent step's key ($2 of saga $1) while its
+// child starts, in the start's transaction: a row when attempt $3 still
+// leads it (claimed, not given up), none otherwise. FOR SHARE: a
+// tombstone (a give-up, a compensation's fence) waits for the start to
+// commit, and after it no attempt starts a child.
+const FenceChildStart = `select true from idemsaga.inbox
+where saga_id = $1 and step_key = $2 and attempt = $3 and outcome = 'started'
+for share`
+
+// SetParent links the child $1 just started to its parent $2 and the
+// parent's step $3.
+const SetParent = `update idemsaga.sagas set parent_id = $2, parent_step = $3 where id = $1 and parent_id is null`
+
+// ChildColumns are what a parent reads of its child: its id, state,
+// whether it finished, its error and results.
+const ChildColumns = `id, state::text, finished_at is not null, coalesce(error, ''), results`
+
+// SelectChildByKey reads the child of definition $1 under key $2
+// (saga.ChildKey).
+const SelectChildByKey = `select ` + ChildColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
+
+// SelectParentOf reads the parent and parent step of saga $1; no row for
+// a saga that is nobody's child.
+const SelectParentOf = `select parent_id, parent_step from idemsaga.sagas where id = $1 and parent_id is not null`
+
+// SelectChildEnds finds up to $1 children whose end their parent's step
+// still waits for: the end was applied by nobody (the process that moved
+// the child stopped before it told the parent).
+const SelectChildEnds = `select c.id from idemsaga.sagas c
+join idemsaga.steps s on s.saga_id = c.parent_id and s.step = c.parent_step and s.status = 'waiting'
+where c.parent_id is not null and c.finished_at is not null and c.state <> 'parked'
+  and (s.phase = 'forward' or c.state in ('compensated', 'failed', 'closed'))
+order by c.finished_at
+limit $1`
+
+// SelectChildren lists the children of saga $1, for inspection.
+const SelectChildren = `select parent_step, id, definition, state::text from idemsaga.sagas
+where parent_id = $1 order by created_at, id`
