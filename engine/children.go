@@ -79,9 +79,9 @@ func (ch children) Find(ctx context.Context, sc *saga.StepContext, name string) 
 }
 
 // Undo orders the child compensated, as its state allows: a running or
-// parked child is cancelled, a completed one compensated whole; one
-// compensating or ended otherwise is left as it is, and the step's wait
-// reads its end. A child calling another system is waited out (a retry
+// parked child is cancelled, a completed one compensated whole, a failed
+// one's compensation resumed (retried); one compensating, compensated or
+// closed is left as it is. The step's wait reads the child's end. A child calling another system is waited out (a retry
 // of the compensation when its call's lease ends).
 func (ch children) Undo(ctx context.Context, sc *saga.StepContext, name string) (uuid.UUID, bool, error) {
 	id, found, err := ch.Find(ctx, sc, name)
@@ -100,8 +100,14 @@ func (ch children) Undo(ctx context.Context, sc *saga.StepContext, name string) 
 		}
 		var op string
 		switch {
-		case sg.State == saga.StateCompensating, sg.State == saga.StateCompensated, sg.State == saga.StateFailed, sg.State == saga.StateClosed:
+		case sg.State == saga.StateCompensating, sg.State == saga.StateCompensated, sg.State == saga.StateClosed:
 			return id, true, nil
+		case sg.State == saga.StateFailed:
+			// Its compensation could not finish: each attempt of the
+			// parent's (an operator's retry of the parent, say) resumes it
+			// once; should it fail again, so does the parent's.
+			op = "retry"
+			_, err = ch.cl.c.Repair(ctx, nil, id, "retry", orchestrate.Skip{}, orchestrate.Request{Key: fmt.Sprintf("parent:%s:retry:%d", sc.Key, sc.Attempt), Reason: reason, By: childRepairBy}, false)
 		case sg.State == def.FinalState():
 			op = "compensate"
 			_, err = ch.cl.c.CompensateCompleted(ctx, id, orchestrate.Request{Key: "parent:" + sc.Key.String() + ":compensate", Reason: reason, By: childRepairBy})

@@ -357,6 +357,9 @@ type Engine struct {
 	relay    *outbox.Relay
 	steps    *attempt.Runner
 	cleaner  *maintenance.Cleaner
+	// loseChildEnds drops the ends of children instead of telling their
+	// parents (testhook.Hooks.LoseChildEnds).
+	loseChildEnds atomic.Bool
 	// stepRunner runs the step workers, runner the orchestrator and the
 	// reaper: Stop drains the steps first.
 	stepRunner lifecycle.Runner
@@ -477,6 +480,7 @@ func New(cfg Config) (*Engine, error) {
 // arm gives a run the test kit's hooks (package testhook), before its
 // step workers start.
 func (e *Engine) arm(h *testhook.Hooks) {
+	e.loseChildEnds.Store(h != nil && h.LoseChildEnds)
 	if h == nil {
 		e.steps.Arm(nil)
 		return
@@ -579,10 +583,7 @@ func (e *Engine) handleCommand(ctx context.Context, cmd wire.Command) (wire.Repl
 
 // reapOnce runs one pass of the reaper.
 func (e *Engine) reapOnce(ctx context.Context) (int, error) {
-	n, err := e.c.ReapOnce(ctx, ReapBatchDefault)
-	// Ends of children whose process stopped before it told the parent.
-	k, serr := e.c.SweepChildren(ctx, ReapBatchDefault)
-	return n + k, errors.Join(err, serr)
+	return e.c.ReapOnce(ctx, ReapBatchDefault)
 }
 
 // childLoop tells parents the ends of the children this process moved
@@ -594,6 +595,9 @@ func (e *Engine) childLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case id := <-e.c.ChildEnds():
+			if e.loseChildEnds.Load() {
+				continue
+			}
 			if err := e.c.ChildEnded(context.WithoutCancel(ctx), id); err != nil {
 				e.cfg.Logger.Warn("engine: could not tell a child's end to its parent; the reaper's sweep will", "saga_id", id, "error", err)
 			}

@@ -122,7 +122,15 @@ func (c *Core) applyChild(ctx context.Context, tx *store.Tx, sg *saga.Instance, 
 	if err != nil {
 		return false, err
 	}
-	queueComplete(tx, sg.ID, saga.StepKey(sg.ID, step.Name, phase), attemptNo, end.reason, end.result)
+	key := saga.StepKey(sg.ID, step.Name, phase)
+	if !end.success && phase == saga.PhaseForward && end.effect == compensation.NotDone {
+		tx.Queue(store.CompleteChildNotDone, func(row pgx.Row) error {
+			var invariant *int
+			return row.Scan(&invariant)
+		}, pguuid.Of(sg.ID), pguuid.Of(key), attemptNo, end.reason)
+	} else {
+		queueComplete(tx, sg.ID, key, attemptNo, end.reason, end.result)
+	}
 	store.QueueMove(tx, m, c.handOffFor(tx), fx.moved(m))
 	c.metrics.ChildEnds.WithLabelValues(def.Name(), step.Name, string(phase), childOutcome(end)).Inc()
 	return true, nil
@@ -214,27 +222,23 @@ func (c *Core) childEnded(id uuid.UUID) {
 // ChildEnded; the engine drains them.
 func (c *Core) ChildEnds() <-chan uuid.UUID { return c.childEnds }
 
-// SweepChildren applies the ends of up to limit children whose parents
-// still wait for them, and returns how many it applied.
-func (c *Core) SweepChildren(ctx context.Context, limit int) (int, error) {
-	rows, err := c.pool.Query(ctx, store.SelectChildEnds, limit)
-	if err != nil {
-		return 0, fmt.Errorf("idemsaga: find children whose end was not applied: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return 0, fmt.Errorf("idemsaga: find children whose end was not applied: %w", err)
-	}
+// applyChildEnds applies the ends of children the reaper found whose
+// parents still wait for them (the process that moved them stopped
+// before it told the parent), and returns how many it applied.
+func (c *Core) applyChildEnds(ctx context.Context, ids []uuid.UUID) (int, error) {
 	var errs []error
+	applied := 0
 	for _, id := range ids {
 		if err := c.ChildEnded(ctx, id); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		applied++
 	}
-	if len(ids) > 0 {
-		c.log.Info("reaper: applied the ends of children to the parents that waited for them", "children", len(ids))
+	if applied > 0 {
+		c.log.Info("reaper: applied the ends of children to the parents that waited for them", "children", applied)
 	}
-	return len(ids), errors.Join(errs...)
+	return applied, errors.Join(errs...)
 }
 
 // CompensateCompleted compensates saga id, which completed, as its

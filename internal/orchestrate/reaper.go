@@ -34,7 +34,7 @@ func (c *Core) ReapOnce(ctx context.Context, limit int) (int, error) {
 	// The looks travel in one round trip: most passes find nothing, and
 	// an idle process makes one every ReapInterval.
 	var due []stepID
-	var late []uuid.UUID
+	var late, ended []uuid.UUID
 	b := &pgx.Batch{}
 	names := c.VersionRefs()
 	b.Queue(store.DeadlinePassed, limit, names).Query(func(rows pgx.Rows) error {
@@ -55,6 +55,11 @@ func (c *Core) ReapOnce(ctx context.Context, limit int) (int, error) {
 			return err
 		})
 	}
+	b.Queue(store.SelectChildEnds, limit, names).Query(func(rows pgx.Rows) error {
+		var err error
+		ended, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
 	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("find due steps: %w", store.Interpret(err))
 	}
@@ -84,7 +89,11 @@ func (c *Core) ReapOnce(ctx context.Context, limit int) (int, error) {
 			moved++
 		}
 	}
-	return moved, firstErr
+	k, err := c.applyChildEnds(ctx, ended)
+	if err != nil && firstErr == nil {
+		firstErr = err
+	}
+	return moved + k, firstErr
 }
 
 func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) {

@@ -31,9 +31,11 @@ const SelectParentOf = `select parent_id, parent_step from idemsaga.sagas where 
 
 // SelectChildEnds finds up to $1 children whose end their parent's step
 // still waits for: the end was applied by nobody (the process that moved
-// the child stopped before it told the parent).
+// the child stopped before it told the parent). Only parents of the
+// definition versions in $2 (those this process runs) are looked at.
 const SelectChildEnds = `select c.id from idemsaga.sagas c
 join idemsaga.steps s on s.saga_id = c.parent_id and s.step = c.parent_step and s.status = 'waiting'
+join idemsaga.sagas p on p.id = c.parent_id and p.definition || '@' || p.definition_version = any($2)
 where c.parent_id is not null and c.finished_at is not null and c.state <> 'parked'
   and (s.phase = 'forward' or c.state in ('compensated', 'failed', 'closed'))
 order by c.finished_at
@@ -42,3 +44,15 @@ limit $1`
 // SelectChildren lists the children of saga $1, for inspection.
 const SelectChildren = `select parent_step, id, definition, state::text from idemsaga.sagas
 where parent_id = $1 order by created_at, id`
+
+// CompleteChildNotDone records under a child step's waiting key ($2, at
+// attempt $3 or before) that the step failed ($4 says why) and took no
+// effect: its child compensated itself. The key's doubt (an attempt
+// whose answer was lost) is resolved, as a Verify's "not done" resolves
+// it. The saga's lock rules out a miss.
+const CompleteChildNotDone = `with c as (
+  update idemsaga.inbox set outcome = 'failed', result = null, error = $4::text, unknown = false, verified = true
+  where saga_id = $1 and step_key = $2 and attempt <= $3 and outcome = 'waiting'
+  returning 1
+)
+select case when not exists (select from c) then idemsaga.invariant_broken('a waiting step''s key was not waiting at its attempt') end`

@@ -19,6 +19,11 @@ type Hooks struct {
 	// holds (delivered and not yet answered, run at once, or copies the
 	// kit delivers).
 	InHand func() int
+	// LoseChildEnds makes the run drop the ends of the children it
+	// moves instead of telling their parents, as a process that stops
+	// right after a child's last commit: only the reaper's sweep tells
+	// them.
+	LoseChildEnds bool
 }
 
 type hooksKey struct{}
