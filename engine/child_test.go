@@ -5,16 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/testenv"
+	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/saga"
 )
 
@@ -73,8 +77,14 @@ func (l *fxLedger) step(name string, fail func(fxInput) bool) saga.HandlerFunc {
 // between debit and credit. The child gets twice the parent's amount, so
 // a test sees the parent's Forward built its input.
 func fxDefs(t *testing.T, l *fxLedger, prefix string) (parent, child *saga.Definition) {
+	return fxDefsWith(t, l, prefix, true, 5*time.Second)
+}
+
+// fxDefsWith is fxDefs; without callback the child's confirm is an
+// external step; timeout is every step's.
+func fxDefsWith(t *testing.T, l *fxLedger, prefix string, callback bool, timeout time.Duration) (parent, child *saga.Definition) {
 	t.Helper()
-	policy := saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, Timeout: 5 * time.Second}
+	policy := saga.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, Timeout: timeout}
 	quoteUndo := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 		if l.failUndo.Load() {
 			return nil, saga.Permanent(errors.New("the quote desk is closed"))
@@ -88,7 +98,7 @@ func fxDefs(t *testing.T, l *fxLedger, prefix string) (parent, child *saga.Defin
 		saga.Step{Name: "quote", Reaches: "quoted", Kind: saga.ExternalStep, Forward: l.step("quote", nil), Compensate: quoteUndo, Retry: policy, CompensateRetry: policy},
 		saga.Step{Name: "convert", Reaches: "converted", Kind: saga.ExternalStep, Forward: l.step("convert", func(in fxInput) bool { return in.FailFX }),
 			Compensate: l.step("convert", nil), Retry: policy, CompensateRetry: policy},
-		saga.Step{Name: "confirm", Reaches: "confirmed", Kind: saga.CallbackStep, Forward: confirm, Compensate: l.step("confirm", nil), Retry: policy, CompensateRetry: policy, Wait: time.Hour},
+		confirmStep(callback, confirm, l.step("confirm", nil), policy),
 	)
 	require.NoError(t, err)
 	childInput := func(_ context.Context, sc *saga.StepContext) (json.RawMessage, error) {
@@ -106,6 +116,14 @@ func fxDefs(t *testing.T, l *fxLedger, prefix string) (parent, child *saga.Defin
 	)
 	require.NoError(t, err)
 	return parent, child
+}
+
+func confirmStep(callback bool, forward, undo saga.HandlerFunc, policy saga.RetryPolicy) saga.Step {
+	s := saga.Step{Name: "confirm", Reaches: "confirmed", Kind: saga.ExternalStep, Forward: forward, Compensate: undo, Retry: policy, CompensateRetry: policy}
+	if callback {
+		s.Kind, s.Wait = saga.CallbackStep, time.Hour
+	}
+	return s
 }
 
 // completeHeld answers the confirm callbacks of held children, until
@@ -251,13 +269,53 @@ func TestChildSaga(t *testing.T) {
 		require.Contains(t, ch.Error, "parent saga")
 	})
 
-	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{parent, child}, time.Minute)
+	defs := []*saga.Definition{parent, child}
+	diffs, err := engine.Reconcile(ctx, pool, defs, time.Minute)
 	require.NoError(t, err)
 	require.Empty(t, diffs)
 	for _, s := range []string{"debit/forward", "quote/forward", "convert/forward", "confirm/forward", "credit/forward"} {
 		_, most := l.count(s)
 		require.LessOrEqual(t, most, 1, "%s took effect once per key", s)
 	}
+
+	// Reconcile's rules of children and ticks, each on a planted fault.
+	plant := func(sql string, args ...any) {
+		t.Helper()
+		tag, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+		require.Positive(t, tag.RowsAffected(), sql)
+	}
+	byKey := func(key string) uuid.UUID {
+		var id uuid.UUID
+		require.NoError(t, pool.QueryRow(ctx, `select id from idemsaga.sagas where definition = $1 and idem_key = $2`, parent.Name(), key).Scan(&id))
+		return id
+	}
+	// The cancelled parent's child is put back to a state short of
+	// compensated.
+	plant(`update idemsaga.sagas set state = 'converted' where parent_id = $1`, byKey("cancelled"))
+	// The completed parent's child step waits again, for a child that
+	// ended an hour ago.
+	ok := byKey("ok")
+	plant(`update idemsaga.steps set status = 'waiting' where saga_id = $1 and step = 'fx' and phase = 'forward'`, ok)
+	plant(`update idemsaga.sagas set finished_at = now() - interval '1 hour' where parent_id = $1`, ok)
+	// A second child under the same step: the child of the parent that
+	// failed after its child completed moves there.
+	plant(`update idemsaga.sagas set parent_id = $1 where parent_id = $2`, ok, byKey("creditfails"))
+	// Two sagas of one tick, written in two time zones.
+	plant(`update idemsaga.sagas set idem_key = 'tick:2026-12-01T00:00:00Z' where id = $1`, byKey("fxfails"))
+	plant(`update idemsaga.sagas set idem_key = 'tick:2026-12-01T01:00:00+01:00' where id = $1`, byKey("cancelled"))
+
+	diffs, err = engine.Reconcile(ctx, pool, defs, time.Minute)
+	require.NoError(t, err)
+	var all []string
+	for _, d := range diffs {
+		all = append(all, d.String())
+	}
+	text := strings.Join(all, "\n")
+	require.Contains(t, text, "compensated, but a child of it was not")
+	require.Contains(t, text, "a child step started several children: fx: ")
+	require.Contains(t, text, "waits for a child that ended and was not told: fx/forward waits for child")
+	require.Contains(t, text, "several sagas started for one tick of its schedule: "+parent.Name()+" tick:2026-12-01T00:00:00Z, tick:2026-12-01T01:00:00+01:00")
 }
 
 func stepAt(sg *saga.Instance, step string, phase saga.Phase) saga.StepExecution {
@@ -271,4 +329,181 @@ func stepAt(sg *saga.Instance, step string, phase saga.Phase) saga.StepExecution
 
 func stepStatus(sg *saga.Instance, step string, phase saga.Phase) saga.StepStatus {
 	return stepAt(sg, step, phase).Status
+}
+
+// childrenByParent counts the children of each parent.
+func childrenByParent(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `select parent_id, count(*) from idemsaga.sagas where parent_id is not null group by parent_id`)
+	require.NoError(t, err)
+	out := map[uuid.UUID]int{}
+	for rows.Next() {
+		var id uuid.UUID
+		var n int
+		require.NoError(t, rows.Scan(&id, &n))
+		out[id] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// TestChildStepUnderRedelivery: two engines share one database and
+// stream and run 30 transfers, a third of whose children fail and a
+// third of whose parents fail after their child completed. Every command
+// of the child step is delivered twice, its workers die after commit, and
+// its answers are lost; the engines drop the ends of the children they
+// move, so only the reaper's sweep tells the parents. Each parent has one
+// child, each child's steps took effect once per key, and each child of a
+// failed parent was undone whole.
+func TestChildStepUnderRedelivery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	stream := testenv.Name("CHILDDUP")
+	l := &fxLedger{}
+	parent, child := fxDefsWith(t, l, "", false, 2*time.Second)
+	var engines []*engine.Engine
+	var faults []*attempt.Faults
+	for range 2 {
+		f := &attempt.Faults{}
+		f.Add(attempt.Fault{Kind: attempt.DeliverTwice, Step: "fx", Times: 1000})
+		f.Add(attempt.Fault{Kind: attempt.CrashAfterCommit, Step: "fx", Times: 4})
+		f.Add(attempt.Fault{Kind: attempt.LoseOutcome, Step: "fx", Times: 4})
+		f.Add(attempt.Fault{Kind: attempt.DeliverTwice, Step: "convert", Times: 1000})
+		faults = append(faults, f)
+		// A worker that died after its commit leaves its command to a
+		// lease: a short one keeps the test quick.
+		engines = append(engines, startEngineCtx(t, testhook.With(ctx, &testhook.Hooks{Faults: f, LoseChildEnds: true}), pool, nc, stream, []*saga.Definition{parent},
+			func(c *engine.Config) { c.LeaseGrace = time.Second }))
+	}
+	const n = 30
+	ids := make([]uuid.UUID, n)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range n {
+		wg.Go(func() {
+			res, err := engines[i%2].Client().Start(ctx, parent, fmt.Sprintf("x-%03d", i), fxInput{Amount: i, FailFX: i%3 == 1, FailCredit: i%3 == 2})
+			if err != nil {
+				failed.Add(1)
+				return
+			}
+			ids[i] = res.ID
+		})
+	}
+	wg.Wait()
+	require.Zero(t, failed.Load())
+	cl := engines[0].Client()
+	for i, id := range ids {
+		want := saga.State("credited")
+		if i%3 != 0 {
+			want = saga.StateCompensated
+		}
+		waitState(t, cl, id, want)
+		ch := childOf(t, cl, id)
+		wantChild := saga.State("confirmed")
+		if i%3 != 0 {
+			wantChild = saga.StateCompensated
+		}
+		require.Equal(t, wantChild, ch.State, "child of saga %d", i)
+	}
+	byParent := childrenByParent(t, pool)
+	require.Len(t, byParent, n)
+	for id, k := range byParent {
+		require.Equal(t, 1, k, "parent %s has one child", id)
+	}
+	for _, s := range []string{"quote/forward", "convert/forward", "confirm/forward", "quote/compensate"} {
+		keys, most := l.count(s)
+		require.Equal(t, 1, most, "%s took effect once per key", s)
+		want := n
+		switch s {
+		case "convert/forward", "confirm/forward":
+			want = n - n/3 // the failing convert refuses before its effect
+		case "quote/compensate":
+			want = 2 * n / 3
+		}
+		require.Equal(t, want, keys, s)
+	}
+	keys, _ := l.count("convert/compensate")
+	require.Equal(t, n/3, keys, "each child of a parent that failed after it was undone whole")
+	fired := map[attempt.FaultKind]int{}
+	for _, f := range faults {
+		for _, k := range []attempt.FaultKind{attempt.DeliverTwice, attempt.CrashAfterCommit, attempt.LoseOutcome} {
+			fired[k] += f.Fired(k)
+		}
+	}
+	require.Positive(t, fired[attempt.DeliverTwice])
+	require.Positive(t, fired[attempt.CrashAfterCommit]+fired[attempt.LoseOutcome])
+	t.Logf("faults fired: %v", fired)
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{parent, child}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
+}
+
+// TestParentAndChildRepairedAtOnce: 12 parents fail after their child
+// completed, and the child's compensation cannot finish, so the child
+// ends failed and the parent too. Once the cause is fixed, half of them
+// are repaired by a retry of the parent alone (which resumes its child's
+// compensation), half by a retry of the parent and of the child at
+// once. Every one ends compensated, parent and child, each undo took
+// effect once per key, and reconcile finds nothing.
+func TestParentAndChildRepairedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	l := &fxLedger{}
+	l.failUndo.Store(true)
+	parent, child := fxDefsWith(t, l, "", false, 5*time.Second)
+	e := startEngine(t, pool, nc, testenv.Name("CHILDREP"), []*saga.Definition{parent})
+	cl := e.Client()
+	const n = 12
+	ids := make([]uuid.UUID, n)
+	for i := range n {
+		res, err := cl.Start(ctx, parent, fmt.Sprintf("r-%03d", i), fxInput{Amount: i, FailCredit: true})
+		require.NoError(t, err)
+		ids[i] = res.ID
+	}
+	children := make([]uuid.UUID, n)
+	for i, id := range ids {
+		sg := waitState(t, cl, id, saga.StateFailed)
+		require.Contains(t, sg.Error, "could not finish its compensation")
+		ch := childOf(t, cl, id)
+		require.Equal(t, saga.StateFailed, ch.State)
+		children[i] = ch.ID
+	}
+	l.failUndo.Store(false)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Go(func() {
+			_, err := cl.Retry(ctx, ids[i], engine.Repair{Reason: "the quote desk is open again"})
+			errs <- err
+		})
+		if i%2 == 1 {
+			wg.Go(func() {
+				_, err := cl.Retry(ctx, children[i], engine.Repair{Reason: "the quote desk is open again"})
+				if errors.Is(err, engine.ErrStateForbids) {
+					err = nil // the parent's retry resumed it first
+				}
+				errs <- err
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for i, id := range ids {
+		waitState(t, cl, id, saga.StateCompensated)
+		ch := waitState(t, cl, children[i], saga.StateCompensated)
+		require.Equal(t, saga.StateCompensated, ch.State)
+	}
+	keys, most := l.count("quote/compensate")
+	require.Equal(t, n, keys)
+	require.Equal(t, 1, most, "each undo took effect once per key")
+	diffs, err := engine.Reconcile(ctx, pool, []*saga.Definition{parent, child}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, diffs)
 }
