@@ -91,6 +91,20 @@ where s.state = 'compensated'
   and c.status is distinct from 'succeeded'
   and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = st.step and r.phase = 'forward' and (r.operation = 'cancel'
     or r.operation = 'skip' and s.definition || '@' || s.definition_version || '/' || st.step = any($1)))`, StepsWithoutUndo, "possibly_done_not_compensated"},
+	{"compensated, but a child of it was not: %s", `select s.id, 'child ' || c.id || ' (step ' || c.parent_step || ') is ' || c.state
+from idemsaga.sagas s join idemsaga.sagas c on c.parent_id = s.id
+where s.state = 'compensated' and c.state not in ('compensated', 'closed')
+  and not exists (select 1 from idemsaga.repairs r where r.saga_id = s.id and r.step = c.parent_step and r.operation = 'skip')`, NoParam, "child_not_compensated"},
+	{"a child step started several children: %s", `select parent_id, parent_step || ': ' || string_agg(id::text, ', ' order by id)
+from idemsaga.sagas where parent_id is not null group by parent_id, parent_step having count(*) > 1`, NoParam, "several_children"},
+	{"waits for a child that ended and was not told: %s", `select s.saga_id, s.step || '/' || s.phase || ' waits for child ' || c.id || ', ' || c.state || ' ' || round(extract(epoch from idemsaga.now() - c.finished_at)) || 's ago'
+from idemsaga.sagas c
+join idemsaga.steps s on s.saga_id = c.parent_id and s.step = c.parent_step and s.status = 'waiting'
+where c.parent_id is not null and c.finished_at < idemsaga.now() - $1 * interval '1 second' and c.state <> 'parked'
+  and (s.phase = 'forward' or c.state in ('compensated', 'failed', 'closed'))`, StaleSeconds, "child_end_not_applied"},
+	{"several sagas started for one tick of its schedule: %s", `select min(id::text)::uuid, definition || ' ' || string_agg(idem_key, ', ' order by idem_key)
+from idemsaga.sagas where idem_key ~ '^tick:[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(Z|[+-][0-9]{2}:[0-9]{2})$'
+group by definition, substr(idem_key, 6)::timestamptz having count(*) > 1`, NoParam, "several_per_tick"},
 	{"waits for its callback past its deadline and was not given up: %s", `select st.saga_id, st.step || ' attempt ' || st.attempt || ', deadline ' || round(extract(epoch from idemsaga.now() - st.lease_until)) || 's ago' || ` + NoWorker + `
 from idemsaga.steps st join idemsaga.sagas s on s.id = st.saga_id where st.status = 'waiting' and st.lease_until < idemsaga.now() - $1 * interval '1 second' and ` + NotPaused, StaleSeconds, "callback_wait_overdue"},
 	{"a callback is pending for a step that waits (it should have completed it): %s", `select cb.saga_id, cb.step || ' event ' || cb.event_id
