@@ -47,7 +47,7 @@ func Example() {
 		fmt.Println(err)
 	}
 	// Output:
-	// engine schema idemsaga at version 7
+	// engine schema idemsaga at version 8
 	// schema greetings at version 1
 	// deployment: stream IDEMSAGA, subject prefix idemsaga, lease grace 30s; definitions greet
 	// HOST  PID  STARTED  DEFINITIONS
