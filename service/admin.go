@@ -252,6 +252,9 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 	fmt.Fprintf(w, "definition\t%s version %d\n", sg.Definition, sg.DefinitionVersion)
 	fmt.Fprintf(w, "key\t%s\n", sg.Key)
 	fmt.Fprintf(w, "state\t%s\n", sg.State)
+	if sg.Parent != nil {
+		fmt.Fprintf(w, "parent\t%s (its step %s started this saga)\n", *sg.Parent, sg.ParentStep)
+	}
 	fmt.Fprintf(w, "version\t%d\n", sg.Version)
 	fmt.Fprintf(w, "input\t%s\n", sg.Input)
 	fmt.Fprintf(w, "created\t%s\n", sg.CreatedAt.Format(time.RFC3339Nano))
@@ -276,6 +279,14 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 			if st.Status == saga.StepWaiting && st.LeaseUntil != nil {
 				// The token in full: an operator may send the callback by hand.
 				note = "waits for its callback until " + st.LeaseUntil.Format(time.RFC3339) + "; token " + st.CallbackToken
+				if st.Kind == saga.ChildStep.String() {
+					note = "waits for its child saga until " + st.LeaseUntil.Format(time.RFC3339)
+					for _, ch := range sg.Children {
+						if ch.Step == st.Step {
+							note += ": " + ch.ID.String() + " (" + string(ch.State) + ")"
+						}
+					}
+				}
 			}
 			key := st.Key.String()
 			if st.Status == saga.StepSkipped {
@@ -286,6 +297,15 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 				name += " (group " + st.Group + ")"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, st.Kind, st.Phase, st.Status, st.Attempt, key, note)
+		}
+		_ = w.Flush()
+	}
+	if len(sg.Children) > 0 {
+		fmt.Fprintln(out, "\nchild sagas (`show` an ID for its steps):")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "STEP\tID\tDEFINITION\tSTATE")
+		for _, ch := range sg.Children {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", ch.Step, ch.ID, ch.Definition, ch.State)
 		}
 		_ = w.Flush()
 	}
