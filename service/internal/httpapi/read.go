@@ -75,6 +75,12 @@ type Saga struct {
 	// DeadLetters lists its commands parked because no worker that
 	// received them could run them.
 	DeadLetters []saga.DeadLetter `json:"dead_letters"`
+	// Parent is the saga whose child step (ParentStep) started this one;
+	// null for a saga started by a client, a schedule or an event.
+	Parent     *uuid.UUID `json:"parent"`
+	ParentStep *string    `json:"parent_step"`
+	// Children lists the sagas its child steps started.
+	Children []saga.ChildRecord `json:"children"`
 }
 
 // RepairRecord is one operator's repair of a Saga, as recorded.
@@ -102,8 +108,11 @@ type Step struct {
 	Phase saga.Phase `json:"phase"`
 	// Index is the step's position in the definition, from 0.
 	Index int `json:"index"`
-	// Kind is database, external or callback.
+	// Kind is database, external, callback or child.
 	Kind string `json:"kind"`
+	// Group is the step's parallel group: the steps of a group run side
+	// by side. Null for a step of the line.
+	Group *string `json:"group"`
 	// Key is the step key, the same on every attempt.
 	Key     uuid.UUID       `json:"key"`
 	Status  saga.StepStatus `json:"status"`
@@ -166,12 +175,13 @@ func sagaOf(sg *saga.Instance) Saga {
 		CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt, FinishedAt: sg.FinishedAt, Paused: sg.Paused, DeadlineAt: sg.DeadlineAt,
 		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs)),
 		Callbacks: append([]saga.CallbackRecord{}, sg.Callbacks...), DefinitionVersion: max(sg.DefinitionVersion, 1),
-		DeadLetters: append([]saga.DeadLetter{}, sg.DeadLetters...)}
+		DeadLetters: append([]saga.DeadLetter{}, sg.DeadLetters...),
+		Parent:      sg.Parent, ParentStep: optional(sg.ParentStep), Children: append([]saga.ChildRecord{}, sg.Children...)}
 	if out.Results == nil {
 		out.Results = map[string]json.RawMessage{}
 	}
 	for _, s := range sg.Steps {
-		out.Steps = append(out.Steps, Step{Step: s.Step, Phase: s.Phase, Index: s.Index, Kind: s.Kind, Key: s.Key,
+		out.Steps = append(out.Steps, Step{Step: s.Step, Phase: s.Phase, Index: s.Index, Kind: s.Kind, Group: optional(s.Group), Key: s.Key,
 			Status: s.Status, Attempt: s.Attempt, PossiblyDone: s.PossiblyDone, LeaseUntil: s.LeaseUntil,
 			NextAttemptAt: s.NextAttemptAt, LastError: optional(s.LastError), Result: s.Result, CallbackToken: optional(s.CallbackToken),
 			CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt})

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -153,4 +154,50 @@ func (e *env) list(t testing.TB, q url.Values) httpapi.List {
 	var l httpapi.List
 	require.NoError(t, json.Unmarshal(r.body, &l))
 	return l
+}
+
+// TestGetShowsChildrenAndGroups: a parent's body lists its children and
+// the parallel group of each step; a child's names its parent and the
+// step that started it.
+func TestGetShowsChildrenAndGroups(t *testing.T) {
+	t.Parallel()
+	ok := func(context.Context, *saga.StepContext) (json.RawMessage, error) {
+		return json.RawMessage(`{"ok":true}`), nil
+	}
+	child := saga.MustNew("httpfx", saga.Step{Name: "quote", Reaches: "quoted", Kind: saga.DatabaseStep, Forward: ok})
+	parent := saga.MustNew("httpxfer",
+		saga.Step{Name: "fx", Reaches: "converted", Kind: saga.ChildStep, Child: child},
+		saga.Step{Name: "a", Group: "notify", Reaches: "notified", Kind: saga.DatabaseStep, Forward: ok},
+		saga.Step{Name: "b", Group: "notify", Reaches: "notified", Kind: saga.DatabaseStep, Forward: ok},
+	)
+	e := engineEnvWith(t, parent)
+	r := e.do(t, http.MethodPost, "/v1/sagas/httpxfer", startHeaders("x-1"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	id := started(t, r).ID
+	var sg httpapi.Saga
+	require.Eventually(t, func() bool {
+		r := e.do(t, http.MethodGet, "/v1/sagas/"+id.String(), nil, "")
+		return json.Unmarshal(r.body, &sg) == nil && sg.State == "notified"
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Nil(t, sg.Parent)
+	require.Nil(t, sg.ParentStep)
+	require.Len(t, sg.Children, 1)
+	require.Equal(t, "fx", sg.Children[0].Step)
+	require.Equal(t, "httpfx", sg.Children[0].Definition)
+	require.Equal(t, saga.State("quoted"), sg.Children[0].State)
+	groups := map[string]string{}
+	for _, st := range sg.Steps {
+		if st.Group != nil {
+			groups[st.Step] = *st.Group
+		}
+	}
+	require.Equal(t, map[string]string{"a": "notify", "b": "notify"}, groups)
+
+	r = e.do(t, http.MethodGet, "/v1/sagas/"+sg.Children[0].ID.String(), nil, "")
+	var ch httpapi.Saga
+	require.NoError(t, json.Unmarshal(r.body, &ch))
+	require.NotNil(t, ch.Parent)
+	require.Equal(t, id, *ch.Parent)
+	require.Equal(t, "fx", *ch.ParentStep)
+	require.Empty(t, ch.Children)
 }
