@@ -534,7 +534,8 @@ func noop(context.Context, *saga.StepContext) (json.RawMessage, error) { return 
 // the database with one request under the console's Idempotency-Key,
 // and the page shows the reason as text; its Resume button resumes it.
 // The event dead letters view shows a message that could not start a
-// saga, its body as text.
+// saga, its body as text. A parent saga's page lists its child saga and
+// its steps' parallel group; the child's page links back to the parent.
 func TestConsoleSchedules(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -544,6 +545,11 @@ func TestConsoleSchedules(t *testing.T) {
 	incoming := saga.WithEvents(saga.MustNew("incoming",
 		saga.Step{Name: "take", Reaches: "taken", Kind: saga.DatabaseStep, Forward: noop}),
 		saga.Events{Subject: "consoletest.incoming"})
+	fx := saga.MustNew("fx", saga.Step{Name: "quote", Reaches: "quoted", Kind: saga.DatabaseStep, Forward: noop})
+	xfer := saga.MustNew("xfer",
+		saga.Step{Name: "convert", Reaches: "converted", Kind: saga.ChildStep, Child: fx},
+		saga.Step{Name: "credit", Group: "pay", Reaches: "paid", Kind: saga.DatabaseStep, Forward: noop},
+		saga.Step{Name: "notify", Group: "pay", Reaches: "paid", Kind: saga.DatabaseStep, Forward: noop})
 	var js jetstream.JetStream
 	env := newConsoleEnvOf(t, apiToken, func(nc *nats.Conn) {
 		var err error
@@ -551,7 +557,7 @@ func TestConsoleSchedules(t *testing.T) {
 		require.NoError(t, err)
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "CONSOLETEST", Subjects: []string{"consoletest.>"}})
 		require.NoError(t, err)
-	}, nightly, incoming)
+	}, nightly, incoming, xfer)
 
 	// A message without the key header cannot start a saga: kept as a
 	// dead letter, with its body, markup and all.
@@ -639,6 +645,24 @@ func TestConsoleSchedules(t *testing.T) {
 	require.Equal(t, 0, b.count(t, "#event-dead-letters img"), "no markup from the body")
 	require.Equal(t, 0, b.count(t, "#event-dead-letters button"), "the view is read-only")
 	b.screenshot(t, screenshotDir(t), "7-event-dead-letters")
+
+	// A parent and its child, each linked from the other.
+	status, body = env.send(t, http.MethodPost, "/v1/sagas/xfer", "x-1", `{}`, true)
+	require.Equal(t, http.StatusCreated, status, body)
+	var parent httpapi.Started
+	require.NoError(t, json.Unmarshal([]byte(body), &parent))
+	env.waitState(t, parent.ID.String(), "paid")
+	b.do(t, "open the parent", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+parent.ID.String()))
+	b.waitJS(t, "its child listed", `document.querySelector('#children tr[data-step="convert"] a') !== null`)
+	require.Contains(t, b.text(t, `#children tr[data-step="convert"]`), "quoted")
+	require.Contains(t, b.text(t, `#steps tr[data-step="credit"]`), "group pay")
+	require.Contains(t, b.text(t, `#steps tr[data-step="notify"]`), "group pay")
+	b.screenshot(t, screenshotDir(t), "8-parent-and-child")
+	b.do(t, "open the child", chromedp.Click(chromedp.CSS(`#children tr[data-step="convert"] a`)))
+	b.waitJS(t, "the child's page, linked to its parent", fmt.Sprintf(`document.querySelector('#saga-parent') !== null && document.querySelector('#saga-parent').textContent === %q`, parent.ID.String()))
+	require.Contains(t, b.text(t, "#saga-head"), "its step convert started this saga")
+	require.NotContains(t, b.text(t, "#saga-head"), "null", "no missing field shows as null")
+	require.Contains(t, b.text(t, "#saga-head"), "quoted (version ", "the state with its version")
 
 	b.waitJS(t, "nothing the page was sent ran", `window.pwned === undefined`)
 	b.noPageErrors(t)

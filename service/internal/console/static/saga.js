@@ -45,16 +45,17 @@ function sagaHead(s) {
       h('h1', null, s.definition, h('small', null, ' v' + s.definition_version), ' ', stateBadge(s, 'saga-state')),
       h('span', {class: 'muted mono', id: 'saga-id'}, s.id)),
     dl(['Key', h('span', {class: 'mono', id: 'saga-key'}, s.key)],
-      ['State', h('span', {class: 'mono'}, s.state), ' (version ' + s.version + ')'],
+      ['State', h('span', null, h('span', {class: 'mono'}, s.state), ' (version ' + s.version + ')')],
       ['Created', fmtTime(s.created_at)],
       ['Updated', fmtTime(s.updated_at) + ' · ' + fmtAgo(s.updated_at)],
       ['Finished', s.finished_at ? fmtTime(s.finished_at) + ' · took ' + fmtDuration(new Date(s.finished_at) - new Date(s.created_at)) : 'not yet'],
+      s.parent ? ['Parent', h('span', null, h('a', {href: '#/saga/' + s.parent, class: 'mono', id: 'saga-parent'}, s.parent), ' (its step ' + s.parent_step + ' started this saga)')] : null,
       s.deadline_at ? ['Deadline', fmtTime(s.deadline_at)] : null,
       s.paused ? ['Paused', h('span', {class: 'badge warn'}, s.paused.definition ? 'with its definition ' + s.paused.definition : 'itself'), ' since ' + fmtTime(s.paused.since)] : null),
     // Red while a person is needed; afterwards the error stays as history.
     s.error ? h('div', {class: 'saga-error'}, h('h3', null, 'Error recorded with the saga'),
       h('pre', {class: NEEDS_PERSON.has(s.state) ? 'error' : 'note', id: 'saga-error-text'}, s.error)) : null,
-  ];
+  ].filter(Boolean);
 }
 
 function section(title, id, ...children) {
@@ -79,6 +80,13 @@ function sagaBody(s) {
           st.callback_token ? h('div', {class: 'mono'}, 'callback token ' + st.callback_token) : null),
         h('td', {class: 'err-cell'}, st.last_error || ''),
         h('td', {class: 'mono small'}, st.result ? compactJSON(st.result) : '')))))));
+  if (s.children.length) {
+    out.push(section('Child sagas', 'children', h('table', {class: 'grid'},
+      h('thead', null, h('tr', null, ['Step', 'Saga', 'Definition', 'State'].map(c => h('th', null, c)))),
+      h('tbody', null, s.children.map(c => h('tr', {dataset: {step: c.step}},
+        h('td', null, c.step), h('td', {class: 'mono small'}, h('a', {href: '#/saga/' + c.id}, c.id)),
+        h('td', null, c.definition), h('td', {class: 'mono'}, c.state)))))));
+  }
   out.push(section('Input and results', 'data',
     h('div', {class: 'cols'},
       h('div', null, h('h3', null, 'Input'), h('pre', {class: 'json'}, prettyJSON(s.input))),
