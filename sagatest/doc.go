@@ -33,7 +33,10 @@
 // second (no callback is coming). It moves it only while nothing is on its
 // way in the engine (a command or reply unpublished, in the stream, in a
 // worker's hands, or being written), so a lease never runs out under a
-// command that waits for a busy worker. Clock.Advance moves it at once. A test completes a
+// command that waits for a busy worker. A saga's child sagas are waited
+// for with it: Wait moves the clock to what a child waits for, never to
+// its parent's deadline for a child that still runs (only for one that
+// is parked). Clock.Advance moves it at once. A test completes a
 // callback step with Env.Client.Complete, before Wait or from another
 // goroutine; a callback sent before the step waits is kept for it.
 // Handlers' own timeouts (RetryPolicy.Timeout) stay on wall time.

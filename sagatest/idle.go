@@ -23,17 +23,35 @@ const (
 	writing = `exists (select 1 from pg_locks l where l.locktype = 'relation' and l.granted and l.pid <> pg_backend_pid()
   and l.mode = 'RowExclusiveLock' and l.relation in ('idemsaga.steps'::regclass, 'idemsaga.outbox'::regclass))`
 
-	// waitFor reads, in one snapshot, how long until what saga $1 waits
-	// for: a due retry; with $2, the lease of a dispatched step; with $3,
-	// the wait of a callback step. It also reads the outbox's sequence,
-	// and whether anything is written or unpublished.
-	waitFor = `select (select min(due) - idemsaga.now() from (
-  select next_attempt_at as due from idemsaga.steps where saga_id = $1 and status = 'retrying'
+	// tree is saga $1 and its children, theirs, and so on: a parent
+	// waits while its children move.
+	tree = `with recursive tree(id) as (
+  select $1::uuid
   union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status = 'dispatched' and $2
+  select c.id from idemsaga.sagas c join tree on c.parent_id = tree.id
+) `
+
+	// waitFor reads, in one snapshot, how long until what saga $1 or a
+	// child of it waits for: a due retry; with $2, the lease of a
+	// dispatched step; with $3, the wait of a callback step, or of a
+	// child step whose child is parked (a child that runs is waited for,
+	// not skipped). It also reads the outbox's sequence, and whether
+	// anything is written or unpublished.
+	waitFor = tree + `select (select min(due) - idemsaga.now() from (
+  select next_attempt_at as due from idemsaga.steps where saga_id in (select id from tree) and status = 'retrying'
   union all
-  select lease_until from idemsaga.steps where saga_id = $1 and status = 'waiting' and $3
+  select lease_until from idemsaga.steps where saga_id in (select id from tree) and status = 'dispatched' and $2
+  union all
+  select st.lease_until from idemsaga.steps st where st.saga_id in (select id from tree) and st.status = 'waiting' and $3
+    and not exists (select 1 from idemsaga.sagas c where c.parent_id = st.saga_id and c.parent_step = st.step and c.state <> 'parked')
 ) d), ` + outboxSeq + `, ` + writing + ` or exists (select 1 from idemsaga.outbox where published_at is null)`
+
+	// signature changes whenever saga $1 or a child of it moves; the
+	// second column says whether $1 finished.
+	signature = tree + `select string_agg(s.version || '/' || s.state || '/' || (select count(*) from idemsaga.step_attempts a where a.saga_id = s.id)
+  || '/' || coalesce((select max(updated_at)::text from idemsaga.steps st where st.saga_id = s.id), ''), ',' order by s.id),
+  bool_or(s.id = $1 and s.finished_at is not null)
+from idemsaga.sagas s where s.id in (select id from tree)`
 
 	// advanceIfStill moves the clock by $1 ms if no outbox id was taken
 	// since $2 was read and nothing is being written.
@@ -41,7 +59,8 @@ const (
 where ` + outboxSeq + ` = $2 and not ` + writing
 )
 
-// skip moves the clock to the next moment saga id waits for, once nothing
+// skip moves the clock to the next moment saga id (or a child of it)
+// waits for, once nothing
 // is on its way: a retry's due time; once the saga has been quiet for a
 // while, the lease of an attempt nobody is running; and once it has been
 // quiet for longer, the deadline of a callback step that waits for a

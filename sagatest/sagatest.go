@@ -201,23 +201,24 @@ func (e *Env) Wait(t T, id uuid.UUID) *saga.Instance {
 	var last string
 	quiet := time.Now()
 	for {
-		var sig string
-		var finished bool
-		err := e.Pool.QueryRow(ctx, `select s.version || '/' || s.state || '/' || (select count(*) from idemsaga.step_attempts a where a.saga_id = s.id)
-  || '/' || coalesce((select max(updated_at)::text from idemsaga.steps st where st.saga_id = s.id), ''), s.finished_at is not null
-from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
+		var sig *string
+		var finished *bool
+		err := e.Pool.QueryRow(ctx, signature, id).Scan(&sig, &finished)
+		if err == nil && sig == nil {
+			err = saga.ErrNotFound
+		}
 		if err != nil {
 			t.Fatalf("sagatest: read saga %s: %v", id, err)
 		}
-		if finished {
+		if *finished {
 			sg, err := e.Client.Get(ctx, id)
 			if err != nil {
 				t.Fatalf("sagatest: read saga %s: %v", id, err)
 			}
 			return sg
 		}
-		if sig != last {
-			last, quiet = sig, time.Now()
+		if *sig != last {
+			last, quiet = *sig, time.Now()
 		} else if time.Since(quiet) > 20*time.Millisecond {
 			if e.skip(ctx, t, id, time.Since(quiet)) {
 				quiet = time.Now()
@@ -229,7 +230,7 @@ from idemsaga.sagas s where s.id = $1`, id).Scan(&sig, &finished)
 			if sg != nil {
 				state = string(sg.State)
 			}
-			t.Fatalf("sagatest: saga %s still %s after %s of wall time (signature %s)", id, state, e.cfg.Timeout, sig)
+			t.Fatalf("sagatest: saga %s still %s after %s of wall time (signature %s)", id, state, e.cfg.Timeout, *sig)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
