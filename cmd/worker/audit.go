@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/saga"
@@ -17,8 +18,10 @@ import (
 
 type reconcileResult struct {
 	// Sagas and Orders count transfer and order sagas by state.
-	Sagas       map[string]int      `json:"sagas"`
-	Orders      map[string]int      `json:"orders,omitempty"`
+	Sagas  map[string]int `json:"sagas"`
+	Orders map[string]int `json:"orders,omitempty"`
+	// Crossborder counts cross-border transfers by state.
+	Crossborder map[string]int      `json:"crossborder,omitempty"`
 	Money       int64               `json:"money"`
 	Expected    int64               `json:"expected_money"`
 	Differences []engine.Difference `json:"differences"`
@@ -28,7 +31,7 @@ type reconcileResult struct {
 
 // reconcile checks the engine's invariants and the examples': the
 // transfer's when transfers ran or accounts were seeded, the order's when
-// orders ran.
+// orders ran, the cross-border transfer's when those ran.
 func reconcile(ctx context.Context, p *pgxpool.Pool, defs []*saga.Definition, staleAfter time.Duration, expect int64) (reconcileResult, error) {
 	res := reconcileResult{Sagas: map[string]int{}}
 	if len(defs) > 0 {
@@ -53,6 +56,23 @@ func reconcile(ctx context.Context, p *pgxpool.Pool, defs []*saga.Definition, st
 				continue // the engine's own checks report these
 			}
 			res.Differences = append(res.Differences, engine.Difference{What: "order: " + d, Check: "order"})
+		}
+	}
+	var crossings int
+	if err := p.QueryRow(ctx, `select count(*) from idemsaga.sagas where definition = $1`, crossborder.DefinitionName).Scan(&crossings); err != nil {
+		return res, err
+	}
+	if crossings > 0 {
+		rep, err := crossborder.Audit(ctx, p)
+		if err != nil {
+			return res, err
+		}
+		res.Crossborder = rep.ByState
+		for _, d := range rep.Differences {
+			if containsAny(d, "is not finished", "needs a person") {
+				continue // the engine's own checks report these
+			}
+			res.Differences = append(res.Differences, engine.Difference{What: "crossborder: " + d, Check: "crossborder"})
 		}
 	}
 	total, seeded, err := transfer.Seeded(ctx, p)

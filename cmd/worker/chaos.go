@@ -29,8 +29,8 @@ import (
 
 type chaosCmd struct {
 	DBName      string        `name:"db-name" default:"idemsaga_chaos" help:"Database created afresh on the DATABASE_URL server."`
-	Saga        string        `default:"transfer" enum:"transfer,order" help:"What to run: transfers (database steps) or orders (an external payment step, against a payment service that loses answers)."`
-	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
+	Saga        string        `default:"transfer" enum:"transfer,order,crossborder" help:"What to run: transfers (database steps), orders (an external payment step, against a payment service that loses answers) or cross-border transfers (an FX conversion as a child saga)."`
+	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer or crossborder); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
 	NoVerify    bool          `name:"no-verify" help:"Run the orders without their charge's Verify (--saga order), to compare: unknown outcomes are then decided by the give-up rule alone."`
 	Naive       bool          `help:"Charge and refund the orders as a handler written without saga/httpcall does (--saga order), to compare: Go's default client, which resends a request on a dropped reused connection, and a 503 read as not charged."`
 	NoRefund    bool          `name:"no-refund" help:"Give the orders' charge no compensation (--saga order), to compare: an order whose charge may have happened parks for a person; no order is undeliverable."`
@@ -95,8 +95,11 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	}
 	defer pool.Close()
 	var work chaosWorkload = &transferChaos{}
-	if c.Saga == "order" {
+	switch c.Saga {
+	case "order":
 		work = &orderChaos{noVerify: c.NoVerify, naive: c.Naive, noRefund: c.NoRefund, external: c.External, rateLimit: c.RateLimit, orderRate: g.OrderRate, calm: c.Calm}
+	case "crossborder":
+		work = &crossborderChaos{}
 	}
 	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err
@@ -174,7 +177,8 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	// The chaos.
 	progress := func() float64 {
 		var done int
-		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null`).Scan(&done)
+		// Children are not counted: their parents are.
+		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null and parent_id is null`).Scan(&done)
 		return float64(done) / float64(total)
 	}
 	deadline := time.Now().Add(c.Deadline)

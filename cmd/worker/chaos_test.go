@@ -21,13 +21,15 @@ var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 t
 // connections cut, while transfers (10% failing, 20% submitted twice) run,
 // and then while orders run against a payment service that loses answers
 // after charging, fails before charging, and answers after the step's
-// timeout. Every saga must end terminal with zero differences: the
-// engine's invariants and the examples' own (money conserved; no order
-// charged twice, every charge shipped or refunded, stock conserved). The
+// timeout, and while cross-border transfers run their FX conversions as
+// child sagas. Every saga must end terminal with zero differences: the
+// engine's invariants and the examples' own (money conserved, per
+// currency across accounts and the FX desk; no order charged twice,
+// every charge shipped or refunded, stock conserved). The
 // small versions run in the normal suite; -chaos.full runs the full ones.
 func TestChaos(t *testing.T) {
 	t.Parallel()
-	for _, sagaKind := range []string{"transfer", "order"} {
+	for _, sagaKind := range []string{"transfer", "order", "crossborder"} {
 		t.Run(sagaKind, func(t *testing.T) {
 			t.Parallel()
 			chaos(t, sagaKind)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -293,5 +294,68 @@ from idemsaga.callbacks`).Scan(&applied, &pending, &late, &superseded, &waitsRan
 	fig.Extra = append(fig.Extra,
 		fmt.Sprintf("confirmations      %d delivered (%d deliveries failed and were sent again, %d lost on the way); events: %d completed a charge, %d kept for a step that never waited, %d late, %d superseded; %d orders heard no confirmation within %s and were refunded",
 			c.Confirmed, c.ConfirmFailures, c.ConfirmationsLost, applied, pending, late, superseded, waitsRanOut, chaosChargeWait))
+	return nil
+}
+
+// crossborderChaos runs cross-border transfers: two in three cross
+// currencies and run the FX child; 10% fail at credit (the frozen
+// account), after their child converted, which is then compensated
+// whole.
+type crossborderChaos struct{}
+
+func (w *crossborderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, _ uint64) error {
+	// The desk holds enough of each currency for every conversion.
+	return crossborder.Seed(ctx, pool, chaosAccounts+1, 1_000_000, 1_000_000_000, chaosAccounts+1)
+}
+
+func (w *crossborderChaos) env() []string          { return nil }
+func (w *crossborderChaos) count(c *chaosCmd) int  { return c.Transfers }
+func (w *crossborderChaos) describe()              {}
+func (w *crossborderChaos) close()                 {}
+func (w *crossborderChaos) connect(*engine.Client) {}
+
+func (w *crossborderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
+	def, _, err := crossborder.NewDefinitions(p)
+	return def, err
+}
+
+func (w *crossborderChaos) jobs(n int, seed uint64) []chaosJob {
+	rng := rand.New(rand.NewPCG(seed, uint64(n)+2))
+	jobs := make([]chaosJob, n)
+	for i := range jobs {
+		from := 1 + rng.Int64N(chaosAccounts)
+		to := 1 + (from+rng.Int64N(chaosAccounts-1))%chaosAccounts
+		if i%10 == 3 {
+			to = chaosAccounts + 1 // frozen: the credit fails
+		}
+		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-xb-%06d", i), in: crossborder.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
+	}
+	return jobs
+}
+
+func (w *crossborderChaos) check(ctx context.Context, pool *pgxpool.Pool, def *saga.Definition, fig *chaosFigures) error {
+	res, err := reconcile(ctx, pool, append([]*saga.Definition{def}, def.Children()...), 5*time.Second, 0)
+	if err != nil {
+		return err
+	}
+	for _, d := range res.Differences {
+		fig.Differences = append(fig.Differences, d.String())
+	}
+	fig.ByState = res.Crossborder
+	fig.Credited, fig.Compensated, fig.Failed = res.Crossborder[string(crossborder.StateCredited)], res.Crossborder["compensated"], res.Crossborder["failed"]
+	fig.Sagas = fig.Credited + fig.Compensated + fig.Failed
+	var children, converted, compensated, skipped, whole int
+	if err := pool.QueryRow(ctx, `select
+  count(*) filter (where definition = $1),
+  count(*) filter (where definition = $1 and state = 'converted'),
+  count(*) filter (where definition = $1 and state = 'compensated'),
+  count(*) filter (where definition = $2 and $3 = any(skipped)),
+  count(*) filter (where definition = $1 and exists (select 1 from idemsaga.repairs r where r.saga_id = sagas.id and r.operation = 'compensate'))
+from idemsaga.sagas`, crossborder.FXName, crossborder.DefinitionName, crossborder.StepFX).Scan(&children, &converted, &compensated, &skipped, &whole); err != nil {
+		return err
+	}
+	fig.Extra = append(fig.Extra,
+		fmt.Sprintf("children           %d FX children: %d converted, %d compensated (%d of them compensated whole when their parent's credit failed); %d transfers in one currency skipped the fx step",
+			children, converted, compensated, whole, skipped))
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
@@ -52,25 +53,35 @@ var commands = []service.Command{
 	{Name: "order", Help: "Start an order saga: reserve stock, charge at the payment service, ship (the same key gives the same saga).", Cmd: &orderCmd{}},
 	{Name: "payments", Help: "Run the order example's payment service, which confirms charges by callback to the worker's API, optionally misbehaving (lost answers, 500s, slow answers).", Cmd: &paymentsCmd{}},
 	{Name: "demo", Help: "Run the transfer demo on embedded defaults: an in-process NATS server and a fresh demo database.", Cmd: &demoCmd{}},
-	{Name: "chaos", Help: "Run transfers or orders across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile.", Cmd: &chaosCmd{}},
+	{Name: "chaos", Help: "Run transfers, orders or cross-border transfers across worker processes while killing, pausing and disconnecting them and restarting NATS; then reconcile.", Cmd: &chaosCmd{}},
 	{Name: "bench", Help: "Measure transfer sagas per second, latency and cost per saga against the local PostgreSQL, with pgbench as the ceiling.", Cmd: &benchCmd{}},
 }
 
-// definitions returns the examples' sagas, transfer and order, with the
-// configured policy.
+// definitions returns the examples' sagas, transfer, order and the
+// cross-border transfer (whose FX child the engine registers with it),
+// with the configured policy.
 func (x *exampleFlags) definitions() ([]*saga.Definition, error) {
 	t, o, err := x.examples()
 	if err != nil {
 		return nil, err
 	}
-	return []*saga.Definition{t, o}, nil
+	cb, _, err := crossborder.NewDefinitions(x.policy())
+	if err != nil {
+		return nil, err
+	}
+	return []*saga.Definition{t, o, cb}, nil
+}
+
+// policy is the examples' step policy from the flags.
+func (x *exampleFlags) policy() saga.RetryPolicy {
+	return saga.RetryPolicy{Timeout: x.StepTimeout, MaxAttempts: x.MaxAttempts, MaxBackoff: x.MaxBackoff}
 }
 
 func (x *exampleFlags) examples() (transferDef, orderDef *saga.Definition, err error) {
 	if x.StepTimeout <= 0 || x.MaxAttempts < 1 || x.MaxBackoff < saga.InitialBackoffDefault {
 		return nil, nil, fmt.Errorf("--step-timeout must be positive, --max-attempts at least 1 and --max-backoff at least %s", saga.InitialBackoffDefault)
 	}
-	policy := saga.RetryPolicy{Timeout: x.StepTimeout, MaxAttempts: x.MaxAttempts, MaxBackoff: x.MaxBackoff}
+	policy := x.policy()
 	if transferDef, err = transfer.NewDefinition(policy); err != nil {
 		return nil, nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	testenv.AfterTests(func() { os.RemoveAll(dir) })
-	testenv.Main(m, transfer.Migrate, order.Migrate, payments.Migrate)
+	testenv.Main(m, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate)
 }
 
 type result struct {

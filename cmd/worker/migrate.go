@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
 	"github.com/idemsaga/idemsaga/examples/transfer"
@@ -19,7 +20,7 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer conn.Release()
-	for _, m := range []func(context.Context, *pgx.Conn) error{migrations.Migrate, transfer.Migrate, order.Migrate, payments.Migrate} {
+	for _, m := range []func(context.Context, *pgx.Conn) error{migrations.Migrate, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate} {
 		if err := m(ctx, conn.Conn()); err != nil {
 			return err
 		}

@@ -320,6 +320,9 @@ func reverse(ctx context.Context, sc *saga.StepContext, _ FXInput) (Conversion, 
 // move takes in of currency into the desk and pays out of currency
 // outOf, under the step's key.
 func move(ctx context.Context, sc *saga.StepContext, into, outOf string, in, out int64, step string) error {
+	if _, err := sc.Tx.Exec(ctx, lockDesk, into, outOf); err != nil {
+		return fmt.Errorf("desk: %w", err)
+	}
 	err := sc.Tx.QueryRow(ctx, convertSQL, into, outOf, in, out, sc.Key, sc.SagaID, step).Scan(new(int))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

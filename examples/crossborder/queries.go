@@ -40,6 +40,12 @@ select micros, bought from r`
 	// voidSQL voids the quotes of saga $1.
 	voidSQL = `update crossborder.quotes set voided = true where saga_id = $1`
 
+	// lockDesk locks the desk's rows of currencies $1 and $2, always in
+	// the same order, before a conversion changes them: two conversions
+	// of a pair in opposite directions would otherwise each hold one row
+	// and wait for the other's.
+	lockDesk = `select currency from crossborder.desk where currency in ($1, $2) order by currency for no key update`
+
 	// convertSQL takes $3 of currency $1 into the desk and pays $4 of $2
 	// out of it, if it holds that much, under key $5 of saga $6 and step
 	// $7; it answers a row when it converted.
