@@ -35,6 +35,12 @@
 //     marked Permanent or NotApplied says the other system did not act;
 //     any other error, a timeout, a crash or a lost lease leaves the
 //     attempt's outcome unknown, and the step possibly done.
+//   - ChildStep: the engine runs the step: it starts Step.Child as a
+//     saga of its own under ChildKey(sc.Key), and the child's end decides
+//     the step (its results are the step's result). The step's Forward,
+//     optional, only returns the child's input: Permanent fails the step
+//     with no child started, any other error is retried. Its compensation
+//     is the child's: the engine cancels or compensates the child.
 //
 // When a forward step is given up, the steps before it are compensated in
 // reverse order. A possibly-done step is compensated first, under its own
