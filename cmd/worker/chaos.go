@@ -29,7 +29,7 @@ import (
 
 type chaosCmd struct {
 	DBName      string        `name:"db-name" default:"idemsaga_chaos" help:"Database created afresh on the DATABASE_URL server."`
-	Saga        string        `default:"transfer" enum:"transfer,order,crossborder" help:"What to run: transfers (database steps), orders (an external payment step, against a payment service that loses answers) or cross-border transfers (an FX conversion as a child saga)."`
+	Saga        string        `default:"transfer" enum:"transfer,order,crossborder,settlement" help:"What to run: transfers (database steps), orders (an external payment step, against a payment service that loses answers), cross-border transfers (an FX conversion as a child saga) or the nightly settlement (a scheduled saga, on a clock that passes a night a second)."`
 	Transfers   int           `default:"5000" help:"Transfers to submit (--saga transfer or crossborder); 10% fail at credit and are compensated, 20% are submitted twice with the same key."`
 	NoVerify    bool          `name:"no-verify" help:"Run the orders without their charge's Verify (--saga order), to compare: unknown outcomes are then decided by the give-up rule alone."`
 	Naive       bool          `help:"Charge and refund the orders as a handler written without saga/httpcall does (--saga order), to compare: Go's default client, which resends a request on a dropped reused connection, and a 503 read as not charged."`
@@ -38,6 +38,7 @@ type chaosCmd struct {
 	RateLimit   int           `name:"rate-limit" help:"The payment service answers 429 above this many requests per second (--saga order; 0: no limit)."`
 	Calm        bool          `help:"The payment service loses, fails and delays nothing (--saga order): with --kill-every 0 --no-nats-restart --no-pause --no-cut-db, a run of the limits alone."`
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
+	Nights      int           `default:"60" help:"Nights the settlement's schedule runs through (--saga settlement), one a second on the database's clock; every worker is down for 5 of them."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
 	Attempts    int           `default:"10" help:"Attempts of each forward step, the first included: fewer make the last attempt's outcome decide more often (compensations keep 10)."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
@@ -78,8 +79,8 @@ const (
 
 func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	g := withExamples(f)
-	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 || c.Attempts < 1 {
-		return errors.New("--transfers, --orders, --workers and --attempts must be at least 1")
+	if c.Transfers < 1 || c.Orders < 1 || c.Workers < 1 || c.Attempts < 1 || c.Nights < 10 {
+		return errors.New("--transfers, --orders, --workers and --attempts must be at least 1, and --nights at least 10")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -100,6 +101,8 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		work = &orderChaos{noVerify: c.NoVerify, naive: c.Naive, noRefund: c.NoRefund, external: c.External, rateLimit: c.RateLimit, orderRate: g.OrderRate, calm: c.Calm}
 	case "crossborder":
 		work = &crossborderChaos{}
+	case "settlement":
+		work = &settlementChaos{nights: c.Nights}
 	}
 	if err := work.prepare(ctx, pool, c.Seed); err != nil {
 		return err
@@ -142,6 +145,9 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
 	}}
 	workers.env = append(workers.env, work.env()...)
+	if a, ok := work.(interface{ args() []string }); ok {
+		workers.args = a.args()
+	}
 	defer workers.killAll()
 	for range c.Workers {
 		if err := workers.start(); err != nil {
@@ -167,15 +173,25 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	var submitted, startDups atomic.Int64
 	submitErr := make(chan error, 1)
 	submitDone := make(chan struct{})
+	driver, driven := work.(chaosDriver)
 	go func() {
 		defer close(submitDone)
-		if err := submitChaos(ctx, client, def, work.jobs(total, c.Seed), &submitted, &startDups); err != nil {
+		var err error
+		if driven {
+			err = driver.drive(ctx, pool, workers, c.Workers)
+		} else {
+			err = submitChaos(ctx, client, def, work.jobs(total, c.Seed), &submitted, &startDups)
+		}
+		if err != nil {
 			submitErr <- err
 		}
 	}()
 
 	// The chaos.
 	progress := func() float64 {
+		if driven {
+			return driver.progress(ctx, pool)
+		}
 		var done int
 		// Children are not counted: their parents are.
 		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null and parent_id is null`).Scan(&done)
@@ -278,7 +294,7 @@ finished:
 	if err := work.check(ctx, pool, def, fig); err != nil {
 		return err
 	}
-	if fig.Sagas != total {
+	if !driven && fig.Sagas != total {
 		fig.Differences = append(fig.Differences, fmt.Sprintf("%d sagas exist for %d %ss", fig.Sagas, total, c.Saga))
 	}
 	fig.print()
@@ -391,22 +407,36 @@ type workerSet struct {
 	self string
 	dir  string
 	env  []string
+	// args are the workload's own flags of `run`.
+	args []string
 
 	mu    sync.Mutex
 	n     int
 	procs map[int]*exec.Cmd
 	files []string
+	// held: start starts nothing (every worker is kept down).
+	held bool
+}
+
+// hold keeps every worker down (start starts none) until released.
+func (w *workerSet) hold(on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.held = on
 }
 
 func (w *workerSet) start() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.held {
+		return nil
+	}
 	if w.procs == nil {
 		w.procs = map[int]*exec.Cmd{}
 	}
 	w.n++
 	metrics := filepath.Join(w.dir, fmt.Sprintf("worker-%d.json", w.n))
-	cmd := exec.Command(w.self, "run", "--ack-wait", "8s", "--max-conns", "6", "--metrics-file", metrics)
+	cmd := exec.Command(w.self, append([]string{"run", "--ack-wait", "8s", "--max-conns", "6", "--metrics-file", metrics}, w.args...)...)
 	cmd.Env = append(os.Environ(), w.env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -14,7 +14,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
 
-var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 transfers and 2,000 orders, a kill every second) instead of the small ones")
+var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 transfers, 2,000 orders, 5,000 cross-border transfers, 60 nights; a kill every second) instead of the small ones")
 
 // TestChaos runs `worker chaos`: worker processes killed with SIGKILL,
 // one paused with SIGSTOP past its leases, NATS restarted, database
@@ -22,14 +22,18 @@ var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 t
 // and then while orders run against a payment service that loses answers
 // after charging, fails before charging, and answers after the step's
 // timeout, and while cross-border transfers run their FX conversions as
-// child sagas. Every saga must end terminal with zero differences: the
+// child sagas, and while the nightly settlement's schedule runs through
+// nights of a clock that passes one a second, every worker down for
+// five of them. Every saga must end terminal with zero differences: the
 // engine's invariants and the examples' own (money conserved, per
 // currency across accounts and the FX desk; no order charged twice,
-// every charge shipped or refunded, stock conserved). The
+// every charge shipped or refunded, stock conserved; each night settled
+// and reported once, or compensated when its books are closed, and no
+// night missed but those the catch-up skips after the outage). The
 // small versions run in the normal suite; -chaos.full runs the full ones.
 func TestChaos(t *testing.T) {
 	t.Parallel()
-	for _, sagaKind := range []string{"transfer", "order", "crossborder"} {
+	for _, sagaKind := range []string{"transfer", "order", "crossborder", "settlement"} {
 		t.Run(sagaKind, func(t *testing.T) {
 			t.Parallel()
 			chaos(t, sagaKind)
@@ -46,7 +50,7 @@ func chaos(t *testing.T, sagaKind string) {
 			_ = conn.Close(ctx)
 		}
 	})
-	args := []string{"chaos", "--saga", sagaKind, "--db-name", name, "--transfers", "500", "--orders", "300", "--max-kills", "4", "--kill-every", "700ms"}
+	args := []string{"chaos", "--saga", sagaKind, "--db-name", name, "--transfers", "500", "--orders", "300", "--nights", "20", "--max-kills", "4", "--kill-every", "700ms"}
 	if *fullChaos {
 		args = []string{"chaos", "--saga", sagaKind, "--db-name", name}
 	}

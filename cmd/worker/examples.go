@@ -11,6 +11,7 @@ import (
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
+	"github.com/idemsaga/idemsaga/examples/settlement"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/saga"
@@ -30,6 +31,8 @@ type exampleFlags struct {
 	OrderVerify  bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
 	ChargeWait   time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
 	OrderRate    int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
+	Settlement   bool          `name:"settlement" env:"IDEMSAGA_SETTLEMENT" help:"Run the nightly settlement example too, a scheduled saga (every night at 02:00 UTC), which reports to --reports-url (shared)."`
+	ReportsURL   string        `name:"reports-url" env:"IDEMSAGA_REPORTS_URL" default:"http://127.0.0.1:9470" help:"Base URL of the reporting service the settlement example reports to (with --settlement)."`
 	// The chaos run's comparisons (shared, hidden).
 	OrderNaive    bool `name:"order-naive" env:"IDEMSAGA_ORDER_NAIVE" hidden:"" help:"Charge and refund with Go's default client, 503 read as not charged (chaos --naive)."`
 	OrderNoRefund bool `name:"order-no-refund" env:"IDEMSAGA_ORDER_NO_REFUND" hidden:"" help:"The charge has no compensation (chaos --no-refund)."`
@@ -59,7 +62,8 @@ var commands = []service.Command{
 
 // definitions returns the examples' sagas, transfer, order and the
 // cross-border transfer (whose FX child the engine registers with it),
-// with the configured policy.
+// and with --settlement the nightly settlement, with the configured
+// policy.
 func (x *exampleFlags) definitions() ([]*saga.Definition, error) {
 	t, o, err := x.examples()
 	if err != nil {
@@ -69,7 +73,15 @@ func (x *exampleFlags) definitions() ([]*saga.Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []*saga.Definition{t, o, cb}, nil
+	defs := []*saga.Definition{t, o, cb}
+	if x.Settlement {
+		s, err := settlement.NewDefinition(settlement.Config{ReportsURL: x.ReportsURL, Policy: x.policy()})
+		if err != nil {
+			return nil, err
+		}
+		defs = append(defs, s)
+	}
+	return defs, nil
 }
 
 // policy is the examples' step policy from the flags.

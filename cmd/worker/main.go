@@ -10,6 +10,7 @@ import (
 	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/examples/settlement"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/service"
 )
@@ -25,6 +26,7 @@ func main() {
 			{Schema: order.Schema, Files: order.Migrations},
 			{Schema: payments.Schema, Files: payments.Migrations},
 			{Schema: crossborder.Schema, Files: crossborder.Migrations},
+			{Schema: settlement.Schema, Files: settlement.Migrations},
 		},
 		Checks:   checks,
 		Commands: commands,

@@ -24,6 +24,7 @@ import (
 	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/examples/settlement"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 )
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	testenv.AfterTests(func() { os.RemoveAll(dir) })
-	testenv.Main(m, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate)
+	testenv.Main(m, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate, settlement.Migrate)
 }
 
 type result struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/idemsaga/idemsaga/examples/crossborder"
 	"github.com/idemsaga/idemsaga/examples/order"
 	"github.com/idemsaga/idemsaga/examples/order/payments"
+	"github.com/idemsaga/idemsaga/examples/settlement"
 	"github.com/idemsaga/idemsaga/examples/transfer"
 	"github.com/idemsaga/idemsaga/migrations"
 )
@@ -20,7 +21,7 @@ func migrateAll(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer conn.Release()
-	for _, m := range []func(context.Context, *pgx.Conn) error{migrations.Migrate, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate} {
+	for _, m := range []func(context.Context, *pgx.Conn) error{migrations.Migrate, transfer.Migrate, order.Migrate, payments.Migrate, crossborder.Migrate, settlement.Migrate} {
 		if err := m(ctx, conn.Conn()); err != nil {
 			return err
 		}
