@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service/internal/planview"
 )
 
 // withClient opens a small pool and runs fn with a client on it.
@@ -99,7 +100,7 @@ func (s *startCmd) Run(ctx context.Context, f *Flags) error {
 				return err
 			}
 		} else {
-			printSaga(f.out, sg)
+			printSaga(f.out, sg, planview.Of(def.Describe(), sg.Steps, sg.Skipped))
 		}
 		if sg.State != def.FinalState() {
 			return &ExitError{Code: 3, Err: fmt.Errorf("saga %s ended %s, not %s: %s", sg.ID, sg.State, def.FinalState(), sg.Error)}
@@ -198,7 +199,11 @@ func (s *showCmd) Run(ctx context.Context, f *Flags) error {
 		if s.JSON {
 			return printJSON(f.out, sg)
 		}
-		printSaga(f.out, sg)
+		var plan []planview.Stage
+		if def, err := cl.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion); err == nil {
+			plan = planview.Of(def.Describe(), sg.Steps, sg.Skipped)
+		}
+		printSaga(f.out, sg, plan)
 		return nil
 	})
 }
@@ -245,8 +250,9 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// printSaga prints a saga, its steps and its timeline.
-func printSaga(out io.Writer, sg *saga.Instance) {
+// printSaga prints a saga, its plan (none when its definition's
+// version is not known), its steps and its timeline.
+func printSaga(out io.Writer, sg *saga.Instance, plan []planview.Stage) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\n", sg.ID)
 	fmt.Fprintf(w, "definition\t%s version %d\n", sg.Definition, sg.DefinitionVersion)
@@ -265,6 +271,9 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 		fmt.Fprintf(w, "error\t%s\n", sg.Error)
 	}
 	printPause(w, sg)
+	if len(plan) > 0 {
+		fmt.Fprintf(w, "plan\t%s\n", planText(plan))
+	}
 	_ = w.Flush()
 	if len(sg.Steps) > 0 {
 		fmt.Fprintln(out)
@@ -355,4 +364,34 @@ func printSaga(out io.Writer, sg *saga.Instance) {
 		fmt.Fprintln(out, "\nparked commands (dead letters; see `dead-letters`):")
 		printDeadLetters(out, sg.DeadLetters)
 	}
+}
+
+// planText writes a plan on one line: stages in order, a parallel
+// group's branches side by side in brackets, each step with its status
+// and its compensation's.
+func planText(plan []planview.Stage) string {
+	step := func(st planview.Step) string {
+		s := st.Name
+		if st.Child != "" {
+			s += " (child " + st.Child + ")"
+		}
+		s += " " + string(st.Status)
+		if st.Compensation != "" {
+			s += ", undo " + string(st.Compensation)
+		}
+		return s
+	}
+	stages := make([]string, 0, len(plan))
+	for _, stage := range plan {
+		if stage.Group == "" {
+			stages = append(stages, step(stage.Steps[0]))
+			continue
+		}
+		branches := make([]string, 0, len(stage.Steps))
+		for _, st := range stage.Steps {
+			branches = append(branches, step(st))
+		}
+		stages = append(stages, stage.Group+" ["+strings.Join(branches, " | ")+"]")
+	}
+	return strings.Join(stages, " → ")
 }

@@ -33,6 +33,7 @@ func TestRepairCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "repairs:")
 	require.Regexp(t, `skip\s+hello/forward\s+cli:ann\s+helloed\s+s-1\s+greeted by phone`, out)
+	require.Regexp(t, `plan\s+hello succeeded → bye dispatched\n`, out, "the plan, from the deployment's record of the definition")
 	out, _, err = runIn(t, admin, "show", "g-1", "--json")
 	require.NoError(t, err)
 	var shown saga.Instance

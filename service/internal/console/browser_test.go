@@ -657,6 +657,11 @@ func TestConsoleSchedules(t *testing.T) {
 	require.Contains(t, b.text(t, `#children tr[data-step="convert"]`), "quoted")
 	require.Contains(t, b.text(t, `#steps tr[data-step="credit"]`), "group pay")
 	require.Contains(t, b.text(t, `#steps tr[data-step="notify"]`), "group pay")
+	// The plan: the child step, then the group's two branches side by
+	// side in one stage.
+	require.Equal(t, 2, b.count(t, `#plan .plan-group[data-group="pay"] .plan-step[data-status="succeeded"]`))
+	require.Equal(t, 1, b.count(t, `#plan .plan-stage:not(.plan-group) .plan-step[data-step="convert"]`))
+	require.Contains(t, b.text(t, `#plan .plan-step[data-step="convert"]`), "child quoted")
 	b.screenshot(t, screenshotDir(t), "8-parent-and-child")
 	b.do(t, "open the child", chromedp.Click(chromedp.CSS(`#children tr[data-step="convert"] a`)))
 	b.waitJS(t, "the child's page, linked to its parent", fmt.Sprintf(`document.querySelector('#saga-parent') !== null && document.querySelector('#saga-parent').textContent === %q`, parent.ID.String()))

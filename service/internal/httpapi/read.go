@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/saga"
+	"github.com/idemsaga/idemsaga/service/internal/planview"
 )
 
 // Bounds of GET /v1/sagas.
@@ -81,6 +82,11 @@ type Saga struct {
 	ParentStep *string    `json:"parent_step"`
 	// Children lists the sagas its child steps started.
 	Children []saga.ChildRecord `json:"children"`
+	// Plan is the definition's forward steps in order, each with the
+	// status the saga recorded (pending before it is reached), the
+	// branches of a parallel group side by side in one stage. Empty
+	// when the definition's version is not recorded.
+	Plan []planview.Stage `json:"plan"`
 }
 
 // RepairRecord is one operator's repair of a Saga, as recorded.
@@ -176,7 +182,8 @@ func sagaOf(sg *saga.Instance) Saga {
 		Steps: make([]Step, 0, len(sg.Steps)), Attempts: make([]Attempt, 0, len(sg.Attempts)), Repairs: make([]RepairRecord, 0, len(sg.Repairs)),
 		Callbacks: append([]saga.CallbackRecord{}, sg.Callbacks...), DefinitionVersion: max(sg.DefinitionVersion, 1),
 		DeadLetters: append([]saga.DeadLetter{}, sg.DeadLetters...),
-		Parent:      sg.Parent, ParentStep: optional(sg.ParentStep), Children: append([]saga.ChildRecord{}, sg.Children...)}
+		Parent:      sg.Parent, ParentStep: optional(sg.ParentStep), Children: append([]saga.ChildRecord{}, sg.Children...),
+		Plan: []planview.Stage{}}
 	if out.Results == nil {
 		out.Results = map[string]json.RawMessage{}
 	}
@@ -236,7 +243,13 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "read the saga", "retry later", err, "id", id)
 		return
 	}
-	a.encode(w, r, http.StatusOK, sagaOf(sg))
+	out := sagaOf(sg)
+	if def, err := a.cfg.Client.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion); err == nil {
+		out.Plan = planview.Of(def.Describe(), sg.Steps, sg.Skipped)
+	} else {
+		a.cfg.Logger.WarnContext(r.Context(), "http api: the saga's definition is not known here; its plan is left out", "id", id, "error", err)
+	}
+	a.encode(w, r, http.StatusOK, out)
 }
 
 // list handles GET /v1/sagas?definition=&state=&limit=&cursor=.

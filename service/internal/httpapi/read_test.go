@@ -192,6 +192,15 @@ func TestGetShowsChildrenAndGroups(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]string{"a": "notify", "b": "notify"}, groups)
+	require.Len(t, sg.Plan, 2, "the child step, then the group's branches side by side")
+	require.Equal(t, "httpfx@1", sg.Plan[0].Steps[0].Child)
+	require.Equal(t, "notify", sg.Plan[1].Group)
+	require.Equal(t, []string{"a", "b"}, []string{sg.Plan[1].Steps[0].Name, sg.Plan[1].Steps[1].Name})
+	for _, stage := range sg.Plan {
+		for _, st := range stage.Steps {
+			require.Equal(t, saga.StepSucceeded, st.Status, st.Name)
+		}
+	}
 
 	r = e.do(t, http.MethodGet, "/v1/sagas/"+sg.Children[0].ID.String(), nil, "")
 	var ch httpapi.Saga

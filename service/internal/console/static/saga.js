@@ -64,6 +64,7 @@ function section(title, id, ...children) {
 
 function sagaBody(s) {
   const out = [];
+  if (s.plan && s.plan.length) out.push(section('Plan', 'plan', plan(s)));
   out.push(section('Timeline', 'timeline', timeline(s)));
   out.push(section('Steps', 'steps',
     h('table', {class: 'grid'},
@@ -114,6 +115,30 @@ function sagaBody(s) {
         h('td', {class: 'err-cell'}, d.reason), h('td', null, fmtTime(d.last_seen))))))));
   }
   return out;
+}
+
+// plan draws the forward steps in order, a parallel group's branches
+// side by side in one stage, each with its status (and its
+// compensation's); a child step links to its child saga.
+function plan(s) {
+  const child = name => s.children.find(c => c.step === name);
+  const box = st => {
+    const c = st.kind === 'child' ? child(st.name) : null;
+    return h('div', {class: 'plan-step ' + (st.status === 'pending' || st.status === 'skipped' ? 'muted' : statusClass(st.status)), dataset: {step: st.name, status: st.status}},
+      h('div', {class: 'plan-name'}, st.name, st.conditional ? h('span', {class: 'small muted', title: 'runs only when its condition holds'}, ' if') : null),
+      h('div', {class: 'small muted'}, st.kind + (st.child ? ' → ' + st.child : '')),
+      h('span', {class: 'badge ' + (st.status === 'pending' || st.status === 'skipped' ? 'muted' : statusClass(st.status))}, st.status),
+      st.compensation ? h('span', {class: 'badge ' + statusClass(st.compensation), title: 'its compensation'}, 'undo ' + st.compensation) : null,
+      c ? h('div', {class: 'small'}, h('a', {href: '#/saga/' + c.id}, 'child ' + c.state)) : null);
+  };
+  const stages = [];
+  s.plan.forEach((stage, i) => {
+    if (i > 0) stages.push(h('span', {class: 'plan-arrow', 'aria-hidden': 'true'}, '→'));
+    stages.push(h('div', {class: 'plan-stage' + (stage.group ? ' plan-group' : ''), dataset: stage.group ? {group: stage.group} : {}},
+      stage.group ? h('div', {class: 'small muted'}, 'group ' + stage.group + ': side by side') : null,
+      stage.steps.map(box)));
+  });
+  return h('div', {class: 'plan'}, stages);
 }
 
 // timeline draws every attempt in dispatch order, with the repairs and
