@@ -65,8 +65,10 @@ type chaosFigures struct {
 	LeaseTakeovers, Retries           int
 	// LimitWaits counts the turns under a shared limit that waited;
 	// Verified the answers of Verify, by answer.
-	LimitWaits  float64
-	Verified    map[string]float64
+	LimitWaits float64
+	Verified   map[string]float64
+	// EventStarts counts the events' starts, by outcome.
+	EventStarts map[string]float64
 	WallTime    time.Duration
 	Differences []string
 }
@@ -138,6 +140,13 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	defer func() { nsMu.Lock(); ns.Shutdown(); ns.WaitForShutdown(); nsMu.Unlock(); stopFirst() }()
 
 	fig := &chaosFigures{}
+	if n, ok := work.(interface {
+		withNATS(ctx context.Context, url string) error
+	}); ok {
+		if err := n.withNATS(ctx, ns.ClientURL()); err != nil {
+			return err
+		}
+	}
 	workers := &workerSet{self: self, dir: dir, env: []string{
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
@@ -281,8 +290,15 @@ finished:
 	fig.InboxDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=inbox"])
 	fig.RecentDuplicates = int(counters["idemsaga_duplicates_absorbed_total|layer=recent"])
 	fig.LimitWaits = sumPrefix(counters, "idemsaga_limit_waits_total")
-	fig.Verified = map[string]float64{}
+	fig.Verified, fig.EventStarts = map[string]float64{}, map[string]float64{}
 	for k, v := range counters {
+		if strings.HasPrefix(k, "idemsaga_event_starts_total|") {
+			for _, l := range strings.Split(k, "|") {
+				if o, ok := strings.CutPrefix(l, "outcome="); ok {
+					fig.EventStarts[o] += v
+				}
+			}
+		}
 		if strings.HasPrefix(k, "idemsaga_verified_total|") {
 			for _, l := range strings.Split(k, "|") {
 				if a, ok := strings.CutPrefix(l, "answer="); ok {
@@ -323,10 +339,12 @@ func (f *chaosFigures) print() {
 	fmt.Println("  (broker, inbox, orchestrator, takeover and retry counts come from the workers' last metric snapshots, so killed workers' last half second is missing)")
 }
 
-// chaosJob is one saga to start, under its key.
+// chaosJob is one saga to start, under its key: by the client, or by
+// start when set (an event published).
 type chaosJob struct {
-	key string
-	in  any
+	key   string
+	in    any
+	start func(ctx context.Context) error
 }
 
 // submitChaos starts the jobs while the chaos runs: 10% again at once,
@@ -341,13 +359,21 @@ func submitChaos(ctx context.Context, cl *engine.Client, def *saga.Definition, j
 		sem <- struct{}{}
 		defer func() { <-sem }()
 		for attempt := 0; ; attempt++ {
-			res, err := cl.Start(ctx, def, j.key, j.in)
-			if err == nil {
-				submitted.Add(1)
-				if res.Duplicate {
-					dups.Add(1)
+			var err error
+			if j.start != nil {
+				if err = j.start(ctx); err == nil {
+					submitted.Add(1)
+					return
 				}
-				return
+			} else {
+				var res engine.StartResult
+				if res, err = cl.Start(ctx, def, j.key, j.in); err == nil {
+					submitted.Add(1)
+					if res.Duplicate {
+						dups.Add(1)
+					}
+					return
+				}
 			}
 			if attempt == 20 || ctx.Err() != nil {
 				select {

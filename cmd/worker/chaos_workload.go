@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemsaga/idemsaga/engine"
 	"github.com/idemsaga/idemsaga/examples/crossborder"
@@ -300,23 +302,82 @@ from idemsaga.callbacks`).Scan(&applied, &pending, &late, &superseded, &waitsRan
 // crossborderChaos runs cross-border transfers: two in three cross
 // currencies and run the FX child; 10% fail at credit (the frozen
 // account), after their child converted, which is then compensated
-// whole.
-type crossborderChaos struct{}
+// whole. Half of them are started by events the harness publishes on
+// the workers' --crossborder-events subject (each under its
+// Transfer-Key header, those submitted twice published twice), the
+// other half by the client.
+type crossborderChaos struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+const (
+	chaosEventStream  = "CHAOSEVENTS"
+	chaosEventSubject = "chaos.events.crossborder"
+)
+
+// withNATS makes the stream that holds the events, and the publisher's
+// connection, which keeps reconnecting through the NATS restart.
+func (w *crossborderChaos) withNATS(ctx context.Context, url string) error {
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("connect the event publisher: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: chaosEventStream, Subjects: []string{"chaos.events.>"}, Storage: jetstream.FileStorage})
+	}
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("create the event stream: %w", err)
+	}
+	w.nc, w.js = nc, js
+	return nil
+}
 
 func (w *crossborderChaos) prepare(ctx context.Context, pool *pgxpool.Pool, _ uint64) error {
 	// The desk holds enough of each currency for every conversion.
 	return crossborder.Seed(ctx, pool, chaosAccounts+1, 1_000_000, 1_000_000_000, chaosAccounts+1)
 }
 
-func (w *crossborderChaos) env() []string          { return nil }
+func (w *crossborderChaos) env() []string {
+	return []string{"IDEMSAGA_CROSSBORDER_EVENTS=" + chaosEventSubject}
+}
 func (w *crossborderChaos) count(c *chaosCmd) int  { return c.Transfers }
-func (w *crossborderChaos) describe()              {}
-func (w *crossborderChaos) close()                 {}
 func (w *crossborderChaos) connect(*engine.Client) {}
 
+func (w *crossborderChaos) describe() {
+	fmt.Printf("  half the transfers started by events on %s (stream %s), keyed by their %s header\n", chaosEventSubject, chaosEventStream, crossborderKeyHeader)
+}
+
+func (w *crossborderChaos) close() {
+	if w.nc != nil {
+		w.nc.Close()
+	}
+}
+
 func (w *crossborderChaos) definition(p saga.RetryPolicy) (*saga.Definition, error) {
-	def, _, err := crossborder.NewDefinitions(p)
-	return def, err
+	x := exampleFlags{CrossborderEvents: chaosEventSubject}
+	return x.crossborder(p)
+}
+
+// publish is a job's start by event: its input published under its key,
+// without JetStream's own deduplication, so that a message published
+// twice reaches the workers twice.
+func (w *crossborderChaos) publish(key string, in crossborder.Input) func(context.Context) error {
+	return func(ctx context.Context) error {
+		body, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(chaosEventSubject)
+		msg.Header.Set(crossborderKeyHeader, key)
+		msg.Data = body
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err = w.js.PublishMsg(pctx, msg)
+		return err
+	}
 }
 
 func (w *crossborderChaos) jobs(n int, seed uint64) []chaosJob {
@@ -328,7 +389,12 @@ func (w *crossborderChaos) jobs(n int, seed uint64) []chaosJob {
 		if i%10 == 3 {
 			to = chaosAccounts + 1 // frozen: the credit fails
 		}
-		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-xb-%06d", i), in: crossborder.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
+		in := crossborder.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}
+		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-xb-%06d", i), in: in}
+		if i%2 == 0 {
+			jobs[i].key = fmt.Sprintf("chaos-xb-event-%06d", i)
+			jobs[i].start = w.publish(jobs[i].key, in)
+		}
 	}
 	return jobs
 }
@@ -354,8 +420,38 @@ func (w *crossborderChaos) check(ctx context.Context, pool *pgxpool.Pool, def *s
 from idemsaga.sagas`, crossborder.FXName, crossborder.DefinitionName, crossborder.StepFX).Scan(&children, &converted, &compensated, &skipped, &whole); err != nil {
 		return err
 	}
+	var byEvent int
+	if err := pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where definition = $1 and idem_key like 'chaos-xb-event-%'`, crossborder.DefinitionName).Scan(&byEvent); err != nil {
+		return err
+	}
+	dls, err := w.deadLetters(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, d := range dls {
+		fig.Differences = append(fig.Differences, "an event could not start its transfer: "+d)
+	}
 	fig.Extra = append(fig.Extra,
+		fmt.Sprintf("events             %d transfers started by events; event starts seen by the workers: started %.0f, duplicate %.0f; %d event dead letters",
+			byEvent, fig.EventStarts["started"], fig.EventStarts["duplicate"], len(dls)),
 		fmt.Sprintf("children           %d FX children: %d converted, %d compensated (%d of them compensated whole when their parent's credit failed); %d transfers in one currency skipped the fx step",
 			children, converted, compensated, whole, skipped))
 	return nil
+}
+
+// deadLetters lists the events that could not start a transfer.
+func (w *crossborderChaos) deadLetters(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	cl, err := engine.NewClient(engine.Config{Pool: pool})
+	if err != nil {
+		return nil, err
+	}
+	dls, err := cl.EventDeadLetters(ctx, engine.EventDeadLetterFilter{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(dls))
+	for _, d := range dls {
+		out = append(out, fmt.Sprintf("%+v", d))
+	}
+	return out, nil
 }

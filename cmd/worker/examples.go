@@ -23,16 +23,17 @@ type exampleFlags struct {
 	// The examples' step policy is part of their definitions, which every
 	// process of a deployment must share (each checks its own against the
 	// deployment's record at start).
-	StepTimeout  time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a step of the examples (shared)."`
-	MaxAttempts  int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
-	UndoAttempts int           `name:"compensate-attempts" env:"IDEMSAGA_COMPENSATE_ATTEMPTS" default:"0" help:"Attempts of a compensation of the order example, the first included; 0: as --max-attempts (shared)."`
-	MaxBackoff   time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
-	PaymentsURL  string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
-	OrderVerify  bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
-	ChargeWait   time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
-	OrderRate    int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
-	Settlement   bool          `name:"settlement" env:"IDEMSAGA_SETTLEMENT" help:"Run the nightly settlement example too, a scheduled saga (every night at 02:00 UTC), which reports to --reports-url (shared)."`
-	ReportsURL   string        `name:"reports-url" env:"IDEMSAGA_REPORTS_URL" default:"http://127.0.0.1:9470" help:"Base URL of the reporting service the settlement example reports to (with --settlement)."`
+	StepTimeout       time.Duration `name:"step-timeout" env:"IDEMSAGA_STEP_TIMEOUT" default:"30s" help:"Timeout of one attempt of a step of the examples (shared)."`
+	MaxAttempts       int           `name:"max-attempts" env:"IDEMSAGA_MAX_ATTEMPTS" default:"5" help:"Attempts of a step of the examples, the first included (shared)."`
+	UndoAttempts      int           `name:"compensate-attempts" env:"IDEMSAGA_COMPENSATE_ATTEMPTS" default:"0" help:"Attempts of a compensation of the order example, the first included; 0: as --max-attempts (shared)."`
+	MaxBackoff        time.Duration `name:"max-backoff" env:"IDEMSAGA_MAX_BACKOFF" default:"30s" help:"Longest wait between two attempts of a step of the examples (shared)."`
+	PaymentsURL       string        `name:"payments-url" env:"IDEMSAGA_PAYMENTS_URL" default:"http://127.0.0.1:9465" help:"Base URL of the payment service the order example charges (worker payments runs one)."`
+	OrderVerify       bool          `name:"order-verify" env:"IDEMSAGA_ORDER_VERIFY" default:"true" negatable:"" help:"Give the order example's charge its Verify, which asks the payment service about the key after an unknown outcome (shared)."`
+	ChargeWait        time.Duration `name:"charge-wait" env:"IDEMSAGA_CHARGE_WAIT" default:"10m" help:"How long an order waits for the payment service's confirmation of its charge before refunding it (shared)."`
+	OrderRate         int           `name:"order-rate" env:"IDEMSAGA_ORDER_RATE" default:"0" help:"Calls per second the order example makes to the payment service at most, across every worker (a saga.Limit on the charge, its refund and its Verify; 0: none; shared)."`
+	CrossborderEvents string        `name:"crossborder-events" env:"IDEMSAGA_CROSSBORDER_EVENTS" help:"A NATS subject whose messages start cross-border transfers, keyed by their Transfer-Key header (a JetStream stream must hold it; shared)."`
+	Settlement        bool          `name:"settlement" env:"IDEMSAGA_SETTLEMENT" help:"Run the nightly settlement example too, a scheduled saga (every night at 02:00 UTC), which reports to --reports-url (shared)."`
+	ReportsURL        string        `name:"reports-url" env:"IDEMSAGA_REPORTS_URL" default:"http://127.0.0.1:9470" help:"Base URL of the reporting service the settlement example reports to (with --settlement)."`
 	// The chaos run's comparisons (shared, hidden).
 	OrderNaive    bool `name:"order-naive" env:"IDEMSAGA_ORDER_NAIVE" hidden:"" help:"Charge and refund with Go's default client, 503 read as not charged (chaos --naive)."`
 	OrderNoRefund bool `name:"order-no-refund" env:"IDEMSAGA_ORDER_NO_REFUND" hidden:"" help:"The charge has no compensation (chaos --no-refund)."`
@@ -69,7 +70,7 @@ func (x *exampleFlags) definitions() ([]*saga.Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	cb, _, err := crossborder.NewDefinitions(x.policy())
+	cb, err := x.crossborder(x.policy())
 	if err != nil {
 		return nil, err
 	}
@@ -133,4 +134,18 @@ func (g *globals) client(pool *pgxpool.Pool, name string) (*engine.Client, *saga
 	}
 	def, err := cl.Definition(context.Background(), name)
 	return cl, def, err
+}
+
+// crossborderKeyHeader is the header whose value keys a cross-border
+// transfer started by an event (--crossborder-events).
+const crossborderKeyHeader = "Transfer-Key"
+
+// crossborder is the cross-border transfer with policy, started by the
+// messages of --crossborder-events when it is set.
+func (x *exampleFlags) crossborder(policy saga.RetryPolicy) (*saga.Definition, error) {
+	def, _, err := crossborder.NewDefinitions(policy)
+	if err != nil || x.CrossborderEvents == "" {
+		return def, err
+	}
+	return saga.WithEvents(def, saga.Events{Subject: x.CrossborderEvents, KeyHeader: crossborderKeyHeader}), nil
 }
