@@ -2,7 +2,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 WORKER_PKG := ./cmd/worker
 
-.PHONY: test lint demo build migrate chaos chaos-orders bench compare-dbos
+.PHONY: test lint demo build migrate chaos chaos-orders chaos-crossborder chaos-settlement bench compare-dbos
 
 # Needs cgo and a C compiler for -race (scripts/ensure-cc.sh installs gcc and
 # libc6-dev on Debian/Ubuntu when they are missing), and PostgreSQL at
@@ -51,6 +51,20 @@ chaos:
 chaos-orders:
 	./scripts/ensure-postgres.sh
 	$(GO) run $(WORKER_PKG) chaos --saga order
+
+# 5,000 cross-border transfers, their FX conversions child sagas, half of
+# them started by events (some published twice): money conserved per
+# currency, no compensated transfer's child left standing.
+chaos-crossborder:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) chaos --saga crossborder
+
+# 60 nights of the nightly settlement on a clock that passes a night a
+# second, every worker down for 5 of them: each night settled and reported
+# once, or compensated; only the nights the catch-up skips go without one.
+chaos-settlement:
+	./scripts/ensure-postgres.sh
+	$(GO) run $(WORKER_PKG) chaos --saga settlement
 
 # Sagas per second, latency and cost per saga against the local PostgreSQL,
 # with pgbench as the ceiling (bench/JOURNAL.md).
