@@ -279,7 +279,19 @@ left join payments.charges c on c.key = st.key
 where s.definition = 'order'`).Scan(&chargedNotRefunded, &shippedRefunded, &attempts, &maxAttempt, &digital); err != nil {
 		return err
 	}
+	var reserveUndone, chargeUndone, bothUndone int
+	if err := pool.QueryRow(ctx, `select
+  count(*) filter (where r.status = 'succeeded'),
+  count(*) filter (where c.status = 'succeeded'),
+  count(*) filter (where r.status = 'succeeded' and c.status = 'succeeded')
+from idemsaga.sagas s
+left join idemsaga.steps r on r.saga_id = s.id and r.step = 'reserve' and r.phase = 'compensate'
+left join idemsaga.steps c on c.saga_id = s.id and c.step = 'charge' and c.phase = 'compensate'
+where s.definition = 'order' and s.state = 'compensated'`).Scan(&reserveUndone, &chargeUndone, &bothUndone); err != nil {
+		return err
+	}
 	fig.Extra = append(fig.Extra,
+		fmt.Sprintf("branches           of the compensated orders' parallel group, reserve undone %d, charge refunded or voided %d, both %d", reserveUndone, chargeUndone, bothUndone),
 		fmt.Sprintf("money              charged and not refunded %d, shipped and refunded %d (both must be 0)", chargedNotRefunded, shippedRefunded),
 		fmt.Sprintf("plan               %d digital orders completed with shipping skipped (their condition decided once)", digital),
 		fmt.Sprintf("charge attempts    %d for %d charge steps (at most %d on one); %.0f turns waited for the payments limit; %.1f orders per second",
