@@ -40,7 +40,10 @@ type inputType struct {
 	typ reflect.Type
 	// fields are the JSON names of a struct type's members, nil for
 	// another type.
-	fields   []string
+	fields []string
+	// members says which members the input must have, at every depth;
+	// nil when none is required.
+	members  *shape
 	decode   func(raw []byte) (any, error)
 	validate func(v any) error
 }
@@ -49,7 +52,11 @@ type inputType struct {
 // struct), checked by validate (nil for none). Every start of a saga of
 // the copy decodes its input strictly into In: a member that In does not
 // have, a member named twice, or one whose name differs from a field's
-// only in case is refused; then validate runs. The stored input, which
+// only in case is refused; so is an object that lacks a member its struct
+// requires, at any depth. Every field is required unless its json tag
+// says omitempty or omitzero, or it is a pointer: a member left out is
+// then read as the field's zero value (nil for a pointer), which the
+// handler can tell apart. Then validate runs. The stored input, which
 // handlers decode, is the checked JSON in canonical form (an In value
 // given to Start is encoded first). The type's member names go into the
 // definition's Description, so a process without its code refuses other
@@ -59,8 +66,9 @@ type inputType struct {
 func WithInput[In any](d *Definition, validate func(In) error) *Definition {
 	c := *d
 	c.input = &inputType{
-		typ:    reflect.TypeFor[In](),
-		fields: jsonFields(reflect.TypeFor[In]()),
+		typ:     reflect.TypeFor[In](),
+		fields:  jsonFields(reflect.TypeFor[In]()),
+		members: shapeOf(reflect.TypeFor[In](), 0),
 		decode: func(raw []byte) (any, error) {
 			var v In
 			err := jsonv2.Unmarshal(raw, &v, strictTyped)
@@ -145,6 +153,19 @@ func (d *Definition) Input(v any) (json.RawMessage, error) {
 		typed, err := d.input.decode(raw)
 		if err != nil {
 			return nil, bad("%s", describeDecodeError(err, d.input.typ))
+		}
+		if d.input.members != nil {
+			var tree any
+			if err := jsonv2.Unmarshal(raw, &tree, strictAny); err != nil {
+				return nil, bad("%s", describeDecodeError(err, nil))
+			}
+			if missing := d.input.members.missing(tree, "", nil); len(missing) > 0 {
+				what := "member " + missing[0] + " is"
+				if len(missing) > 1 {
+					what = "members " + strings.Join(missing, ", ") + " are"
+				}
+				return nil, bad("%s missing; send it, or mark the field optional: every field of %s is required unless its json tag says omitempty or omitzero, or it is a pointer", what, d.input.typ)
+			}
 		}
 		if _, err := d.checked(typed); err != nil {
 			return nil, err
@@ -308,4 +329,114 @@ func describeDecodeError(err error, typ reflect.Type) string {
 		}
 	}
 	return err.Error()
+}
+
+// shape is what a struct input type requires of a JSON object: its
+// required members, and the shapes of members that hold structs.
+type shape struct {
+	required []string
+	// sub holds the shape of a member that is a struct (or a pointer to
+	// one), elem that of a member that is a slice or array of them.
+	sub, elem map[string]*shape
+}
+
+// shapeDepthMax bounds the types shapeOf looks into: a recursive type
+// is checked that deep.
+const shapeDepthMax = 8
+
+// shapeOf returns what struct type t requires, nil when it requires
+// nothing at any depth (or is no struct).
+func shapeOf(t reflect.Type, depth int) *shape {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || depth > shapeDepthMax {
+		return nil
+	}
+	s := &shape{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" && opts == "" {
+			continue
+		}
+		ft := f.Type
+		if f.Anonymous && name == "" {
+			// An embedded struct's members are the outer object's.
+			if inner := shapeOf(ft, depth+1); inner != nil {
+				s.required = append(s.required, inner.required...)
+				s.sub, s.elem = merge(s.sub, inner.sub), merge(s.elem, inner.elem)
+			}
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		optional := ft.Kind() == reflect.Pointer
+		for _, o := range strings.Split(opts, ",") {
+			optional = optional || o == "omitempty" || o == "omitzero"
+		}
+		if !optional {
+			s.required = append(s.required, name)
+		}
+		if sub := shapeOf(ft, depth+1); sub != nil {
+			s.sub = merge(s.sub, map[string]*shape{name: sub})
+		}
+		if ft.Kind() == reflect.Slice || ft.Kind() == reflect.Array {
+			if el := shapeOf(ft.Elem(), depth+1); el != nil {
+				s.elem = merge(s.elem, map[string]*shape{name: el})
+			}
+		}
+	}
+	if len(s.required) == 0 && len(s.sub) == 0 && len(s.elem) == 0 {
+		return nil
+	}
+	slices.Sort(s.required)
+	return s
+}
+
+func merge(a, b map[string]*shape) map[string]*shape {
+	if len(b) == 0 {
+		return a
+	}
+	if a == nil {
+		a = map[string]*shape{}
+	}
+	for k, v := range b {
+		a[k] = v
+	}
+	return a
+}
+
+// missing appends to out the JSON pointers of the members tree, the
+// value at path, lacks. A value that is not an object is left to the
+// typed decoding, which already refused what cannot be the struct.
+func (s *shape) missing(tree any, path string, out []string) []string {
+	obj, ok := tree.(map[string]any)
+	if !ok {
+		return out
+	}
+	for _, name := range s.required {
+		if _, ok := obj[name]; !ok {
+			out = append(out, path+"/"+name)
+		}
+	}
+	for name, sub := range s.sub {
+		if v, ok := obj[name]; ok {
+			out = sub.missing(v, path+"/"+name, out)
+		}
+	}
+	for name, el := range s.elem {
+		if arr, ok := obj[name].([]any); ok {
+			for i, v := range arr {
+				out = el.missing(v, fmt.Sprintf("%s/%s/%d", path, name, i), out)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -137,3 +137,61 @@ func TestInputThroughADescription(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(big), "9007199254740993", "numbers kept as written")
 }
+
+type address struct {
+	Street string `json:"street"`
+	Zip    string `json:"zip,omitzero"`
+}
+
+type line struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"`
+}
+
+type shipment struct {
+	ID      string   `json:"id"`
+	Express bool     `json:"express,omitempty"`
+	Gift    *string  `json:"gift"`
+	To      address  `json:"to"`
+	Back    *address `json:"back"`
+	Lines   []line   `json:"lines"`
+	address          // embedded: its members are the shipment's
+}
+
+// TestInputRequiresItsMembers: a member the type requires must be
+// present, at any depth (a nested object, a pointer to one when sent, the
+// objects of an array, an embedded struct's members); omitempty,
+// omitzero and pointers mark the optional ones. The refusal names every
+// missing member.
+func TestInputRequiresItsMembers(t *testing.T) {
+	t.Parallel()
+	_, typed := inputDefinition(t)
+	_, err := typed.Input([]byte(`{"from":3,"amount":1}`))
+	require.ErrorIs(t, err, saga.ErrInvalidInput)
+	require.ErrorContains(t, err, "member /to is missing")
+	_, err = typed.Input([]byte(`{"amount":1}`))
+	require.ErrorContains(t, err, "members /from, /to are missing")
+	_, err = typed.Input([]byte(`{"from":3,"to":4,"amount":1}`))
+	require.NoError(t, err, "note is omitempty: optional")
+
+	def := saga.WithInput(saga.MustNew("ship", saga.Step{Name: "s", Reaches: "shipped", Kind: saga.DatabaseStep,
+		Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }}), func(shipment) error { return nil })
+	full := `{"id":"s1","to":{"street":"Main"},"lines":[{"sku":"a","qty":1}],"street":"Side"}`
+	_, err = def.Input([]byte(full))
+	require.NoError(t, err, "express, gift, back and zip are optional")
+	for body, want := range map[string]string{
+		`{"id":"s1","to":{},"lines":[],"street":"Side"}`:                                            "member /to/street is missing",
+		`{"id":"s1","to":{"street":"M"},"back":{"zip":"1"},"lines":[],"street":"Side"}`:             "member /back/street is missing",
+		`{"id":"s1","to":{"street":"M"},"lines":[{"sku":"a","qty":1},{"sku":"b"}],"street":"Side"}`: "member /lines/1/qty is missing",
+		`{"id":"s1","to":{"street":"M"},"lines":[]}`:                                                "member /street is missing",
+		`{}`: "members /id, /lines, /street, /to are missing",
+	} {
+		_, err := def.Input([]byte(body))
+		require.ErrorIs(t, err, saga.ErrInvalidInput, body)
+		require.ErrorContains(t, err, want, body)
+		require.ErrorContains(t, err, "omitempty or omitzero, or it is a pointer", body)
+	}
+	// A Go value of the type has every member.
+	_, err = def.Input(shipment{ID: "s2"})
+	require.NoError(t, err)
+}

@@ -67,6 +67,7 @@ func TestStartRefusals(t *testing.T) {
 		{"not JSON", "/v1/sagas/payout", startHeaders("k4"), `{"account":1,`, 400, httpapi.ProblemInvalidInput, "JSON"},
 		{"empty body", "/v1/sagas/payout", startHeaders("k4b"), ``, 400, httpapi.ProblemInvalidInput, "JSON"},
 		{"validator", "/v1/sagas/payout", startHeaders("k5"), `{"account":1,"amount":-5}`, 400, httpapi.ProblemInvalidInput, "amount must be positive"},
+		{"missing member", "/v1/sagas/payout", startHeaders("k5b"), `{"amount":5}`, 400, httpapi.ProblemInvalidInput, "member /account is missing"},
 		{"unknown definition", "/v1/sagas/nope", startHeaders("k6"), `{"account":1,"amount":5}`, 404, httpapi.ProblemUnknownDefinition, `"nope"`},
 		{"no content type", "/v1/sagas/payout", []hdr{key("k7")}, `{"account":1,"amount":5}`, 415, httpapi.ProblemUnsupportedMediaType, "application/json"},
 		{"text/plain", "/v1/sagas/payout", []hdr{key("k8"), {"Content-Type", "text/plain"}}, `{"account":1,"amount":5}`, 415, httpapi.ProblemUnsupportedMediaType, "text/plain"},
