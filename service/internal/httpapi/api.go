@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -112,6 +113,8 @@ func (c *Config) validate() error {
 type api struct {
 	cfg Config
 	mux *http.ServeMux
+	// paths lists the routes' paths, for the 404 of a path none serves.
+	paths string
 }
 
 // New returns the HTTP API for every saga definition Client knows or the
@@ -123,26 +126,15 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 	a := &api{cfg: cfg, mux: http.NewServeMux()}
-	a.mux.HandleFunc("POST /v1/sagas/{definition}", a.start)
-	a.mux.HandleFunc("GET /v1/sagas/{id}", a.get)
-	a.mux.HandleFunc("GET /v1/sagas", a.list)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/cancel", a.cancel)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/retry", a.retry)
-	a.mux.HandleFunc("POST /v1/callbacks/{token}", a.callback)
-	a.mux.HandleFunc("POST /v1/tokens", a.issueToken)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/skip", a.skip)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/close", a.close)
-	a.mux.HandleFunc("POST /v1/repairs", a.bulk)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/pause", a.pause)
-	a.mux.HandleFunc("POST /v1/sagas/{id}/resume", a.resume)
-	a.mux.HandleFunc("POST /v1/definitions/{definition}/pause", a.pauseDefinition)
-	a.mux.HandleFunc("POST /v1/definitions/{definition}/resume", a.resumeDefinition)
-	a.mux.HandleFunc("GET /v1/definitions", a.definitions)
-	a.mux.HandleFunc("GET /v1/stats", a.stats)
-	a.mux.HandleFunc("GET /v1/schedules", a.schedules)
-	a.mux.HandleFunc("POST /v1/schedules/{definition}/pause", a.pauseSchedule)
-	a.mux.HandleFunc("POST /v1/schedules/{definition}/resume", a.resumeSchedule)
-	a.mux.HandleFunc("GET /v1/event-dead-letters", a.eventDeadLetters)
+	var paths []string
+	for _, rt := range a.routes() {
+		a.mux.HandleFunc(rt.pattern, rt.handler)
+		_, path, _ := strings.Cut(rt.pattern, " ")
+		if !slices.Contains(paths, path) {
+			paths = append(paths, path)
+		}
+	}
+	a.paths = strings.Join(paths, ", ")
 	var h http.Handler = a
 	if cfg.Tokens.Len() > 0 {
 		h = cfg.Tokens.Require(h)
@@ -150,11 +142,69 @@ func New(cfg Config) (http.Handler, error) {
 	return h, nil
 }
 
+// route is one pattern the API serves, and its handler.
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// routes are every route of the API.
+func (a *api) routes() []route {
+	return []route{
+		{"POST /v1/sagas/{definition}", a.start},
+		{"GET /v1/sagas/{id}", a.get},
+		{"GET /v1/sagas", a.list},
+		{"POST /v1/sagas/{id}/cancel", a.cancel},
+		{"POST /v1/sagas/{id}/retry", a.retry},
+		{"POST /v1/sagas/{id}/skip", a.skip},
+		{"POST /v1/sagas/{id}/close", a.close},
+		{"POST /v1/sagas/{id}/pause", a.pause},
+		{"POST /v1/sagas/{id}/resume", a.resume},
+		{"POST /v1/repairs", a.bulk},
+		{"POST /v1/callbacks/{token}", a.callback},
+		{"POST /v1/tokens", a.issueToken},
+		{"GET /v1/definitions", a.definitions},
+		{"POST /v1/definitions/{definition}/pause", a.pauseDefinition},
+		{"POST /v1/definitions/{definition}/resume", a.resumeDefinition},
+		{"GET /v1/stats", a.stats},
+		{"GET /v1/schedules", a.schedules},
+		{"POST /v1/schedules/{definition}/pause", a.pauseSchedule},
+		{"POST /v1/schedules/{definition}/resume", a.resumeSchedule},
+		{"GET /v1/event-dead-letters", a.eventDeadLetters},
+	}
+}
+
+// malformedText says what part of r no route can take: a path segment or
+// a query value that is not UTF-8 or holds a NUL byte (PostgreSQL stores
+// neither in text), "" when none.
+func malformedText(r *http.Request) string {
+	bad := func(s string) bool { return !utf8.ValidString(s) || strings.ContainsRune(s, 0) }
+	if bad(r.URL.Path) {
+		return "the path " + strconv.Quote(r.URL.Path)
+	}
+	for name, vs := range r.URL.Query() {
+		if bad(name) {
+			return "the query parameter name " + strconv.Quote(name)
+		}
+		for _, v := range vs {
+			if bad(v) {
+				return "the query parameter " + strconv.Quote(name) + "'s value " + strconv.Quote(v)
+			}
+		}
+	}
+	return ""
+}
+
 // probeMethods are the methods tried to fill in a 405's Allow header.
 var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // ServeHTTP routes r, answering the mux's own 404 and 405 as problems.
 func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if what := malformedText(r); what != "" {
+		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Malformed request",
+			what+" is not UTF-8 text, or holds a NUL byte; no definition, ID, key or filter can; send it as UTF-8 without NUL"))
+		return
+	}
 	if _, pattern := a.mux.Handler(r); pattern != "" {
 		a.mux.ServeHTTP(w, r)
 		return
@@ -169,7 +219,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) == 0 {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "Not found",
-			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves /v1/sagas, /v1/sagas/{definition or id}, /v1/sagas/{id}/cancel|retry, /v1/tokens and /v1/callbacks/{token}"))
+			"no route has the path "+strconv.Quote(r.URL.Path)+"; the API serves "+a.paths))
 		return
 	}
 	slices.Sort(allow)

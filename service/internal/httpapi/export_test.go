@@ -6,3 +6,12 @@ var LockKey = lockKey
 
 // UnquoteKey exposes the Idempotency-Key unquoting to the fuzz test.
 var UnquoteKey = unquoteKey
+
+// Patterns lists every route's pattern, for the router's fuzz test.
+func Patterns() []string {
+	var out []string
+	for _, rt := range (&api{}).routes() {
+		out = append(out, rt.pattern)
+	}
+	return out
+}

@@ -84,7 +84,7 @@ type env struct {
 
 type envOpt func(*httpapi.Config)
 
-func serve(t *testing.T, pool *pgxpool.Pool, client *engine.Client, opts ...envOpt) *env {
+func serve(t testing.TB, pool *pgxpool.Pool, client *engine.Client, opts ...envOpt) *env {
 	t.Helper()
 	cfg := httpapi.Config{Pool: pool, Client: client, Logger: quietLogger()}
 	for _, o := range opts {
@@ -101,7 +101,7 @@ func serve(t *testing.T, pool *pgxpool.Pool, client *engine.Client, opts ...envO
 
 // newEnv serves the API with a client and no workers: sagas start and
 // stay in init.
-func newEnv(t *testing.T, opts ...envOpt) *env {
+func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	pool := testenv.DB(t)
 	cl, err := engine.NewClient(engine.Config{Pool: pool, Definitions: []*saga.Definition{payout}, Logger: quietLogger()})
