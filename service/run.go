@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -329,7 +330,7 @@ func newOpsServer(addr string, reg *prometheus.Registry, ready func(context.Cont
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	s := &opsServer{ln: ln, done: make(chan error, 1),
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+		srv: &http.Server{Handler: problemsOutside(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
 	go func() {
 		err := s.srv.Serve(ln)
@@ -403,4 +404,34 @@ func writeMetrics(reg *prometheus.Registry, path string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// opsMethods are the methods tried to fill in a 405's Allow header.
+var opsMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// problemsOutside answers the requests no route of mux takes as the API
+// answers its own: a problem body, 404, or 405 with Allow.
+func problemsOutside(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		var allow []string
+		for _, m := range opsMethods {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, p := mux.Handler(probe); p != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) == 0 {
+			httpapi.WriteProblem(w, http.StatusNotFound, httpapi.ProblemNotFound, "Not found",
+				"no route has the path "+strconv.Quote(r.URL.Path)+"; this server serves /v1/ (the API), /ui/ (the console), /metrics, /healthz and /readyz")
+			return
+		}
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		httpapi.WriteProblem(w, http.StatusMethodNotAllowed, httpapi.ProblemMethodNotAllowed, "Method not allowed",
+			r.Method+" is not served on "+strconv.Quote(r.URL.Path)+"; it takes "+strings.Join(allow, ", "))
+	})
 }

@@ -22,7 +22,10 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"strconv"
 	"strings"
+
+	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 )
 
 //go:embed static
@@ -48,7 +51,8 @@ func Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "the console's files are read with GET or HEAD", http.StatusMethodNotAllowed)
+			httpapi.WriteProblem(w, http.StatusMethodNotAllowed, httpapi.ProblemMethodNotAllowed, "Method not allowed",
+				"the console's files are read with GET or HEAD")
 			return
 		}
 		h := w.Header()
@@ -59,6 +63,38 @@ func Handler() http.Handler {
 		// The files change with the binary, which embeds no modification
 		// time: ask the browser to check every time.
 		h.Set("Cache-Control", "no-cache")
-		fileServer.ServeHTTP(w, r)
+		fileServer.ServeHTTP(&problemWriter{ResponseWriter: w, path: r.URL.Path}, r)
 	})
+}
+
+// problemWriter turns the file server's plain-text errors (a file that
+// is not there) into problem bodies, as the API answers.
+type problemWriter struct {
+	http.ResponseWriter
+	path    string
+	swallow bool
+}
+
+func (p *problemWriter) WriteHeader(status int) {
+	if status < http.StatusBadRequest {
+		p.ResponseWriter.WriteHeader(status)
+		return
+	}
+	p.swallow = true
+	p.Header().Del("Content-Length")
+	p.Header().Del("X-Content-Type-Options")
+	typ, title := httpapi.ProblemNotFound, "Not found"
+	detail := "the console has no file " + strconv.Quote(p.path) + "; open " + Prefix
+	if status != http.StatusNotFound {
+		typ, title, detail = httpapi.ProblemInternal, http.StatusText(status), "the console could not serve "+strconv.Quote(p.path)
+	}
+	p.Header().Set("X-Content-Type-Options", "nosniff")
+	httpapi.WriteProblem(p.ResponseWriter, status, typ, title, detail)
+}
+
+func (p *problemWriter) Write(b []byte) (int, error) {
+	if p.swallow {
+		return len(b), nil // the file server's text, replaced by the problem
+	}
+	return p.ResponseWriter.Write(b)
 }

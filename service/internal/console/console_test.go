@@ -73,12 +73,17 @@ func TestHandler(t *testing.T) {
 	require.Equal(t, http.StatusTemporaryRedirect, res.StatusCode)
 	require.Equal(t, "/ui/", res.Header.Get("Location"))
 
-	res, _ = get(t, srv, http.MethodGet, "/ui/nothing.js")
+	// Refusals are problem bodies, as the API's are.
+	res, body = get(t, srv, http.MethodGet, "/ui/nothing.js")
 	require.Equal(t, http.StatusNotFound, res.StatusCode)
+	require.Equal(t, "application/problem+json", res.Header.Get("Content-Type"))
+	require.JSONEq(t, `{"type":"urn:idemsaga:problem:not-found","title":"Not found","status":404,"detail":"the console has no file \"/ui/nothing.js\"; open /ui/"}`, body)
 
-	res, _ = get(t, srv, http.MethodPost, "/ui/")
+	res, body = get(t, srv, http.MethodPost, "/ui/")
 	require.Equal(t, http.StatusMethodNotAllowed, res.StatusCode)
 	require.Equal(t, "GET, HEAD", res.Header.Get("Allow"))
+	require.Equal(t, "application/problem+json", res.Header.Get("Content-Type"))
+	require.Contains(t, body, "GET or HEAD")
 
 	res, body = get(t, srv, http.MethodHead, "/ui/main.js")
 	require.Equal(t, http.StatusOK, res.StatusCode)
