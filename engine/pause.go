@@ -155,6 +155,9 @@ func (cl *Client) loadPause(ctx context.Context, sg *saga.Instance) error {
 	}
 	sg.Paused = nil
 	switch {
+	case sg.Finished():
+		// A finished saga runs nothing more: no pause holds it, whatever
+		// was paused before or after it finished.
 	case own != nil:
 		sg.Paused = &saga.Pause{Since: *own}
 	case def != nil:

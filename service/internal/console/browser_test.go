@@ -669,6 +669,27 @@ func TestConsoleSchedules(t *testing.T) {
 	require.NotContains(t, b.text(t, "#saga-head"), "null", "no missing field shows as null")
 	require.Contains(t, b.text(t, "#saga-head"), "quoted (version ", "the state with its version")
 
+	// A saga held by its definition's pause: its own Resume is not
+	// suggested (it would answer 409); Resume definition lifts the pause.
+	status, body = env.send(t, http.MethodPost, "/v1/definitions/xfer/pause", "hold-xfer", `{"reason":"bank down"}`, true)
+	require.Equal(t, http.StatusOK, status, body)
+	status, body = env.send(t, http.MethodPost, "/v1/sagas/xfer", "x-2", `{}`, true)
+	require.Equal(t, http.StatusCreated, status, body)
+	var held httpapi.Started
+	require.NoError(t, json.Unmarshal([]byte(body), &held))
+	b.do(t, "open the held saga", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+held.ID.String()))
+	b.waitJS(t, "the held saga's repairs", `document.querySelector('#repair-resume-definition') !== null && !document.querySelector('#repair-resume-definition').hidden`)
+	require.Equal(t, 0, b.count(t, `#repair-resume.suggested`), "the saga's own resume is not suggested")
+	require.Contains(t, b.text(t, "#saga-head"), "with its definition xfer")
+	b.do(t, "resume the definition", chromedp.Click(chromedp.CSS("#repair-resume-definition")), chromedp.WaitVisible(chromedp.CSS("#repair-send")),
+		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-ok")))
+	require.Contains(t, b.text(t, "#repair-ok"), "definition xfer resumed")
+	env.waitState(t, held.ID.String(), "paid")
+	b.waitJS(t, "the resume-definition button gone", `document.querySelector('#repair-resume-definition').hidden`)
+	var pausedDefs int
+	require.NoError(t, env.pool.QueryRow(ctx, `select count(*) from idemsaga.paused_definitions`).Scan(&pausedDefs))
+	require.Zero(t, pausedDefs)
+
 	b.waitJS(t, "nothing the page was sent ran", `window.pwned === undefined`)
 	b.noPageErrors(t)
 }

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -21,6 +22,17 @@ type Definition struct {
 	// any recorded version: init, the steps' states in order, then the
 	// built-in ones.
 	States []saga.State `json:"states"`
+	// Paused says since when, by whom and why the definition is paused as
+	// a whole (POST /v1/definitions/{definition}/pause); null while it
+	// runs.
+	Paused *DefinitionPause `json:"paused"`
+}
+
+// DefinitionPause is a definition's pause.
+type DefinitionPause struct {
+	Since  time.Time `json:"since"`
+	By     string    `json:"by"`
+	Reason string    `json:"reason"`
 }
 
 // DefinitionStep is one step of a Definition.
@@ -51,6 +63,11 @@ func (a *api) definitions(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "list the definitions", "retry later", err)
 		return
 	}
+	paused, err := a.cfg.Client.PausedDefinitions(ctx)
+	if err != nil {
+		a.internal(w, r, "list the paused definitions", "retry later", err)
+		return
+	}
 	out := Definitions{Definitions: []Definition{}}
 	// descs is ordered by name, then version: the last of a name is its
 	// newest.
@@ -60,6 +77,13 @@ func (a *api) definitions(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		out.Definitions = append(out.Definitions, definitionOf(d, nil))
+	}
+	for i, d := range out.Definitions {
+		for _, p := range paused {
+			if p.Definition == d.Name {
+				out.Definitions[i].Paused = &DefinitionPause{Since: p.Since.UTC(), By: p.By, Reason: p.Reason}
+			}
+		}
 	}
 	a.encode(w, r, http.StatusOK, out)
 }

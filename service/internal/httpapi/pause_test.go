@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -45,10 +46,25 @@ func TestPauseRoutes(t *testing.T) {
 	require.NoError(t, json.Unmarshal(p.body, &dr))
 	require.Equal(t, []any{"payout", "pause", "d-1", false}, []any{dr.Definition, dr.Operation, dr.Key, dr.Replayed})
 	require.Equal(t, http.StatusConflict, e.do(t, http.MethodPost, def+"/pause", []hdr{key("d-2")}, "").status)
+	// The list says the definition is paused, and why.
+	var defs httpapi.Definitions
+	require.NoError(t, json.Unmarshal(e.do(t, http.MethodGet, "/v1/definitions", nil, "").body, &defs))
+	require.Len(t, defs.Definitions, 1)
+	require.NotNil(t, defs.Definitions[0].Paused)
+	require.Equal(t, "bank down", defs.Definitions[0].Paused.Reason)
+	require.Equal(t, "http", defs.Definitions[0].Paused.By)
+	// A saga that finished is not held by the pause, though its
+	// definition is paused.
+	_, err := e.pool.Exec(context.Background(), `update idemsaga.sagas set finished_at = now(), state = 'compensated' where id = $1`, s.ID)
+	require.NoError(t, err)
+	got = e.do(t, http.MethodGet, saga, nil, "")
+	require.Contains(t, string(got.body), `"paused":null`)
 	reused := e.do(t, http.MethodPost, def+"/pause", []hdr{jsonType(), key("d-1")}, `{"reason":"other"}`)
 	require.Equal(t, http.StatusUnprocessableEntity, reused.status)
 	require.Equal(t, http.StatusOK, e.do(t, http.MethodPost, def+"/resume", []hdr{key("d-3")}, "").status)
 	require.Equal(t, http.StatusConflict, e.do(t, http.MethodPost, def+"/resume", []hdr{key("d-4")}, "").status)
+	require.NoError(t, json.Unmarshal(e.do(t, http.MethodGet, "/v1/definitions", nil, "").body, &defs))
+	require.Nil(t, defs.Definitions[0].Paused)
 	unknown := e.do(t, http.MethodPost, "/v1/definitions/nope/pause", []hdr{key("d-5")}, "")
 	require.Equal(t, http.StatusNotFound, unknown.status)
 	require.Equal(t, httpapi.ProblemUnknownDefinition, unknown.problem(t).Type)

@@ -12,6 +12,10 @@ const REPAIRS = [
   {op: 'close', label: 'Close', help: 'Close a failed or parked saga as handled by hand; nothing runs for it any more.', danger: true},
   {op: 'pause', label: 'Pause', help: 'Start no attempt of this saga until it is resumed.'},
   {op: 'resume', label: 'Resume', help: 'Let a paused saga run again; a held step is sent again at its attempt.'},
+  // Shown only while the saga is held by its definition's pause, which
+  // the saga's own resume cannot lift.
+  {op: 'resume-definition', label: 'Resume definition', help: 'Lift the pause of this saga\'s definition: every saga of it runs again, this one too.',
+    path: s => 'v1/definitions/' + encodeURIComponent(s.definition) + '/resume', shown: s => !!(s.paused && s.paused.definition)},
 ];
 
 // sagaView shows saga id, read again every second.
@@ -257,10 +261,12 @@ function repairPanel(id, reload) {
       send.disabled = true;
       result.replaceChildren(h('p', {class: 'muted'}, 'Sending ' + r.op + '…'));
       try {
-        const {data, replayed} = await api('POST', 'v1/sagas/' + encodeURIComponent(id) + '/' + r.op,
+        const path = r.path ? r.path(saga) : 'v1/sagas/' + encodeURIComponent(id) + '/' + r.op;
+        const {data, replayed} = await api('POST', path,
           {key: current.key, body: members.length ? '{' + members.join(',') + '}' : undefined});
+        const what = data.definition && !data.state ? 'definition ' + data.definition + ' resumed, ' + data.sagas + ' sagas sent on' : 'the saga is now ' + data.state;
         result.replaceChildren(h('div', {class: 'success', id: 'repair-ok', role: 'status'},
-          data.operation + (replayed ? ' was already done with this key (replayed)' : ' done') + ': the saga is now ' + data.state + ' · ' + fmtTime(data.at)));
+          data.operation + (replayed ? ' was already done with this key (replayed)' : ' done') + ': ' + what + ' · ' + fmtTime(data.at)));
         form.hidden = true;
         for (const b of buttons.children) b.classList.remove('active');
         current = null;
@@ -289,9 +295,15 @@ function repairPanel(id, reload) {
         skip: NEEDS_PERSON.has(s.state) || !s.finished_at,
         close: NEEDS_PERSON.has(s.state),
         pause: !s.finished_at && !s.paused,
-        resume: !!s.paused,
+        // A saga held by its definition's pause is resumed with it.
+        resume: !!s.paused && !s.paused.definition,
+        'resume-definition': true,
       };
-      for (const b of buttons.children) b.classList.toggle('suggested', !!hint[b.id.replace('repair-', '')]);
+      for (const b of buttons.children) {
+        const r = REPAIRS.find(x => 'repair-' + x.op === b.id);
+        b.hidden = !!(r.shown && !r.shown(s));
+        b.classList.toggle('suggested', !!hint[r.op]);
+      }
     },
   };
 }
