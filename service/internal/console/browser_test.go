@@ -678,7 +678,8 @@ func TestConsoleSchedules(t *testing.T) {
 	var held httpapi.Started
 	require.NoError(t, json.Unmarshal([]byte(body), &held))
 	b.do(t, "open the held saga", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+held.ID.String()))
-	b.waitJS(t, "the held saga's repairs", `document.querySelector('#repair-resume-definition') !== null && !document.querySelector('#repair-resume-definition').hidden`)
+	b.waitJS(t, "the held saga's repairs", fmt.Sprintf(`document.querySelector('#saga-id') !== null && document.querySelector('#saga-id').textContent === %q &&
+		!document.querySelector('#repair-resume-definition').hidden`, held.ID.String()))
 	require.Equal(t, 0, b.count(t, `#repair-resume.suggested`), "the saga's own resume is not suggested")
 	require.Contains(t, b.text(t, "#saga-head"), "with its definition xfer")
 	b.do(t, "resume the definition", chromedp.Click(chromedp.CSS("#repair-resume-definition")), chromedp.WaitVisible(chromedp.CSS("#repair-send")),

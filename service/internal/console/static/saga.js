@@ -209,7 +209,7 @@ function repairPanel(id, reload) {
   let current = null; // {op, key}
   let saga = null;
   const buttons = h('div', {class: 'buttons'}, REPAIRS.map(r => h('button', {type: 'button', id: 'repair-' + r.op, class: r.danger ? 'danger' : '', title: r.help,
-    onclick: () => open(r)}, r.label)));
+    hidden: !!r.shown, onclick: () => open(r)}, r.label)));
   const form = h('form', {id: 'repair-form', class: 'repair-form', hidden: true});
   const result = h('div', {id: 'repair-result', 'aria-live': 'polite'});
   const el = h('section', {class: 'card', id: 'repair'},
