@@ -468,6 +468,9 @@ type ListOptions struct {
 	// Version keeps sagas running this version of Definition (which it
 	// needs).
 	Version int
+	// Key keeps the sagas started under this idempotency key: one per
+	// definition at most.
+	Key string
 }
 
 // ErrInvalidFilter is returned by List for a definition or state that no
@@ -587,7 +590,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.Pool().Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version)
+	rows, err := cl.c.Pool().Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version, opts.Key)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}

@@ -263,6 +263,7 @@ where ($1 = '' or s.definition = $1)
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
   and (not $9 or exists (select 1 from idemsaga.dead_letters d where d.saga_id = s.id))
   and ($10 = 0 or s.definition_version = $10)
+  and ($11 = '' or s.idem_key = $11)
 order by s.created_at desc, s.id desc
 limit $6`
 

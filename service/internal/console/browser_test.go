@@ -424,6 +424,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.screenshot(t, shots, "3-saga-compensated-after-retry")
 	env.waitState(t, failed, saga.StateCompensated)
 
+	// Find: a key lists the saga started under it, an ID opens its saga,
+	// and a key where an ID goes says so, with no repair to send and no
+	// polling.
+	b.do(t, "open the list", chromedp.Click(chromedp.CSS(`#nav a[data-view="sagas"]`)), chromedp.WaitVisible(chromedp.CSS("#find")))
+	b.do(t, "find by key", chromedp.SetValue(chromedp.CSS("#find"), "order-1003"), chromedp.Click(chromedp.CSS("#find-btn")))
+	b.waitJS(t, "the saga of the key", `location.hash === '#/sagas?key=order-1003' && document.querySelectorAll('#saga-rows tr[data-id]').length === 1 &&
+		document.querySelector('#saga-rows tr[data-id]').textContent.includes('order-1003')`)
+	b.do(t, "find by ID", chromedp.SetValue(chromedp.CSS("#find"), strings.ToUpper(failed)), chromedp.Click(chromedp.CSS("#find-btn")))
+	b.waitJS(t, "the saga of the ID", fmt.Sprintf(`(document.querySelector('#saga-id') || {}).textContent === %q`, failed))
+	b.do(t, "a key where an ID goes", chromedp.Navigate(env.srv.URL+"/ui/#/saga/order-1003"))
+	b.waitJS(t, "no saga, and a way to the key", `(document.querySelector('#saga-head') || {textContent: ''}).textContent.includes('No saga to show') &&
+		document.querySelector('#repair').hidden && document.querySelector('#saga-head a[href="#/sagas?key=order-1003"]') !== null`)
+
 	// Live figures: more sagas while the page polls, with duplicates.
 	b.do(t, "open the live figures", chromedp.Click(chromedp.CSS(`#nav a[data-view="live"]`)), chromedp.WaitVisible(chromedp.CSS("#live-finished")))
 	// Three batches, each once the page counted the one before, so that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -215,7 +216,7 @@ func sagaID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(raw)
 	if err != nil {
 		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid saga ID",
-			fmt.Sprintf("%q is not a saga ID; use the \"id\" a start answered with, a UUID", raw)))
+			fmt.Sprintf("%q is not a saga ID; use the \"id\" a start answered with, a UUID, or find a saga by its key with GET /v1/sagas?key=%s", raw, url.QueryEscape(raw))))
 		return uuid.Nil, false
 	}
 	return id, true
@@ -252,7 +253,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	a.encode(w, r, http.StatusOK, out)
 }
 
-// list handles GET /v1/sagas?definition=&state=&limit=&cursor=.
+// list handles GET /v1/sagas?definition=&state=&key=&limit=&cursor=.
 func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	malformed := func(detail string) {
@@ -260,17 +261,17 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	}
 	for name, vs := range q {
 		switch name {
-		case "definition", "state", "limit", "cursor":
+		case "definition", "state", "key", "limit", "cursor":
 			if len(vs) > 1 {
 				malformed(fmt.Sprintf("parameter %q is given %d times; give it once", name, len(vs)))
 				return
 			}
 		default:
-			malformed(fmt.Sprintf("parameter %q is unknown; the parameters are definition, state, limit and cursor", name))
+			malformed(fmt.Sprintf("parameter %q is unknown; the parameters are definition, state, key, limit and cursor", name))
 			return
 		}
 	}
-	opts := engine.ListOptions{Definition: q.Get("definition"), State: saga.State(q.Get("state")), Limit: ListLimitDefault, Cursor: q.Get("cursor")}
+	opts := engine.ListOptions{Definition: q.Get("definition"), State: saga.State(q.Get("state")), Key: q.Get("key"), Limit: ListLimitDefault, Cursor: q.Get("cursor")}
 	if s := q.Get("limit"); s != "" || q.Has("limit") {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > ListLimitMax {

@@ -120,6 +120,16 @@ func TestList(t *testing.T) {
 	l = e.list(t, nil)
 	require.Len(t, l.Sagas, 7)
 
+	// By key: the saga started under it, nothing for a key none used.
+	l = e.list(t, url.Values{"key": {"l-3"}})
+	require.Len(t, l.Sagas, 1)
+	require.Equal(t, ids[3], l.Sagas[0].ID)
+	require.Empty(t, e.list(t, url.Values{"key": {"l-99"}}).Sagas)
+	// A key where an ID goes says where to look for it.
+	r := e.do(t, http.MethodGet, "/v1/sagas/l-3", nil, "")
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Contains(t, r.problem(t).Detail, "GET /v1/sagas?key=l-3")
+
 	// A page as long as the limit has a cursor; the page after it is
 	// empty and has none.
 	l = e.list(t, url.Values{"limit": {"7"}})

@@ -39,7 +39,9 @@ func FuzzRouter(f *testing.F) {
 	f.Fuzz(func(t *testing.T, method, path, query string) {
 		// What cannot be a request line net/http's server reads (it
 		// answers those itself, before any route) is not the router's.
-		raw := func(s string) bool { return strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r >= 0x7f }) }
+		raw := func(s string) bool {
+			return strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r >= 0x7f })
+		}
 		if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#") || raw(path) || raw(query) || !validMethod(method) {
 			t.Skip()
 		}

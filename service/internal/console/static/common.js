@@ -204,12 +204,15 @@ export async function api(method, path, opts) {
 // viewGet reads path for the view numbered seq: its data, or null when
 // the read failed (the error is shown in errors) or another view has
 // taken the page meanwhile.
-export async function viewGet(path, seq, errors) {
+export async function viewGet(path, seq, errors, onError) {
   let data;
   try {
     ({data} = await api('GET', path));
   } catch (e) {
-    if (seq === view.seq) errors.replaceChildren(errorBox(e));
+    if (seq === view.seq) {
+      errors.replaceChildren(errorBox(e));
+      if (onError) onError(e);
+    }
     return null;
   }
   if (seq !== view.seq) return null;
@@ -225,6 +228,13 @@ export function newKey(op) {
 
 export function stopView() {
   view.seq++;
+  for (const t of view.timers) clearInterval(t);
+  view.timers = [];
+}
+
+// stopTimers ends the view's refreshes (a saga that is not there will not
+// appear by asking again).
+export function stopTimers() {
   for (const t of view.timers) clearInterval(t);
   view.timers = [];
 }

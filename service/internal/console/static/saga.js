@@ -1,7 +1,7 @@
 // One saga: its facts, the repair buttons, the timeline of its attempts,
 // repairs and callbacks, its steps, input and results.
 import {NEEDS_PERSON, api, compactJSON, every, fmtDuration, fmtTime, fmtAgo, h, newKey, outcomeClass, prettyJSON,
-  problemText, show, stateBadge, stateInfo, statusClass, view, viewGet} from './common.js';
+  problemText, show, stateBadge, stateInfo, statusClass, stopTimers, view, viewGet} from './common.js';
 
 const SAGA_REFRESH_MS = 1000;
 
@@ -28,7 +28,14 @@ export function sagaView(id) {
   show(h('p', null, h('a', {href: '#/sagas'}, '← sagas')), errors, head, repair.el, body);
   let last = '';
   const load = async () => {
-    const data = await viewGet('v1/sagas/' + encodeURIComponent(id), seq, errors);
+    const data = await viewGet('v1/sagas/' + encodeURIComponent(id), seq, errors, e => {
+      // No saga to repair, and none will come by asking again.
+      if (e.status === 400 || e.status === 404) {
+        stopTimers();
+        repair.el.hidden = true;
+        head.replaceChildren(h('p', {class: 'muted'}, 'No saga to show. ', h('a', {href: '#/sagas?key=' + encodeURIComponent(id)}, 'Look for "' + id + '" as a key'), '.'));
+      }
+    });
     if (data === null) return;
     // Re-render only what changed, so that a reader's selection holds.
     const text = JSON.stringify(data);

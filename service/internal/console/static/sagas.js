@@ -5,7 +5,7 @@ const LIST_REFRESH_MS = 5000;
 
 function listHash(params) {
   const q = new URLSearchParams();
-  for (const k of ['definition', 'state', 'cursor']) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of ['definition', 'state', 'key', 'cursor']) if (params.get(k)) q.set(k, params.get(k));
   const s = q.toString();
   return '#/sagas' + (s ? '?' + s : '');
 }
@@ -25,6 +25,7 @@ export function listView(params) {
   const seq = view.seq;
   const definition = params.get('definition') || '';
   const stateFilter = params.get('state') || '';
+  const keyFilter = params.get('key') || '';
   const cursor = params.get('cursor') || '';
 
   const go = changes => {
@@ -39,6 +40,14 @@ export function listView(params) {
   const stateSelect = h('select', {id: 'filter-state', onchange: () => go({state: stateSelect.value})},
     h('option', {value: ''}, 'every state'),
     statesFor(definition).map(s => h('option', {value: s, selected: s === stateFilter}, s)));
+  // Find: an ID opens its saga, anything else is looked up as a key.
+  const find = h('input', {type: 'search', id: 'find', size: 30, placeholder: 'saga ID or idempotency key', value: keyFilter, 'aria-label': 'Find a saga by ID or key'});
+  const findForm = h('form', {class: 'filters', id: 'find-form', role: 'search', onsubmit: ev => {
+    ev.preventDefault();
+    const v = find.value.trim();
+    if (/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(v)) location.hash = '#/saga/' + v.toLowerCase();
+    else go({key: v});
+  }}, h('label', null, 'Find ', find), h('button', {type: 'submit', id: 'find-btn'}, 'Find'));
   const counts = h('div', {id: 'counts', class: 'counts'});
   const table = h('tbody', {id: 'saga-rows'});
   const status = h('div', {id: 'list-status', class: 'muted small'});
@@ -52,7 +61,8 @@ export function listView(params) {
         h('form', {class: 'filters', onsubmit: ev => ev.preventDefault()},
           h('label', null, 'Definition ', defSelect),
           h('label', null, 'State ', stateSelect),
-          (definition || stateFilter) ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: ''})}, 'clear filters') : null)),
+          (definition || stateFilter || keyFilter) ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: '', key: ''})}, 'clear filters') : null),
+        findForm),
       counts),
     errors,
     h('section', {class: 'card'},
@@ -65,17 +75,18 @@ export function listView(params) {
     const q = new URLSearchParams({limit: '50'});
     if (definition) q.set('definition', definition);
     if (stateFilter) q.set('state', stateFilter);
+    if (keyFilter) q.set('key', keyFilter);
     if (cursor) q.set('cursor', cursor);
     const data = await viewGet('v1/sagas?' + q, seq, errors);
     if (data === null) return;
     renderCounts(counts, data.counts || {}, stateFilter, go, definition);
     table.replaceChildren(...data.sagas.map(sagaRow));
     if (data.sagas.length === 0) {
-      table.append(h('tr', null, h('td', {colspan: 7, class: 'muted'}, (definition || stateFilter) ? 'No saga matches these filters.' : 'No sagas yet.')));
+      table.append(h('tr', null, h('td', {colspan: 7, class: 'muted'}, keyFilter ? 'No saga was started under the key "' + keyFilter + '".' : (definition || stateFilter) ? 'No saga matches these filters.' : 'No sagas yet.')));
     }
     pager.replaceChildren(...[
-      cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter})), class: 'button'}, '⇤ newest') : null,
-      data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, cursor: data.next_cursor})), class: 'button', id: 'older'}, 'older →') : null].filter(Boolean));
+      cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter})), class: 'button'}, '⇤ newest') : null,
+      data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, cursor: data.next_cursor})), class: 'button', id: 'older'}, 'older →') : null].filter(Boolean));
     status.textContent = data.sagas.length + ' shown' + (cursor ? '' : ', refreshed every ' + LIST_REFRESH_MS / 1000 + ' s') + ' · ' + new Date().toLocaleTimeString();
   };
   load();
