@@ -695,6 +695,9 @@ func TestConsoleSchedules(t *testing.T) {
 		!document.querySelector('#repair-resume-definition').hidden`, held.ID.String()))
 	require.Equal(t, 0, b.count(t, `#repair-resume.suggested`), "the saga's own resume is not suggested")
 	require.Contains(t, b.text(t, "#saga-head"), "with its definition xfer")
+	b.waitJS(t, "the held step", `document.querySelector('#steps tr[data-step="convert"]') !== null`)
+	require.Contains(t, b.text(t, `#steps tr[data-step="convert"]`), "held by its definition's pause", "a held step shows no lease, past or not")
+	require.NotContains(t, b.text(t, "#steps"), "lease until")
 	b.do(t, "resume the definition", chromedp.Click(chromedp.CSS("#repair-resume-definition")), chromedp.WaitVisible(chromedp.CSS("#repair-send")),
 		chromedp.Click(chromedp.CSS("#repair-send")), chromedp.WaitVisible(chromedp.CSS("#repair-ok")))
 	require.Contains(t, b.text(t, "#repair-ok"), "definition xfer resumed")

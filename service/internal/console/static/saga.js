@@ -88,7 +88,7 @@ function sagaBody(s) {
         h('td', null, h('span', {class: 'badge ' + statusClass(st.status)}, st.status), st.possibly_done ? h('span', {class: 'badge warn', title: 'an attempt\'s outcome at another system is unknown: it may have taken effect'}, 'possibly done') : null),
         h('td', null, st.attempt),
         h('td', {class: 'mono small'}, st.status === 'skipped' ? '—' : st.key),
-        h('td', {class: 'small'}, st.status === 'skipped' ? 'skipped by its condition: no effect, nothing to compensate' : st.next_attempt_at ? 'next ' + fmtTime(st.next_attempt_at) : st.lease_until ? 'lease until ' + fmtTime(st.lease_until) : '—',
+        h('td', {class: 'small'}, leaseText(s, st),
           st.callback_token ? h('div', {class: 'mono'}, 'callback token ' + st.callback_token) : null),
         h('td', {class: 'err-cell'}, st.last_error || ''),
         h('td', {class: 'mono small'}, st.result ? compactJSON(st.result) : '')))))));
@@ -152,6 +152,27 @@ function plan(s) {
   return h('div', {class: 'plan'}, stages);
 }
 
+// unfinished says what an attempt with no outcome is doing: held by a
+// pause, waiting for its callback or child, or in flight.
+function unfinished(s, a) {
+  if (s.paused) return 'held';
+  const st = s.steps.find(x => x.step === a.step && x.phase === a.phase);
+  if (st && st.status === 'waiting') return st.kind === 'child' ? 'waiting for its child' : 'waiting for its callback';
+  return 'in flight';
+}
+
+// leaseText is a step's lease or next attempt, or what holds it.
+function leaseText(s, st) {
+  if (st.status === 'skipped') return 'skipped by its condition: no effect, nothing to compensate';
+  if (s.paused && ['dispatched', 'waiting', 'retrying'].includes(st.status)) {
+    return s.paused.definition ? 'held by its definition\'s pause' : 'held by its pause';
+  }
+  if (st.next_attempt_at) return 'next ' + fmtTime(st.next_attempt_at);
+  if (st.status === 'waiting' && st.lease_until) return 'waits until ' + fmtTime(st.lease_until);
+  if (st.lease_until) return 'lease until ' + fmtTime(st.lease_until);
+  return '—';
+}
+
 // timeline draws every attempt in dispatch order, with the repairs and
 // callbacks between them at their time.
 function timeline(s) {
@@ -191,12 +212,12 @@ function timeline(s) {
           h('span', {class: 'what'}, 'callback for ' + ev.c.step + ' (event ' + ev.c.event_id + '): ' + ev.c.outcome));
     }
     const a = ev.a;
-    const took = a.finished_at ? fmtDuration(new Date(a.finished_at) - new Date(a.dispatched_at)) : 'in flight';
+    const took = a.finished_at ? fmtDuration(new Date(a.finished_at) - new Date(a.dispatched_at)) : 'for ' + fmtDuration(Math.max(0, Date.now() - new Date(a.dispatched_at)));
     return h('li', {class: 'ev ' + outcomeClass(a.outcome), dataset: {step: a.step, phase: a.phase, attempt: a.attempt, outcome: a.outcome || 'in flight'}},
       h('span', {class: 'when'}, rel(ev.at)),
       h('span', {class: 'what'},
         h('b', null, a.step), ' ', a.phase === 'compensate' ? h('span', {class: 'badge warn'}, 'compensate') : null,
-        ' attempt ' + a.attempt + ' ', h('span', {class: 'badge ' + outcomeClass(a.outcome)}, a.outcome || 'in flight'), ' ' + took,
+        ' attempt ' + a.attempt + ' ', h('span', {class: 'badge ' + outcomeClass(a.outcome)}, a.outcome || unfinished(s, a)), ' ' + took,
         h('div', {class: 'mono small muted'}, 'key ' + a.key),
         a.error ? h('div', {class: 'err-cell'}, a.error) : null));
   }));
@@ -272,8 +293,10 @@ function repairPanel(id, reload) {
         const {data, replayed} = await api('POST', path,
           {key: current.key, body: members.length ? '{' + members.join(',') + '}' : undefined});
         const what = data.definition && !data.state ? 'definition ' + data.definition + ' resumed, ' + data.sagas + ' sagas sent on' : 'the saga is now ' + data.state;
-        result.replaceChildren(h('div', {class: 'success', id: 'repair-ok', role: 'status'},
-          data.operation + (replayed ? ' was already done with this key (replayed)' : ' done') + ': ' + what + ' · ' + fmtTime(data.at)));
+        result.replaceChildren(h('div', {class: data.state === 'parked' || data.state === 'failed' ? 'error' : 'success', id: 'repair-ok', role: 'status'},
+          data.operation + (replayed ? ' was already done with this key (replayed)' : ' done') + ': ' + what + ' · ' + fmtTime(data.at),
+          data.state === 'parked' ? h('div', {class: 'small', id: 'repair-parked'}, 'Parked, not compensated: a step may have taken effect and has no compensation to undo it. A person must check the other system, then retry, skip or close the saga (its error says which step).') : null,
+          data.state === 'failed' ? h('div', {class: 'small'}, 'Failed: a compensation could not finish. A person must repair its effect, then retry or skip it.') : null));
         form.hidden = true;
         for (const b of buttons.children) b.classList.remove('active');
         current = null;
