@@ -274,7 +274,7 @@ func (c *Config) validate(needNATS bool) error {
 	case c.StreamMaxAge < 0 || c.StreamDuplicateWindow < 0:
 		return errors.New("idemsaga: Config.StreamMaxAge and StreamDuplicateWindow must not be negative")
 	case c.StreamMaxAge > 0 && c.StreamDuplicateWindow > c.StreamMaxAge:
-		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow %s must not exceed StreamMaxAge %s (JetStream refuses it)", c.StreamDuplicateWindow, c.StreamMaxAge)
+		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow (--stream-duplicate-window) %s must not exceed StreamMaxAge (--stream-max-age) %s: JetStream refuses it; give a shorter window or a longer max age", c.StreamDuplicateWindow, c.StreamMaxAge)
 	case !streamName.MatchString(c.Stream):
 		return fmt.Errorf("idemsaga: Config.Stream %q must be letters, digits, '_' or '-'", c.Stream)
 	case !subjectToken.MatchString(c.SubjectPrefix):

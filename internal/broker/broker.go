@@ -85,7 +85,12 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		want.Storage = *cfg.Storage
 	}
 	if want.Duplicates == 0 {
+		// The default window, or the max age when that is shorter:
+		// JetStream refuses a window longer than the max age.
 		want.Duplicates = DuplicateWindowDefault
+		if want.MaxAge > 0 && want.MaxAge < want.Duplicates {
+			want.Duplicates = want.MaxAge
+		}
 	}
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
@@ -143,6 +148,10 @@ func reconcileStream(have jetstream.StreamConfig, cfg StreamConfig) (jetstream.S
 	if cfg.DuplicateWindow != 0 && have.Duplicates != cfg.DuplicateWindow {
 		changes = append(changes, fmt.Sprintf("duplicate window %s -> %s", have.Duplicates, cfg.DuplicateWindow))
 		update.Duplicates = cfg.DuplicateWindow
+	}
+	if update.MaxAge > 0 && update.Duplicates > update.MaxAge {
+		return have, nil, fmt.Errorf("JetStream stream %q would keep messages %s (--stream-max-age, Config.StreamMaxAge) under a duplicate window of %s (--stream-duplicate-window, Config.StreamDuplicateWindow), and JetStream refuses a window longer than the max age: give a window of at most %s, or a max age of at least %s",
+			have.Name, update.MaxAge, update.Duplicates, update.MaxAge, update.Duplicates)
 	}
 	return update, changes, nil
 }

@@ -170,6 +170,20 @@ func TestEnsureKeepsAnOperatorsStream(t *testing.T) {
 	require.Equal(t, time.Hour, have.MaxAge)
 	require.Equal(t, jetstream.MemoryStorage, have.Storage)
 	require.Equal(t, broker.DuplicateWindowDefault, have.Duplicates)
+
+	// A max age shorter than the default window: a new stream's window
+	// is the max age; an existing stream's longer window is refused with
+	// the flags to change, before JetStream is asked.
+	s, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "SHORT", Subjects: []string{"s.>"}, MaxAge: time.Minute, Storage: &memory})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, s.CachedInfo().Config.Duplicates)
+	_, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "NEW", Subjects: []string{"n.>"}, MaxAge: time.Minute})
+	require.ErrorContains(t, err, "--stream-duplicate-window")
+	require.ErrorContains(t, err, "--stream-max-age")
+	require.NotContains(t, err.Error(), "NATS_URL")
+	info, err = js.Stream(ctx, "NEW")
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, info.CachedInfo().Config.MaxAge, "nothing changed")
 }
 
 func TestHintsTellCausesApart(t *testing.T) {
