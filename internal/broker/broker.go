@@ -113,6 +113,11 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		s, err = js.CreateStream(ctx, want)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			s, err = js.Stream(ctx, cfg.Name) // another process created it
+		} else if err == nil && want.Replicas == 1 {
+			if cluster := js.Conn().ConnectedClusterName(); cluster != "" {
+				log.Warn("JetStream stream created with one replica on a clustered server: losing the node that holds it halts every saga until it returns; give --stream-replicas 3 (Config.StreamReplicas) to keep it on three nodes",
+					"stream", cfg.Name, "cluster", cluster)
+			}
 		}
 	}
 	if err != nil {

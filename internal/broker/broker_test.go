@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -164,8 +165,11 @@ func TestEnsureKeepsAnOperatorsStream(t *testing.T) {
 	require.Equal(t, jetstream.FileStorage, info.CachedInfo().Config.Storage)
 
 	// A new stream gets the settings given.
-	s, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "NEW", Subjects: []string{"n.>"}, MaxAge: time.Hour, Storage: &memory})
+	var logs bytes.Buffer
+	s, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "NEW", Subjects: []string{"n.>"}, MaxAge: time.Hour, Storage: &memory,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
+	require.NotContains(t, logs.String(), "one replica", "a lone server has no other node to replicate to")
 	have = s.CachedInfo().Config
 	require.Equal(t, time.Hour, have.MaxAge)
 	require.Equal(t, jetstream.MemoryStorage, have.Storage)

@@ -1,9 +1,11 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,8 +28,16 @@ func TestFailoverRedeliversWhatTheLostLeaderHeld(t *testing.T) {
 	nc := cluster.Connect(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "F", Subjects: []string{"f.>"}, Replicas: 3})
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "F", Subjects: []string{"f.>"}, Replicas: 3, Logger: logger})
 	require.NoError(t, err)
+	require.NotContains(t, logs.String(), "one replica")
+	// A stream made without replicas on a cluster is warned about.
+	_, err = broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "ONE", Subjects: []string{"one.>"}, Logger: logger})
+	require.NoError(t, err)
+	require.Contains(t, logs.String(), "one replica on a clustered server")
+	require.Contains(t, logs.String(), "--stream-replicas 3")
 	const ackWait = 2 * time.Minute
 	c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{Durable: "work", Filter: "f.>", AckWait: ackWait, MaxAckPending: 100})
 	require.NoError(t, err)
@@ -126,4 +136,22 @@ func TestNoResetAfterALoneServerRestarts(t *testing.T) {
 	for m := range batch.Messages() {
 		t.Fatalf("message %q delivered again after a lone server's restart", m.Data())
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
