@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -240,4 +241,59 @@ func logQueue(t *testing.T, js jetstream.JetStream, stream string) {
 		shown++
 		t.Logf("left: seq %d %s id %s at %s", seq, m.Subject, m.Header.Get("Nats-Msg-Id"), m.Time.Format("15:04:05.000"))
 	}
+}
+
+// TestStartWaitsForAFormingCluster: an engine started while its 3-node
+// cluster has one node up (no JetStream leader, every API call unanswered)
+// keeps asking for its stream and consumers, and starts once the other
+// nodes come back, instead of exiting.
+func TestStartWaitsForAFormingCluster(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.NATSCluster(t, 3)
+	cluster.Kill(1)
+	cluster.Kill(2)
+	pool := testenv.DB(t)
+	def, err := fixture.Transfer(fastPolicy)
+	require.NoError(t, err)
+	var logs syncLog
+	cfg := engine.Config{Pool: pool, NATS: testenv.Connect(t, cluster.URLs()), Definitions: []*saga.Definition{def},
+		Stream: testenv.Name("FORMING"), StreamReplicas: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	cfg.SubjectPrefix = "t." + cfg.Stream
+	require.NoError(t, engine.Deploy(context.Background(), cfg))
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- e.Start(context.Background()) }()
+	// Back once the engine has been refused an answer at least once.
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(logs.String(), "JetStream is not ready") {
+		select {
+		case err := <-started:
+			t.Fatalf("the engine's start ended before the cluster had a leader: %v\n%s", err, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "the engine asked nothing in 60 s:\n%s", logs.String())
+	}
+	cluster.Restart(1)
+	cluster.Restart(2)
+	require.NoError(t, <-started, logs.String())
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+}
+
+// syncLog is a log buffer safe for an engine's goroutines and a test.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncLog) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncLog) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -525,26 +525,37 @@ func (e *Engine) stream(ctx context.Context) (jetstream.Stream, error) {
 		st := jetstream.MemoryStorage
 		cfg.Storage = &st
 	}
+	var s jetstream.Stream
+	err := e.untilAnswered(ctx, "stream "+cfg.Name, func() (err error) {
+		s, err = broker.EnsureStream(ctx, e.js, cfg)
+		return err
+	})
+	return s, err
+}
+
+// untilAnswered runs ask until it succeeds, fails for another reason than
+// JetStream not being ready (a cluster still forming, a leader being
+// elected, a peer still starting), or has been tried streamTries times.
+func (e *Engine) untilAnswered(ctx context.Context, what string, ask func() error) error {
 	var err error
 	for i, delay := 0, 250*time.Millisecond; ; i, delay = i+1, min(2*delay, 4*time.Second) {
-		var s jetstream.Stream
-		if s, err = broker.EnsureStream(ctx, e.js, cfg); err == nil {
-			return s, nil
+		if err = ask(); err == nil {
+			return nil
 		}
 		if !broker.Transient(err) || i >= streamTries-1 || ctx.Err() != nil {
 			break
 		}
-		e.cfg.Logger.Warn("JetStream did not answer in time; trying again", "stream", cfg.Name, "try", i+1, "of", streamTries, "error", err)
+		e.cfg.Logger.Warn("JetStream is not ready (a cluster forming, a leader being elected); trying again", "what", what, "try", i+1, "of", streamTries, "error", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(delay):
 		}
 	}
-	return nil, fmt.Errorf("idemsaga: %w", err)
+	return fmt.Errorf("idemsaga: %w", err)
 }
 
-// streamTries bounds how many times the stream is looked up at start
-// while JetStream does not answer: about 30 seconds.
+// streamTries bounds how many times the stream, or a consumer, is looked
+// up at start while JetStream does not answer: about 30 seconds.
 const streamTries = 10
 
 // consumerFunc returns a function that ensures the stream and one durable
@@ -555,11 +566,17 @@ func (e *Engine) consumerFunc(suffix, filter string) broker.ConsumerFunc {
 		if err != nil {
 			return nil, err
 		}
-		c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
-			Durable: e.cfg.Stream + suffix, Filter: filter, AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+		// A consumer's lookup waits out a forming cluster as the stream's
+		// does.
+		var c jetstream.Consumer
+		err = e.untilAnswered(ctx, "consumer "+e.cfg.Stream+suffix, func() (err error) {
+			c, err = broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
+				Durable: e.cfg.Stream + suffix, Filter: filter, AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+			})
+			return err
 		})
 		if err != nil {
-			return nil, fmt.Errorf("idemsaga: %w", err)
+			return nil, err
 		}
 		return c, nil
 	}

@@ -161,12 +161,14 @@ func reconcileStream(have jetstream.StreamConfig, cfg StreamConfig) (jetstream.S
 	return update, changes, nil
 }
 
-// Transient reports whether err is JetStream not answering in time
-// (a cluster forming, a leader being elected), worth trying again.
+// Transient reports whether err is JetStream not ready yet (a cluster
+// forming, a leader being elected, a peer of the stream's still
+// starting), worth trying again.
 func Transient(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
-		strings.Contains(msg, "stream offline") || strings.Contains(msg, "no leader") || strings.Contains(msg, "cluster not ready")
+		strings.Contains(msg, "stream offline") || strings.Contains(msg, "no leader") || strings.Contains(msg, "cluster not ready") ||
+		strings.Contains(msg, "peer offline") || strings.Contains(msg, "temporarily unavailable")
 }
 
 // Hint says what to do about an error from JetStream's API: JetStream
@@ -182,7 +184,8 @@ func Hint(err error) string {
 		return "this user is not allowed to use JetStream's API: grant it publish and subscribe on $JS.API.> and the stream's subjects"
 	case strings.Contains(msg, "insufficient resources"), strings.Contains(msg, "no suitable peers"), strings.Contains(msg, "replicas > 1 not supported"):
 		return "the cluster cannot place the stream's replicas: give --stream-replicas at most the JetStream nodes that run, or start the missing ones"
-	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded), strings.Contains(msg, "stream offline"), strings.Contains(msg, "no leader"):
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded), strings.Contains(msg, "stream offline"), strings.Contains(msg, "no leader"),
+		strings.Contains(msg, "temporarily unavailable"), strings.Contains(msg, "peer offline"):
 		return "JetStream did not answer in time: the cluster may be forming or the stream's replicas down; start the nodes that hold it, and this process retries"
 	}
 	return "check NATS_URL and the server's log"
