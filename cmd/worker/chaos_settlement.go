@@ -40,7 +40,7 @@ type chaosDriver interface {
 type settlementChaos struct {
 	nights   int
 	outage   int
-	start    time.Time // the database's clock when the run began
+	start    time.Time // the database's clock when a worker recorded the schedule
 	svc      *reportService
 	srv      *http.Server
 	url      string
@@ -67,13 +67,14 @@ create or replace function idemsaga.now() returns timestamptz language sql stabl
 as $$ select pg_catalog.now() + (select offset_ms from chaosclock.clock) * interval '1 millisecond' $$`); err != nil {
 		return fmt.Errorf("install the chaos clock: %w", err)
 	}
-	if err := pool.QueryRow(ctx, `select idemsaga.now()`).Scan(&w.start); err != nil {
+	var now time.Time
+	if err := pool.QueryRow(ctx, `select idemsaga.now()`).Scan(&now); err != nil {
 		return err
 	}
 	// Every day the run can settle has its business.
 	rng := rand.New(rand.NewPCG(seed, 5))
 	b := &pgx.Batch{}
-	first := w.start.UTC().Truncate(24*time.Hour).AddDate(0, 0, -2)
+	first := now.UTC().Truncate(24*time.Hour).AddDate(0, 0, -2)
 	for d := range w.nights + 4 {
 		for i := range settlementEntries {
 			at := first.AddDate(0, 0, d).Add(time.Duration(rng.Int64N(int64(24 * time.Hour))))
@@ -123,6 +124,22 @@ func (w *settlementChaos) definition(p saga.RetryPolicy) (*saga.Definition, erro
 }
 
 func (w *settlementChaos) drive(ctx context.Context, pool *pgxpool.Pool, workers *workerSet, nWorkers int) error {
+	// The nights start once a worker recorded the schedule: it is due
+	// from then on, and a night passed before would not be.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := pool.QueryRow(ctx, `select created_at from idemsaga.schedules where definition = $1`, settlement.DefinitionName).Scan(&w.start)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errors.New("no worker recorded the settlement's schedule within 60s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	down := max(1, w.nights/3)
 	for night := 1; night <= w.nights; night++ {
 		select {

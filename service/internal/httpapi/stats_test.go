@@ -98,7 +98,8 @@ func TestDefinitions(t *testing.T) {
 	require.JSONEq(t, `{"definitions":[{"name":"payout","version":1,
 "steps":[{"name":"reserve","reaches":"reserved","kind":"database","compensates":true},{"name":"book","reaches":"booked","kind":"database","compensates":true}],
 "final_state":"booked",
-"states":["init","reserved","booked","compensating","compensated","failed","parked","closed"]}]}`, string(r.body))
+"states":["init","reserved","booked","compensating","compensated","failed","parked","closed"],
+"paused":null}]}`, string(r.body))
 
 	empty := newEnv(t)
 	r = empty.do(t, http.MethodGet, "/v1/definitions", nil, "")
