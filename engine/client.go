@@ -471,6 +471,18 @@ type ListOptions struct {
 	// Key keeps the sagas started under this idempotency key: one per
 	// definition at most.
 	Key string
+	// CreatedFrom and CreatedBefore keep sagas created at or after, and
+	// before, these times (zero: no bound).
+	CreatedFrom, CreatedBefore time.Time
+	// Paused keeps running sagas held by a pause (their own or their
+	// definition's).
+	Paused bool
+	// Waiting keeps running sagas with a step waiting for a callback or
+	// a child saga.
+	Waiting bool
+	// OldestFirst lists the oldest first (the cursor then continues
+	// towards the newest); the default is newest first.
+	OldestFirst bool
 }
 
 // ErrInvalidFilter is returned by List for a definition or state that no
@@ -590,7 +602,15 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if err := cl.checkFilter(ctx, opts); err != nil {
 		return nil, err
 	}
-	rows, err := cl.c.Pool().Query(ctx, store.ListSagas, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID, opts.DeadLettered, opts.Version, opts.Key)
+	if !opts.CreatedFrom.IsZero() && !opts.CreatedBefore.IsZero() && !opts.CreatedFrom.Before(opts.CreatedBefore) {
+		return nil, fmt.Errorf("%w: created from %s is not before %s", ErrInvalidFilter, opts.CreatedFrom.Format(time.RFC3339), opts.CreatedBefore.Format(time.RFC3339))
+	}
+	query := store.ListSagas
+	if opts.OldestFirst {
+		query = store.ListSagasOldestFirst
+	}
+	rows, err := cl.c.Pool().Query(ctx, query, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID,
+		opts.DeadLettered, opts.Version, opts.Key, optionalTime(opts.CreatedFrom), optionalTime(opts.CreatedBefore), opts.Paused, opts.Waiting)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
 	}
@@ -646,4 +666,12 @@ func withSkipped(steps []saga.StepExecution, skipped []string, def *saga.Definit
 		steps = slices.Insert(steps, at, saga.StepExecution{Step: name, Phase: saga.PhaseForward, Index: idx, Kind: kind, Group: group, Status: saga.StepSkipped})
 	}
 	return steps
+}
+
+// optionalTime is t, or nil (SQL null) for the zero time.
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

@@ -249,9 +249,22 @@ const SelectAttempts = `select step, phase, attempt, dispatched_at, finished_at,
 order by dispatched_at, attempt`
 
 // ListSagas filters by definition ($1), state ($2), age ($3 seconds),
-// stuckness ($4, with margin $5 seconds), parked commands ($9) and
-// definition version ($10); empty or zero filters match all.
-const ListSagas = `select ` + SagaColumns + ` from idemsaga.sagas s
+// stuckness ($4, with margin $5 seconds), parked commands ($9),
+// definition version ($10), key ($11), creation time ($12 from, $13
+// before), pause ($14) and a step waiting ($15); empty or zero filters
+// match all. Newest first, after the cursor ($7, $8).
+const ListSagas = listSagasFrom + `
+  and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
+order by s.created_at desc, s.id desc
+limit $6`
+
+// ListSagasOldestFirst is ListSagas oldest first.
+const ListSagasOldestFirst = listSagasFrom + `
+  and ($7::timestamptz is null or (s.created_at, s.id) > ($7, $8))
+order by s.created_at, s.id
+limit $6`
+
+const listSagasFrom = `select ` + SagaColumns + ` from idemsaga.sagas s
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
   and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
@@ -260,12 +273,13 @@ where ($1 = '' or s.definition = $1)
           (st.status = 'dispatched' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'retrying' and st.next_attempt_at >= idemsaga.now() - $5::float8 * interval '1 second')
           or (st.status = 'waiting' and st.lease_until >= idemsaga.now() - $5::float8 * interval '1 second')))))
-  and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
   and (not $9 or exists (select 1 from idemsaga.dead_letters d where d.saga_id = s.id))
   and ($10 = 0 or s.definition_version = $10)
   and ($11 = '' or s.idem_key = $11)
-order by s.created_at desc, s.id desc
-limit $6`
+  and ($12::timestamptz is null or s.created_at >= $12)
+  and ($13::timestamptz is null or s.created_at < $13)
+  and (not $14 or (s.finished_at is null and not (` + NotPaused + `)))
+  and (not $15 or (s.finished_at is null and exists (select 1 from idemsaga.steps st where st.saga_id = s.id and st.status = 'waiting')))`
 
 // CountSagas counts sagas by state, of one definition or all.
 const CountSagas = `select state::text, count(*) from idemsaga.sagas where ($1 = '' or definition = $1) group by state`

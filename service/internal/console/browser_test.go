@@ -437,6 +437,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.waitJS(t, "no saga, and a way to the key", `(document.querySelector('#saga-head') || {textContent: ''}).textContent.includes('No saga to show') &&
 		document.querySelector('#repair').hidden && document.querySelector('#saga-head a[href="#/sagas?key=order-1003"]') !== null`)
 
+	// The list's order and filters reach the API.
+	b.do(t, "oldest first", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?order=oldest"))
+	b.waitJS(t, "the oldest saga first", `(document.querySelector('#saga-rows tr[data-id]') || {textContent: ''}).textContent.includes('order-1001') &&
+		document.querySelector('#filter-order').value === 'oldest'`)
+	b.do(t, "only paused", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?only=paused"))
+	b.waitJS(t, "no paused saga", `document.querySelector('#filter-only').value === 'paused' && document.querySelector('#saga-rows').textContent.includes('No saga matches these filters')`)
+
 	// Live figures: more sagas while the page polls, with duplicates.
 	b.do(t, "open the live figures", chromedp.Click(chromedp.CSS(`#nav a[data-view="live"]`)), chromedp.WaitVisible(chromedp.CSS("#live-finished")))
 	// Three batches, each once the page counted the one before, so that

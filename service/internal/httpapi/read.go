@@ -253,7 +253,10 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	a.encode(w, r, http.StatusOK, out)
 }
 
-// list handles GET /v1/sagas?definition=&state=&key=&limit=&cursor=.
+// listParams are the parameters of GET /v1/sagas.
+const listParams = "definition, state, key, created_from, created_before, stuck, dead_lettered, paused, waiting, order, limit and cursor"
+
+// list handles GET /v1/sagas?definition=&state=&key=&created_from=&created_before=&stuck=&dead_lettered=&paused=&waiting=&order=&limit=&cursor=.
 func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	malformed := func(detail string) {
@@ -261,13 +264,13 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	}
 	for name, vs := range q {
 		switch name {
-		case "definition", "state", "key", "limit", "cursor":
+		case "definition", "state", "key", "created_from", "created_before", "stuck", "dead_lettered", "paused", "waiting", "order", "limit", "cursor":
 			if len(vs) > 1 {
 				malformed(fmt.Sprintf("parameter %q is given %d times; give it once", name, len(vs)))
 				return
 			}
 		default:
-			malformed(fmt.Sprintf("parameter %q is unknown; the parameters are definition, state, key, limit and cursor", name))
+			malformed(fmt.Sprintf("parameter %q is unknown; the parameters are %s", name, listParams))
 			return
 		}
 	}
@@ -279,6 +282,38 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		opts.Limit = n
+	}
+	for name, at := range map[string]*time.Time{"created_from": &opts.CreatedFrom, "created_before": &opts.CreatedBefore} {
+		if !q.Has(name) {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, q.Get(name))
+		if err != nil {
+			malformed(fmt.Sprintf("%s %q must be a time in RFC 3339, such as 2026-12-03T02:00:00Z", name, q.Get(name)))
+			return
+		}
+		*at = t
+	}
+	for name, on := range map[string]*bool{"stuck": &opts.Stuck, "dead_lettered": &opts.DeadLettered, "paused": &opts.Paused, "waiting": &opts.Waiting} {
+		if !q.Has(name) {
+			continue
+		}
+		switch q.Get(name) {
+		case "true":
+			*on = true
+		case "false":
+		default:
+			malformed(fmt.Sprintf("%s %q must be true or false", name, q.Get(name)))
+			return
+		}
+	}
+	switch q.Get("order") {
+	case "", "newest":
+	case "oldest":
+		opts.OldestFirst = true
+	default:
+		malformed(fmt.Sprintf("order %q must be newest (the default) or oldest", q.Get("order")))
+		return
 	}
 	ctx, cancel := a.readContext(r)
 	defer cancel()

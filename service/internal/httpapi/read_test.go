@@ -125,6 +125,43 @@ func TestList(t *testing.T) {
 	require.Len(t, l.Sagas, 1)
 	require.Equal(t, ids[3], l.Sagas[0].ID)
 	require.Empty(t, e.list(t, url.Values{"key": {"l-99"}}).Sagas)
+	// Oldest first, page by page: the same sagas in the other order.
+	var oldest []uuid.UUID
+	cursor = ""
+	for {
+		q := url.Values{"limit": {"4"}, "order": {"oldest"}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		l := e.list(t, q)
+		for _, s := range l.Sagas {
+			oldest = append(oldest, s.ID)
+		}
+		if l.NextCursor == nil {
+			break
+		}
+		cursor = *l.NextCursor
+	}
+	require.Equal(t, want, reversed(oldest))
+
+	// A time range: the sagas created in it, and none after the last.
+	var third time.Time
+	require.NoError(t, e.pool.QueryRow(context.Background(), `select created_at from idemsaga.sagas where id = $1`, want[4]).Scan(&third))
+	l = e.list(t, url.Values{"created_from": {third.Format(time.RFC3339Nano)}})
+	require.Equal(t, want[:5], idsOf(l), "created at or after the third oldest")
+	l = e.list(t, url.Values{"created_before": {third.Format(time.RFC3339Nano)}})
+	require.Equal(t, want[5:], idsOf(l))
+	require.Empty(t, e.list(t, url.Values{"created_from": {time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}}).Sagas)
+
+	// Paused and dead-lettered: one saga paused, none parked.
+	r0 := e.do(t, http.MethodPost, "/v1/sagas/"+ids0(want)+"/pause", []hdr{key("pause-l")}, "")
+	require.Equal(t, http.StatusOK, r0.status, "body: %s", r0.body)
+	l = e.list(t, url.Values{"paused": {"true"}})
+	require.Equal(t, want[:1], idsOf(l))
+	require.Empty(t, e.list(t, url.Values{"dead_lettered": {"true"}}).Sagas)
+	require.Empty(t, e.list(t, url.Values{"waiting": {"true"}}).Sagas)
+	require.Len(t, e.list(t, url.Values{"stuck": {"false"}}).Sagas, 7)
+
 	// A key where an ID goes says where to look for it.
 	r := e.do(t, http.MethodGet, "/v1/sagas/l-3", nil, "")
 	require.Equal(t, http.StatusBadRequest, r.status)
@@ -146,7 +183,8 @@ func TestListRefusals(t *testing.T) {
 	for _, q := range []string{
 		"cursor=garbage", "cursor=2024-01-01T00:00:00Z_nope", "cursor=" + uuid.NewString(),
 		"limit=0", "limit=501", "limit=-1", "limit=ten", "limit=", "limit=5&limit=6", "colour=red",
-		"definition=other", "state=parkd",
+		"definition=other", "state=parkd", "created_from=yesterday", "created_before=2026-13-01T00:00:00Z",
+		"created_from=2026-12-03T00:00:00Z&created_before=2026-12-02T00:00:00Z", "stuck=yes", "paused=1", "order=random",
 	} {
 		r := e.do(t, http.MethodGet, "/v1/sagas?"+q, nil, "")
 		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", q, r.body)
@@ -219,4 +257,22 @@ func TestGetShowsChildrenAndGroups(t *testing.T) {
 	require.Equal(t, id, *ch.Parent)
 	require.Equal(t, "fx", *ch.ParentStep)
 	require.Empty(t, ch.Children)
+}
+
+func idsOf(l httpapi.List) []uuid.UUID {
+	out := []uuid.UUID{}
+	for _, s := range l.Sagas {
+		out = append(out, s.ID)
+	}
+	return out
+}
+
+func ids0(ids []uuid.UUID) string { return ids[0].String() }
+
+func reversed(in []uuid.UUID) []uuid.UUID {
+	out := make([]uuid.UUID, len(in))
+	for i, v := range in {
+		out[len(in)-1-i] = v
+	}
+	return out
 }

@@ -5,7 +5,7 @@ const LIST_REFRESH_MS = 5000;
 
 function listHash(params) {
   const q = new URLSearchParams();
-  for (const k of ['definition', 'state', 'key', 'cursor']) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of ['definition', 'state', 'key', 'only', 'order', 'from', 'before', 'cursor']) if (params.get(k)) q.set(k, params.get(k));
   const s = q.toString();
   return '#/sagas' + (s ? '?' + s : '');
 }
@@ -26,7 +26,12 @@ export function listView(params) {
   const definition = params.get('definition') || '';
   const stateFilter = params.get('state') || '';
   const keyFilter = params.get('key') || '';
+  const only = params.get('only') || '';
+  const order = params.get('order') || '';
+  const from = params.get('from') || '';
+  const before = params.get('before') || '';
   const cursor = params.get('cursor') || '';
+  const filtered = definition || stateFilter || keyFilter || only || from || before;
 
   const go = changes => {
     const p = new URLSearchParams(params);
@@ -40,6 +45,23 @@ export function listView(params) {
   const stateSelect = h('select', {id: 'filter-state', onchange: () => go({state: stateSelect.value})},
     h('option', {value: ''}, 'every state'),
     statesFor(definition).map(s => h('option', {value: s, selected: s === stateFilter}, s)));
+  const onlySelect = h('select', {id: 'filter-only', onchange: () => go({only: onlySelect.value})},
+    [['', 'every saga'], ['stuck', 'stuck (no step in flight, or overdue)'], ['paused', 'paused'], ['waiting', 'waiting for a callback or child'], ['dead_lettered', 'with dead-lettered commands']]
+      .map(([v, label]) => h('option', {value: v, selected: v === only}, label)));
+  const orderSelect = h('select', {id: 'filter-order', onchange: () => go({order: orderSelect.value})},
+    h('option', {value: '', selected: !order}, 'newest first'), h('option', {value: 'oldest', selected: order === 'oldest'}, 'oldest first'));
+  // Times are typed in the browser's zone and sent in UTC.
+  const localInput = (id, value, key) => {
+    const el = h('input', {type: 'datetime-local', id, step: 1, onchange: () => go({[key]: el.value ? new Date(el.value).toISOString() : ''})});
+    if (value) {
+      const d = new Date(value);
+      el.value = new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+    }
+    return el;
+  };
+  const fromInput = localInput('filter-from', from, 'from');
+  const beforeInput = localInput('filter-before', before, 'before');
+
   // Find: an ID opens its saga, anything else is looked up as a key.
   const find = h('input', {type: 'search', id: 'find', size: 30, placeholder: 'saga ID or idempotency key', value: keyFilter, 'aria-label': 'Find a saga by ID or key'});
   const findForm = h('form', {class: 'filters', id: 'find-form', role: 'search', onsubmit: ev => {
@@ -61,7 +83,11 @@ export function listView(params) {
         h('form', {class: 'filters', onsubmit: ev => ev.preventDefault()},
           h('label', null, 'Definition ', defSelect),
           h('label', null, 'State ', stateSelect),
-          (definition || stateFilter || keyFilter) ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: '', key: ''})}, 'clear filters') : null),
+          h('label', null, 'Only ', onlySelect),
+          h('label', null, 'Created from ', fromInput),
+          h('label', null, 'before ', beforeInput),
+          h('label', null, 'Order ', orderSelect),
+          filtered ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: '', key: '', only: '', from: '', before: ''})}, 'clear filters') : null),
         findForm),
       counts),
     errors,
@@ -76,17 +102,21 @@ export function listView(params) {
     if (definition) q.set('definition', definition);
     if (stateFilter) q.set('state', stateFilter);
     if (keyFilter) q.set('key', keyFilter);
+    if (only) q.set(only, 'true');
+    if (order) q.set('order', order);
+    if (from) q.set('created_from', from);
+    if (before) q.set('created_before', before);
     if (cursor) q.set('cursor', cursor);
     const data = await viewGet('v1/sagas?' + q, seq, errors);
     if (data === null) return;
     renderCounts(counts, data.counts || {}, stateFilter, go, definition);
     table.replaceChildren(...data.sagas.map(sagaRow));
     if (data.sagas.length === 0) {
-      table.append(h('tr', null, h('td', {colspan: 7, class: 'muted'}, keyFilter ? 'No saga was started under the key "' + keyFilter + '".' : (definition || stateFilter) ? 'No saga matches these filters.' : 'No sagas yet.')));
+      table.append(h('tr', null, h('td', {colspan: 7, class: 'muted'}, keyFilter ? 'No saga was started under the key "' + keyFilter + '".' : filtered ? 'No saga matches these filters.' : 'No sagas yet.')));
     }
     pager.replaceChildren(...[
-      cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter})), class: 'button'}, '⇤ newest') : null,
-      data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, cursor: data.next_cursor})), class: 'button', id: 'older'}, 'older →') : null].filter(Boolean));
+      cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, only, order, from, before})), class: 'button'}, order === 'oldest' ? '⇤ oldest' : '⇤ newest') : null,
+      data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, only, order, from, before, cursor: data.next_cursor})), class: 'button', id: 'older'}, order === 'oldest' ? 'newer →' : 'older →') : null].filter(Boolean));
     status.textContent = data.sagas.length + ' shown' + (cursor ? '' : ', refreshed every ' + LIST_REFRESH_MS / 1000 + ' s') + ' · ' + new Date().toLocaleTimeString();
   };
   load();
