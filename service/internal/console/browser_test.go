@@ -18,6 +18,8 @@ import (
 	"time"
 
 	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -267,6 +269,15 @@ func newBrowser(t *testing.T) *browser {
 }
 
 // do runs actions within a deadline, failing the test with what failed.
+// colorScheme makes the page see prefers-color-scheme as scheme.
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return chromedp.Void{}, err
+	}
+}
+
 func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
@@ -474,6 +485,21 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "0", b.text(t, "#live-takeovers .value"))
 	b.waitJS(t, "the plot of sagas finished per second", `document.querySelector('#live-spark path.spark-line') !== null`)
 	b.screenshot(t, shots, "4-live-figures")
+
+	// At phone width, in the dark: nothing overflows the page (a wide
+	// table scrolls in its card), and the surfaces are dark.
+	b.do(t, "a phone, in the dark", chromedp.EmulateViewport(360, 800),
+		colorScheme("dark"),
+		chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+failed))
+	b.waitJS(t, "the saga at 360 px", fmt.Sprintf(`(document.querySelector('#saga-id') || {}).textContent === %q`, failed))
+	b.waitJS(t, "no page-wide overflow at 360 px", `document.documentElement.scrollWidth <= 360`)
+	b.waitJS(t, "dark surfaces", `getComputedStyle(document.body).backgroundColor === 'rgb(15, 20, 28)'`)
+	b.screenshot(t, shots, "3b-saga-at-360px-dark")
+	b.do(t, "the list at 360 px", chromedp.Navigate(env.srv.URL+"/ui/#/sagas"))
+	b.waitJS(t, "the list", `document.querySelectorAll('#saga-rows tr[data-id]').length > 0 && document.documentElement.scrollWidth <= 360`)
+	b.screenshot(t, shots, "3c-list-at-360px-dark")
+	b.do(t, "back to a desktop, in the light", chromedp.EmulateViewport(1360, 1000),
+		colorScheme("light"))
 
 	// Signing out forgets the token and shows no data.
 	b.do(t, "sign out", chromedp.Click(chromedp.CSS("#sign-out")), chromedp.WaitVisible(chromedp.CSS("#token")))
