@@ -54,9 +54,7 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range httpapi.Patterns() {
-		served = append(served, p)
-	}
+	served = append(served, httpapi.Patterns()...)
 	slices.Sort(documented)
 	slices.Sort(served)
 	require.Equal(t, served, documented, "every route documented, and nothing else")
