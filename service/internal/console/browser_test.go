@@ -442,6 +442,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.do(t, "find by key", chromedp.SetValue(chromedp.CSS("#find"), "order-1003"), chromedp.Click(chromedp.CSS("#find-btn")))
 	b.waitJS(t, "the saga of the key", `location.hash === '#/sagas?key=order-1003' && document.querySelectorAll('#saga-rows tr[data-id]').length === 1 &&
 		document.querySelector('#saga-rows tr[data-id]').textContent.includes('order-1003')`)
+	// A row is opened from the keyboard: focused, then Enter.
+	b.do(t, "open the row by the keyboard", chromedp.Focus(chromedp.CSS(`#saga-rows tr[data-id]`)), chromedp.KeyEvent(kb.Enter))
+	b.waitJS(t, "the row's saga", `location.hash.startsWith('#/saga/') && (document.querySelector('#saga-head') || {textContent: ''}).textContent.includes('order-1003')`)
+	b.do(t, "back to the list", chromedp.Click(chromedp.CSS(`#nav a[data-view="sagas"]`)), chromedp.WaitVisible(chromedp.CSS("#find")))
 	b.do(t, "find by ID", chromedp.SetValue(chromedp.CSS("#find"), strings.ToUpper(failed)), chromedp.Click(chromedp.CSS("#find-btn")))
 	b.waitJS(t, "the saga of the ID", fmt.Sprintf(`(document.querySelector('#saga-id') || {}).textContent === %q`, failed))
 	b.do(t, "a key where an ID goes", chromedp.Navigate(env.srv.URL+"/ui/#/saga/order-1003"))

@@ -141,7 +141,10 @@ function renderCounts(el, counts, active, go, definition) {
 
 function sagaRow(s) {
   const link = '#/saga/' + s.id;
-  return h('tr', {class: 'clickable', dataset: {id: s.id, state: s.state}, onclick: ev => { if (ev.target.tagName !== 'A') location.hash = link; }},
+  // A row is reached by Tab and opened with Enter, as by a click.
+  return h('tr', {class: 'clickable', tabindex: 0, 'aria-label': s.definition + ' ' + s.key + ', ' + s.state, dataset: {id: s.id, state: s.state},
+    onclick: ev => { if (ev.target.tagName !== 'A') location.hash = link; },
+    onkeydown: ev => { if (ev.key === 'Enter' && ev.target === ev.currentTarget) location.hash = link; }},
     h('td', null, stateBadge(s)),
     h('td', null, s.definition),
     h('td', {class: 'mono'}, s.key),
