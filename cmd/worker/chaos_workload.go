@@ -62,16 +62,24 @@ func (w *transferChaos) definition(p saga.RetryPolicy) (*saga.Definition, error)
 	return transfer.NewDefinition(p)
 }
 
+// chaosTransfer draws the i-th transfer of a run between two of the
+// seeded accounts; one in ten goes to the frozen account, whose credit
+// fails.
+func chaosTransfer(rng *rand.Rand, i int) (from, to, amount int64) {
+	from = 1 + rng.Int64N(chaosAccounts)
+	to = 1 + (from+rng.Int64N(chaosAccounts-1))%chaosAccounts
+	if i%10 == 3 {
+		to = chaosAccounts + 1
+	}
+	return from, to, 1 + rng.Int64N(500)
+}
+
 func (w *transferChaos) jobs(n int, seed uint64) []chaosJob {
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	jobs := make([]chaosJob, n)
 	for i := range jobs {
-		from := 1 + rng.Int64N(chaosAccounts)
-		to := 1 + (from+rng.Int64N(chaosAccounts-1))%chaosAccounts
-		if i%10 == 3 {
-			to = chaosAccounts + 1 // frozen: the credit fails
-		}
-		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-%06d", i), in: transfer.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}}
+		from, to, amount := chaosTransfer(rng, i)
+		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-%06d", i), in: transfer.Input{From: from, To: to, Amount: amount}}
 	}
 	return jobs
 }
@@ -396,12 +404,8 @@ func (w *crossborderChaos) jobs(n int, seed uint64) []chaosJob {
 	rng := rand.New(rand.NewPCG(seed, uint64(n)+2))
 	jobs := make([]chaosJob, n)
 	for i := range jobs {
-		from := 1 + rng.Int64N(chaosAccounts)
-		to := 1 + (from+rng.Int64N(chaosAccounts-1))%chaosAccounts
-		if i%10 == 3 {
-			to = chaosAccounts + 1 // frozen: the credit fails
-		}
-		in := crossborder.Input{From: from, To: to, Amount: 1 + rng.Int64N(500)}
+		from, to, amount := chaosTransfer(rng, i)
+		in := crossborder.Input{From: from, To: to, Amount: amount}
 		jobs[i] = chaosJob{key: fmt.Sprintf("chaos-xb-%06d", i), in: in}
 		if i%2 == 0 {
 			jobs[i].key = fmt.Sprintf("chaos-xb-event-%06d", i)
