@@ -160,29 +160,29 @@ type route struct {
 // routes are every route of the API: the mux and the OpenAPI document
 // are both made from them.
 func (a *api) routes() []route {
-	reason := body(obj("reason", str("Why, recorded with the repair.")))
+	reason := obj("reason", str("Why, recorded with the repair."))
 	return []route{
 		{"POST /v1/sagas/{definition}", a.start, opDoc{"Start a saga of a definition under the request's Idempotency-Key (201; the same key and input again: 200, the same saga).",
-			body(map[string]any{"description": "The saga's input, checked by the definition's input rules."}), Started{}, http.StatusCreated, true, nil}},
+			map[string]any{"description": "The saga's input, checked by the definition's input rules."}, Started{}, http.StatusCreated, true, nil}},
 		{"GET /v1/sagas/{id}", a.get, opDoc{"Read a saga: its state, steps, attempts, repairs, callbacks, parent, children and plan.", nil, Saga{}, http.StatusOK, false, nil}},
 		{"GET /v1/sagas", a.list, opDoc{"List sagas, newest first, with their counts by state.", nil, List{}, http.StatusOK, false,
 			[]string{"definition", "state", "key", "created_from", "created_before", "stuck", "dead_lettered", "paused", "waiting", "order", "limit", "cursor"}}},
 		{"POST /v1/sagas/{id}/cancel", a.cancel, opDoc{"Cancel a running, parked or failed saga: what it did is compensated.", reason, Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/sagas/{id}/retry", a.retry, opDoc{"Run a failed or parked saga's step (or a step waiting out a backoff) again under its key.", reason, Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/sagas/{id}/skip", a.skip, opDoc{"Mark a step succeeded with the result the other system gave, and go on.",
-			body(obj("step", str("The step to skip."), "result", map[string]any{"description": "The step's result, as JSON."}, "reason", str("Why."))), Repaired{}, http.StatusOK, true, nil}},
+			obj("step", str("The step to skip."), "result", map[string]any{"description": "The step's result, as JSON."}, "reason", str("Why.")), Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/sagas/{id}/close", a.close, opDoc{"Close a failed or parked saga as handled by hand.", reason, Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/sagas/{id}/pause", a.pause, opDoc{"Start no attempt of the saga until it is resumed.", reason, Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/sagas/{id}/resume", a.resume, opDoc{"Let a paused saga run again.", reason, Repaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/repairs", a.bulk, opDoc{"Repair every saga a filter selects (a dry run first says what would change).",
-			body(obj("operation", str("retry, cancel, skip, close, pause or resume."), "filter", obj("definition", str(""), "state", str("")),
+			obj("operation", str("retry, cancel, skip, close, pause or resume."), "filter", obj("definition", str(""), "state", str("")),
 				"limit", map[string]any{"type": "integer"}, "cursor", str(""), "dry_run", map[string]any{"type": "boolean"}, "reason", str(""),
-				"step", str("A skip's step."), "result", map[string]any{"description": "A skip's result."})), BulkRepaired{}, http.StatusOK, true, nil}},
+				"step", str("A skip's step."), "result", map[string]any{"description": "A skip's result."}), BulkRepaired{}, http.StatusOK, true, nil}},
 		{"POST /v1/callbacks/{token}", a.callback, opDoc{"Answer a callback step (the token names the saga and step), once per event id.",
-			body(obj("event_id", str("The event's id: a repeat is answered from its record."), "result", map[string]any{"description": "The step's result."}, "error", str("A refusal: the step fails for good."))),
+			obj("event_id", str("The event's id: a repeat is answered from its record."), "result", map[string]any{"description": "The step's result."}, "error", str("A refusal: the step fails for good.")),
 			Completed{}, http.StatusOK, false, nil}},
 		{"POST /v1/tokens", a.issueToken, opDoc{"Issue a submit token: the Idempotency-Key of one start of a definition.",
-			body(obj("definition", str(""), "ttl_seconds", map[string]any{"type": "integer", "minimum": 60, "maximum": 86400})), SubmitToken{}, http.StatusCreated, false, nil}},
+			obj("definition", str(""), "ttl_seconds", map[string]any{"type": "integer", "minimum": 60, "maximum": 86400}), SubmitToken{}, http.StatusCreated, false, nil}},
 		{"GET /v1/definitions", a.definitions, opDoc{"List the definitions the deployment recorded, their steps, states and pauses.", nil, Definitions{}, http.StatusOK, false, nil}},
 		{"POST /v1/definitions/{definition}/pause", a.pauseDefinition, opDoc{"Pause every saga of a definition.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},
 		{"POST /v1/definitions/{definition}/resume", a.resumeDefinition, opDoc{"Lift a definition's pause.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},

@@ -28,8 +28,6 @@ type opDoc struct {
 	query []string
 }
 
-func body(schema map[string]any) map[string]any { return schema }
-
 // obj is a JSON object schema of the members given as name, schema pairs.
 func obj(pairs ...any) map[string]any {
 	props := map[string]any{}
