@@ -90,7 +90,10 @@ values ('00000000-0000-0000-0000-00000000abcd', 'ghost', 'forward', 0, gen_rando
 	require.Contains(t, all, "step recorded as failed took effect: credit/forward")
 	require.Contains(t, all, "in final state \"credited\" with 1 of 2 forward steps succeeded")
 	require.Contains(t, all, "running (state compensated) with no step in flight: stuck")
-	require.Contains(t, all, "3 failed publishes, last: maximum payload exceeded")
+	// The engine's relay may try the planted row again before reconcile
+	// reads it (on a busy machine it does): the count and the error are
+	// then its own.
+	require.Regexp(t, `outbox row \d+ \(x\) unpublished for \d+s, \d+ failed publishes, last: \S`, all)
 	require.Contains(t, all, "failed and needs a person: refund rejected")
 	require.Contains(t, all, "compensated, but a step that may have taken effect was not compensated: credit (key ")
 	require.Contains(t, all, "no compensation ran")
