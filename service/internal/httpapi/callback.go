@@ -104,7 +104,7 @@ func (a *api) callback(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "No such step", trimPrefix(err.Error())))
 		return
 	case errors.Is(err, engine.ErrNotCallbackStep):
-		writeProblem(w, newProblem(http.StatusUnprocessableEntity, ProblemNotCallbackStep, "Not a callback step", trimPrefix(err.Error())))
+		writeProblem(w, newProblem(http.StatusUnprocessableEntity, ProblemNotCallbackStep, "The step is not a callback step", trimPrefix(err.Error())))
 		return
 	case errors.Is(err, engine.ErrCallbackReused):
 		writeProblem(w, newProblem(http.StatusUnprocessableEntity, ProblemCallbackReused, "Callback event id reused",

@@ -166,6 +166,8 @@ func (r response) problem(t testing.TB) httpapi.Problem {
 	require.NotEmpty(t, p.Type)
 	require.NotEmpty(t, p.Title)
 	require.NotEmpty(t, p.Detail)
+	// The detail explains this occurrence; it does not say the title again.
+	require.NotContains(t, strings.ToLower(p.Detail), strings.ToLower(p.Title), "the detail repeats the title: %s", r.body)
 	return p
 }
 

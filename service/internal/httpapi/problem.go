@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 )
 
 // ProblemContentType is the media type of every error answer (RFC 9457).
@@ -82,10 +83,16 @@ type Problem struct {
 // WriteProblem answers with status and an application/problem+json body,
 // for the runtime's own routes (a /metrics 401, say) to answer like the API.
 func WriteProblem(w http.ResponseWriter, status int, typ, title, detail string) {
-	writeProblem(w, &Problem{Type: typ, Title: title, Status: status, Detail: detail})
+	writeProblem(w, newProblem(status, typ, title, detail))
 }
 
+// newProblem returns a problem whose detail does not say its title again:
+// an error's text that starts with it (a sentinel the engine wrapped) is
+// cut after the title.
 func newProblem(status int, typ, title, detail string) *Problem {
+	if len(detail) > len(title)+2 && strings.EqualFold(detail[:len(title)], title) && detail[len(title):len(title)+2] == ": " {
+		detail = detail[len(title)+2:]
+	}
 	return &Problem{Type: typ, Title: title, Status: status, Detail: detail}
 }
 
