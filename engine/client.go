@@ -605,9 +605,16 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	if !opts.CreatedFrom.IsZero() && !opts.CreatedBefore.IsZero() && !opts.CreatedFrom.Before(opts.CreatedBefore) {
 		return nil, fmt.Errorf("%w: created from %s is not before %s", ErrInvalidFilter, opts.CreatedFrom.Format(time.RFC3339), opts.CreatedBefore.Format(time.RFC3339))
 	}
-	query := store.ListSagas
-	if opts.OldestFirst {
+	var query string
+	switch {
+	case opts.Key != "" && opts.OldestFirst:
+		query = store.ListSagasByKeyOldestFirst
+	case opts.Key != "":
+		query = store.ListSagasByKey
+	case opts.OldestFirst:
 		query = store.ListSagasOldestFirst
+	default:
+		query = store.ListSagas
 	}
 	rows, err := cl.c.Pool().Query(ctx, query, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID,
 		opts.DeadLettered, opts.Version, opts.Key, optionalTime(opts.CreatedFrom), optionalTime(opts.CreatedBefore), opts.Paused, opts.Waiting)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +49,44 @@ func TestPauseAndResumeSaga(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, resumed, "resume %d", i)
 	}
+}
+
+// TestLookupByKeyUsesTheIndex: a lookup by key alone, and a list filtered
+// by key, read the sagas of that key through the (definition, idem_key)
+// index, not every saga.
+func TestLookupByKeyUsesTheIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	for _, q := range []struct {
+		name, sql string
+		args      []any
+	}{
+		{"SelectSagasByKey", store.SelectSagasByKey, []any{"k"}},
+		{"ListSagasByKey", store.ListSagasByKey, listArgs("k")},
+		{"ListSagasByKeyOldestFirst", store.ListSagasByKeyOldestFirst, listArgs("k")},
+	} {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "set local enable_seqscan = off")
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "explain "+q.sql, q.args...)
+		require.NoError(t, err)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		require.NoError(t, tx.Rollback(ctx))
+		// The index is probed by definition and key, not read whole
+		// and filtered by key.
+		require.Regexp(t, `Index Cond: \(\(definition = ANY .*\) AND \(idem_key = `, strings.Join(plan, "\n"), "%s:\n%s", q.name, strings.Join(plan, "\n"))
+	}
+}
+
+// listArgs are ListSagas's parameters for a key and no other filter.
+func listArgs(key string) []any {
+	return []any{"", "", 0.0, false, 0.0, 10, nil, nil, false, 0, key, nil, nil, false, false}
 }

@@ -21,7 +21,8 @@ const SelectSagaByID = `select ` + SagaColumns + ` from idemsaga.sagas where id 
 const SelectSagaByKeyFull = `select ` + SagaColumns + ` from idemsaga.sagas where definition = $1 and idem_key = $2`
 
 // SelectSagasByKey reads the sagas of every definition under key $1.
-const SelectSagasByKey = `select ` + SagaColumns + ` from idemsaga.sagas where idem_key = $1 order by created_at`
+const SelectSagasByKey = `select ` + SagaColumns + ` from idemsaga.sagas
+where definition = any(array(select distinct name from idemsaga.definitions)) and idem_key = $1 order by created_at`
 
 // Doubt holds for a step st, with its key's inbox row i, that may have
 // taken effect: an attempt's outcome was unknown, as the step's row or
@@ -253,18 +254,32 @@ order by dispatched_at, attempt`
 // definition version ($10), key ($11), creation time ($12 from, $13
 // before), pause ($14) and a step waiting ($15); empty or zero filters
 // match all. Newest first, after the cursor ($7, $8).
-const ListSagas = listSagasFrom + `
+const ListSagas = `select ` + SagaColumns + ` from idemsaga.sagas s` + listSagasWhere + listNewestFirst
+
+// ListSagasOldestFirst is ListSagas oldest first.
+const ListSagasOldestFirst = `select ` + SagaColumns + ` from idemsaga.sagas s` + listSagasWhere + listOldestFirst
+
+// ListSagasByKey is ListSagas for a key ($11 not empty): it reads the
+// sagas of that key through the (definition, idem_key) index, one probe
+// per definition recorded, rather than every saga.
+const ListSagasByKey = `select ` + SagaColumns + ` from (select * from idemsaga.sagas
+  where definition = any(array(select distinct name from idemsaga.definitions)) and idem_key = $11) s` + listSagasWhere + listNewestFirst
+
+// ListSagasByKeyOldestFirst is ListSagasByKey oldest first.
+const ListSagasByKeyOldestFirst = `select ` + SagaColumns + ` from (select * from idemsaga.sagas
+  where definition = any(array(select distinct name from idemsaga.definitions)) and idem_key = $11) s` + listSagasWhere + listOldestFirst
+
+const listNewestFirst = `
   and ($7::timestamptz is null or (s.created_at, s.id) < ($7, $8))
 order by s.created_at desc, s.id desc
 limit $6`
 
-// ListSagasOldestFirst is ListSagas oldest first.
-const ListSagasOldestFirst = listSagasFrom + `
+const listOldestFirst = `
   and ($7::timestamptz is null or (s.created_at, s.id) > ($7, $8))
 order by s.created_at, s.id
 limit $6`
 
-const listSagasFrom = `select ` + SagaColumns + ` from idemsaga.sagas s
+const listSagasWhere = `
 where ($1 = '' or s.definition = $1)
   and ($2 = '' or s.state::text = $2)
   and ($3::float8 = 0 or s.created_at < idemsaga.now() - $3::float8 * interval '1 second')
