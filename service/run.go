@@ -27,7 +27,7 @@ import (
 
 type runCmd struct {
 	HTTPAddr         string        `name:"http-addr" env:"HTTP_ADDR" default:"127.0.0.1:9464" help:"Address of the HTTP API (/v1), the web console (/ui/), /metrics, /healthz and /readyz; port 0 picks a free port (logged). Empty serves no HTTP."`
-	APITokensFile    string        `name:"api-tokens-file" env:"IDEMSAGA_API_TOKENS_FILE" type:"path" help:"File of bearer tokens, one per line: every /v1 request (and /metrics, unless --metrics-open) must carry one as Authorization: Bearer <token>."`
+	APITokensFile    string        `name:"api-tokens-file" env:"IDEMSAGA_API_TOKENS_FILE" type:"path" help:"File of bearer tokens, one per line, each alone or as: <name> <read|start|operator> <definitions|*> <token>. Every /v1 request (and /metrics, unless --metrics-open) must carry one as Authorization: Bearer <token>; repairs are recorded under its name."`
 	MetricsOpen      bool          `name:"metrics-open" env:"IDEMSAGA_METRICS_OPEN" help:"Serve /metrics without a token even when tokens are configured."`
 	InsecureNoAuth   bool          `name:"insecure-no-auth" help:"Listen on a non-loopback address without API tokens (anyone who reaches it can start and cancel sagas)."`
 	StepConcurrency  int           `name:"step-concurrency" default:"8" help:"Step commands handled at once."`

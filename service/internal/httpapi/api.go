@@ -130,7 +130,11 @@ func New(cfg Config) (http.Handler, error) {
 	a := &api{cfg: cfg, mux: http.NewServeMux()}
 	var paths []string
 	for _, rt := range a.routes() {
-		a.mux.HandleFunc(rt.pattern, rt.handler)
+		a.mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+			if permits(w, r, rt.scope) {
+				rt.handler(w, r)
+			}
+		})
 		_, path, _ := strings.Cut(rt.pattern, " ")
 		if !slices.Contains(paths, path) {
 			paths = append(paths, path)
@@ -153,6 +157,8 @@ func New(cfg Config) (http.Handler, error) {
 // document says of it.
 type route struct {
 	pattern string
+	// scope is the least scope a token needs for the route.
+	scope   Scope
 	handler http.HandlerFunc
 	doc     opDoc
 }
@@ -162,36 +168,36 @@ type route struct {
 func (a *api) routes() []route {
 	reason := obj("reason", str("Why, recorded with the repair."))
 	return []route{
-		{"POST /v1/sagas/{definition}", a.start, opDoc{"Start a saga of a definition under the request's Idempotency-Key (201; the same key and input again: 200, the same saga).",
+		{"POST /v1/sagas/{definition}", ScopeStart, a.start, opDoc{"Start a saga of a definition under the request's Idempotency-Key (201; the same key and input again: 200, the same saga).",
 			map[string]any{"description": "The saga's input, checked by the definition's input rules."}, Started{}, http.StatusCreated, true, nil}},
-		{"GET /v1/sagas/{id}", a.get, opDoc{"Read a saga: its state, steps, attempts, repairs, callbacks, parent, children and plan.", nil, Saga{}, http.StatusOK, false, nil}},
-		{"GET /v1/sagas", a.list, opDoc{"List sagas, newest first, with their counts by state.", nil, List{}, http.StatusOK, false,
+		{"GET /v1/sagas/{id}", ScopeRead, a.get, opDoc{"Read a saga: its state, steps, attempts, repairs, callbacks, parent, children and plan.", nil, Saga{}, http.StatusOK, false, nil}},
+		{"GET /v1/sagas", ScopeRead, a.list, opDoc{"List sagas, newest first, with their counts by state.", nil, List{}, http.StatusOK, false,
 			[]string{"definition", "state", "key", "created_from", "created_before", "stuck", "dead_lettered", "paused", "waiting", "order", "limit", "cursor"}}},
-		{"POST /v1/sagas/{id}/cancel", a.cancel, opDoc{"Cancel a running, parked or failed saga: what it did is compensated.", reason, Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/sagas/{id}/retry", a.retry, opDoc{"Run a failed or parked saga's step (or a step waiting out a backoff) again under its key.", reason, Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/sagas/{id}/skip", a.skip, opDoc{"Mark a step succeeded with the result the other system gave, and go on.",
+		{"POST /v1/sagas/{id}/cancel", ScopeOperator, a.cancel, opDoc{"Cancel a running, parked or failed saga: what it did is compensated.", reason, Repaired{}, http.StatusOK, true, nil}},
+		{"POST /v1/sagas/{id}/retry", ScopeOperator, a.retry, opDoc{"Run a failed or parked saga's step (or a step waiting out a backoff) again under its key.", reason, Repaired{}, http.StatusOK, true, nil}},
+		{"POST /v1/sagas/{id}/skip", ScopeOperator, a.skip, opDoc{"Mark a step succeeded with the result the other system gave, and go on.",
 			obj("step", str("The step to skip."), "result", map[string]any{"description": "The step's result, as JSON."}, "reason", str("Why.")), Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/sagas/{id}/close", a.close, opDoc{"Close a failed or parked saga as handled by hand.", reason, Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/sagas/{id}/pause", a.pause, opDoc{"Start no attempt of the saga until it is resumed.", reason, Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/sagas/{id}/resume", a.resume, opDoc{"Let a paused saga run again.", reason, Repaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/repairs", a.bulk, opDoc{"Repair every saga a filter selects (a dry run first says what would change).",
+		{"POST /v1/sagas/{id}/close", ScopeOperator, a.close, opDoc{"Close a failed or parked saga as handled by hand.", reason, Repaired{}, http.StatusOK, true, nil}},
+		{"POST /v1/sagas/{id}/pause", ScopeOperator, a.pause, opDoc{"Start no attempt of the saga until it is resumed.", reason, Repaired{}, http.StatusOK, true, nil}},
+		{"POST /v1/sagas/{id}/resume", ScopeOperator, a.resume, opDoc{"Let a paused saga run again.", reason, Repaired{}, http.StatusOK, true, nil}},
+		{"POST /v1/repairs", ScopeOperator, a.bulk, opDoc{"Repair every saga a filter selects (a dry run first says what would change).",
 			obj("operation", str("retry, cancel, skip, close, pause or resume."), "filter", obj("definition", str(""), "state", str("")),
 				"limit", map[string]any{"type": "integer"}, "cursor", str(""), "dry_run", map[string]any{"type": "boolean"}, "reason", str(""),
 				"step", str("A skip's step."), "result", map[string]any{"description": "A skip's result."}), BulkRepaired{}, http.StatusOK, true, nil}},
-		{"POST /v1/callbacks/{token}", a.callback, opDoc{"Answer a callback step (the token names the saga and step), once per event id.",
+		{"POST /v1/callbacks/{token}", ScopeStart, a.callback, opDoc{"Answer a callback step (the token names the saga and step), once per event id.",
 			obj("event_id", str("The event's id: a repeat is answered from its record."), "result", map[string]any{"description": "The step's result."}, "error", str("A refusal: the step fails for good.")),
 			Completed{}, http.StatusOK, false, nil}},
-		{"POST /v1/tokens", a.issueToken, opDoc{"Issue a submit token: the Idempotency-Key of one start of a definition.",
+		{"POST /v1/tokens", ScopeStart, a.issueToken, opDoc{"Issue a submit token: the Idempotency-Key of one start of a definition.",
 			obj("definition", str(""), "ttl_seconds", map[string]any{"type": "integer", "minimum": 60, "maximum": 86400}), SubmitToken{}, http.StatusCreated, false, nil}},
-		{"GET /v1/definitions", a.definitions, opDoc{"List the definitions the deployment recorded, their steps, states and pauses.", nil, Definitions{}, http.StatusOK, false, nil}},
-		{"POST /v1/definitions/{definition}/pause", a.pauseDefinition, opDoc{"Pause every saga of a definition.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},
-		{"POST /v1/definitions/{definition}/resume", a.resumeDefinition, opDoc{"Lift a definition's pause.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},
-		{"GET /v1/stats", a.stats, opDoc{"This process's figures, for the console's live view.", nil, Stats{}, http.StatusOK, false, nil}},
-		{"GET /v1/schedules", a.schedules, opDoc{"List the schedules, their last ticks and pauses.", nil, Schedules{}, http.StatusOK, false, nil}},
-		{"POST /v1/schedules/{definition}/pause", a.pauseSchedule, opDoc{"Pause a schedule: no tick starts a saga until it is resumed.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
-		{"POST /v1/schedules/{definition}/resume", a.resumeSchedule, opDoc{"Resume a schedule.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
-		{"GET /v1/event-dead-letters", a.eventDeadLetters, opDoc{"List the events that could not start a saga, with why.", nil, EventDeadLetters{}, http.StatusOK, false, nil}},
-		{"GET /v1/openapi.json", a.openAPIDocument, opDoc{"This document.", nil, nil, http.StatusOK, false, nil}},
+		{"GET /v1/definitions", ScopeRead, a.definitions, opDoc{"List the definitions the deployment recorded, their steps, states and pauses.", nil, Definitions{}, http.StatusOK, false, nil}},
+		{"POST /v1/definitions/{definition}/pause", ScopeOperator, a.pauseDefinition, opDoc{"Pause every saga of a definition.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},
+		{"POST /v1/definitions/{definition}/resume", ScopeOperator, a.resumeDefinition, opDoc{"Lift a definition's pause.", reason, engine.DefinitionRepair{}, http.StatusOK, true, nil}},
+		{"GET /v1/stats", ScopeRead, a.stats, opDoc{"This process's figures, for the console's live view.", nil, Stats{}, http.StatusOK, false, nil}},
+		{"GET /v1/schedules", ScopeRead, a.schedules, opDoc{"List the schedules, their last ticks and pauses.", nil, Schedules{}, http.StatusOK, false, nil}},
+		{"POST /v1/schedules/{definition}/pause", ScopeOperator, a.pauseSchedule, opDoc{"Pause a schedule: no tick starts a saga until it is resumed.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
+		{"POST /v1/schedules/{definition}/resume", ScopeOperator, a.resumeSchedule, opDoc{"Resume a schedule.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
+		{"GET /v1/event-dead-letters", ScopeRead, a.eventDeadLetters, opDoc{"List the events that could not start a saga, with why.", nil, EventDeadLetters{}, http.StatusOK, false, nil}},
+		{"GET /v1/openapi.json", ScopeRead, a.openAPIDocument, opDoc{"This document.", nil, nil, http.StatusOK, false, nil}},
 	}
 }
 

@@ -92,6 +92,9 @@ func (a *api) bulk(w http.ResponseWriter, r *http.Request) {
 		malformed(`member "operation" is missing`)
 		return
 	}
+	if !coversFilter(w, r, filter.Definition) {
+		return
+	}
 	if req.Operation != "skip" && (req.Step != "" || req.Result != nil) {
 		malformed(`members "step" and "result" belong to a skip`)
 		return
@@ -99,7 +102,7 @@ func (a *api) bulk(w http.ResponseWriter, r *http.Request) {
 	b := engine.BulkRepair{Operation: req.Operation, DryRun: req.DryRun,
 		Filter: engine.ListOptions{Definition: filter.Definition, State: saga.State(filter.State), Cursor: req.Cursor, Limit: engine.BulkLimitDefault},
 		Skip:   engine.SkipStep{Step: req.Step, Result: req.Result},
-		Repair: engine.Repair{Key: key, Reason: req.Reason, By: "http"}}
+		Repair: engine.Repair{Key: key, Reason: req.Reason, By: author(r)}}
 	if req.Limit != nil {
 		if *req.Limit < 1 || *req.Limit > engine.BulkLimitMax {
 			malformed(fmt.Sprintf("limit %d must be from 1 to %d; continue with the cursor", *req.Limit, engine.BulkLimitMax))

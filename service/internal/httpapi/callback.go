@@ -57,9 +57,13 @@ const (
 // callback handles POST /v1/callbacks/{token}.
 func (a *api) callback(w http.ResponseWriter, r *http.Request) {
 	token := r.PathValue("token")
-	if _, _, err := saga.ParseCallbackToken(token); err != nil {
+	id, _, err := saga.ParseCallbackToken(token)
+	if err != nil {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemNotFound, "No such callback token",
 			trimPrefix(err.Error())+"; use the token the step gave with its request"))
+		return
+	}
+	if !a.coversSaga(w, r, id) {
 		return
 	}
 	if p := requireJSON(w, r.Header); p != nil {

@@ -103,7 +103,10 @@
 // (405, with Allow), is application/problem+json (RFC 9457) with type,
 // title, status and detail; the type is one of the Problem* constants.
 // With Config.Tokens, a request without one of them gets 401 with
-// WWW-Authenticate: Bearer before anything of it is read.
+// WWW-Authenticate: Bearer before anything of it is read; a token whose
+// Scope is below the route's, or that does not cover the saga's
+// definition, gets 403 and nothing is done. Repairs are recorded as by
+// "http:" and the token's name.
 //
 // # Guarantees
 //

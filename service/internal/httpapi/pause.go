@@ -38,6 +38,9 @@ func (a *api) resumeDefinition(w http.ResponseWriter, r *http.Request) {
 func (a *api) definitionRepair(w http.ResponseWriter, r *http.Request, op string,
 	do func(ctx context.Context, definition string, rp engine.Repair) (engine.DefinitionRepair, error)) {
 	name := r.PathValue("definition")
+	if !covers(w, r, name) {
+		return
+	}
 	key, p := requestKey(r)
 	if p != nil {
 		writeProblem(w, p)
@@ -63,7 +66,7 @@ func (a *api) definitionRepair(w http.ResponseWriter, r *http.Request, op string
 	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
-	res, err := do(ctx, name, engine.Repair{Key: key, Reason: reason, By: "http"})
+	res, err := do(ctx, name, engine.Repair{Key: key, Reason: reason, By: author(r)})
 	switch {
 	case errors.Is(err, saga.ErrUnknownDefinition):
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemUnknownDefinition, "Unknown saga definition",

@@ -50,6 +50,9 @@ const (
 	// ProblemUnauthorized: no bearer token, or not one of the configured
 	// tokens (401).
 	ProblemUnauthorized = "urn:idemsaga:problem:unauthorized"
+	// ProblemForbidden: the bearer token's scope does not allow the
+	// route, or the token does not cover the saga's definition (403).
+	ProblemForbidden = "urn:idemsaga:problem:forbidden"
 	// ProblemMisconfigured: this server's settings or definitions differ
 	// from the deployment's, so it refuses to write (503).
 	ProblemMisconfigured = "urn:idemsaga:problem:server-misconfigured"

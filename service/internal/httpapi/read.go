@@ -244,6 +244,9 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "read the saga", "retry later", err, "id", id)
 		return
 	}
+	if !covers(w, r, sg.Definition) {
+		return
+	}
 	out := sagaOf(sg)
 	if def, err := a.cfg.Client.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion); err == nil {
 		out.Plan = planview.Of(def.Describe(), sg.Steps, sg.Skipped)
@@ -275,6 +278,9 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	opts := engine.ListOptions{Definition: q.Get("definition"), State: saga.State(q.Get("state")), Key: q.Get("key"), Limit: ListLimitDefault, Cursor: q.Get("cursor")}
+	if !coversFilter(w, r, opts.Definition) {
+		return
+	}
 	if s := q.Get("limit"); s != "" || q.Has("limit") {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > ListLimitMax {

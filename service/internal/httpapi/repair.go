@@ -64,7 +64,7 @@ func (a *api) skip(w http.ResponseWriter, r *http.Request) {
 // skip, whose body names its step.
 func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repairFunc) {
 	id, ok := sagaID(w, r)
-	if !ok {
+	if !ok || !a.coversSaga(w, r, id) {
 		return
 	}
 	key, p := requestKey(r)
@@ -105,7 +105,7 @@ func (a *api) repair(w http.ResponseWriter, r *http.Request, op string, do repai
 	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
-	res, err := do(ctx, id, engine.Repair{Key: key, Reason: req.Reason, By: "http"})
+	res, err := do(ctx, id, engine.Repair{Key: key, Reason: req.Reason, By: author(r)})
 	if err != nil {
 		p, wait := repairProblem(err, id, key)
 		if p == nil {

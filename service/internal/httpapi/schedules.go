@@ -56,6 +56,9 @@ func (a *api) resumeSchedule(w http.ResponseWriter, r *http.Request) {
 // an engine.ScheduleRepair.
 func (a *api) scheduleRepair(w http.ResponseWriter, r *http.Request, op string) {
 	name := r.PathValue("definition")
+	if !covers(w, r, name) {
+		return
+	}
 	key, p := requestKey(r)
 	if p != nil {
 		writeProblem(w, p)
@@ -81,7 +84,7 @@ func (a *api) scheduleRepair(w http.ResponseWriter, r *http.Request, op string) 
 	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
-	rp := engine.Repair{Key: key, Reason: reason, By: "http"}
+	rp := engine.Repair{Key: key, Reason: reason, By: author(r)}
 	do := a.cfg.Client.PauseSchedule
 	if op == "resume" {
 		do = a.cfg.Client.ResumeSchedule
@@ -123,6 +126,9 @@ func (a *api) eventDeadLetters(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.Limit = n
+	}
+	if !coversFilter(w, r, f.Definition) {
+		return
 	}
 	ctx, cancel := a.readContext(r)
 	defer cancel()

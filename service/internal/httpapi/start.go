@@ -59,6 +59,9 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 		ctx = tracing.FromHTTP(ctx, r.Header)
 	}
 	name := r.PathValue("definition")
+	if !covers(w, r, name) {
+		return
+	}
 	def, err := a.cfg.Client.Definition(ctx, name)
 	if errors.Is(err, saga.ErrUnknownDefinition) {
 		writeProblem(w, newProblem(http.StatusNotFound, ProblemUnknownDefinition, "Unknown saga definition",

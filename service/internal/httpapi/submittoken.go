@@ -47,6 +47,9 @@ func (a *api) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, p)
 		return
 	}
+	if !covers(w, r, req.definition) {
+		return
+	}
 	ctx, cancel := a.writeContext(r)
 	defer cancel()
 	def, err := a.cfg.Client.Definition(ctx, req.definition)
