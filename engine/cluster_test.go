@@ -136,7 +136,7 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
 	// stream's writes are all lost with it.
 	leader := cluster.WaitStreamLeader(stream, 10*time.Second)
 	admin := cluster.Connect(t)
-	for _, c := range []string{"_steps", "_orchestrator"} {
+	for _, c := range []string{"_steps_transfer", "_orchestrator_transfer"} {
 		cluster.GatherConsumer(admin, stream, stream+c, leader, 10*time.Second)
 	}
 	var killedAt time.Time
@@ -223,7 +223,7 @@ func logQueue(t *testing.T, js jetstream.JetStream, stream string) {
 	}
 	st := s.CachedInfo().State
 	t.Logf("stream %s: %d messages, seq %d..%d", stream, st.Msgs, st.FirstSeq, st.LastSeq)
-	for _, c := range []string{"_steps", "_orchestrator"} {
+	for _, c := range []string{"_steps_transfer", "_orchestrator_transfer"} {
 		ci, err := s.Consumer(ctx, stream+c)
 		if err != nil {
 			t.Logf("consumer %s: %v", c, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -415,7 +416,13 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: JetStream: %w", err)
 	}
-	e.backlog = maintenance.NewStreamBacklog(e.js, cfg.Stream, cfg.Stream+"_steps", cfg.Stream+"_orchestrator")
+	var consumers []string
+	for _, base := range []string{commandsConsumer, repliesConsumer} {
+		for _, c := range broker.DefinitionConsumers(cfg.Stream+base, e.definitionNames(), func(string) string { return "" }) {
+			consumers = append(consumers, c.Durable)
+		}
+	}
+	e.backlog = maintenance.NewStreamBacklog(e.js, cfg.Stream, consumers...)
 	m, err := metrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -577,12 +584,11 @@ func (e *Engine) Start(ctx context.Context) error {
 			"max_reconnects", e.cfg.NATS.Opts.MaxReconnect)
 	}
 	// Fail fast when the broker cannot host the stream and consumers.
-	replies := e.consumerFunc("_orchestrator", e.subjects.AllReplies())
-	if _, err := replies(ctx); err != nil {
-		return err
-	}
-	if _, err := e.consumerFunc("_steps", e.subjects.AllCommands())(ctx); err != nil {
-		return err
+	replies, commands := e.replyConsumers(), e.commandConsumers()
+	for _, c := range append(slices.Clip(replies), commands...) {
+		if _, err := c(ctx); err != nil {
+			return err
+		}
 	}
 	// The work in hand (handlers, replies being applied) runs under work:
 	// a graceful stop lets it finish, a hard one cancels it.
@@ -604,9 +610,10 @@ func (e *Engine) Start(ctx context.Context) error {
 			return fail(err)
 		}
 	}
-	commands := e.consumerFunc("_steps", e.subjects.AllCommands())
 	if err := e.stepRunner.Start(work, func(ctx context.Context) {
-		broker.Pool(ctx, work, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
+		// The runner's slots bound the commands of every definition
+		// handled at once.
+		broker.Pools(ctx, work, e.cfg.Logger, commands, e.cfg.StepConcurrency, e.steps.HandleMsg)
 	}, func(ctx context.Context) {
 		// Commands this process commits run here at once when a slot is
 		// free, rather than through the broker.
@@ -625,7 +632,14 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.beat(ctx)
 	if err := e.runner.Start(work,
 		func(ctx context.Context) {
-			broker.Pool(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, e.c.HandleReplyMsg)
+			// ReplyConcurrency bounds the replies of every definition
+			// applied at once.
+			slots := make(chan struct{}, e.cfg.ReplyConcurrency)
+			broker.Pools(ctx, work, e.cfg.Logger, replies, e.cfg.ReplyConcurrency, func(ctx context.Context, msg jetstream.Msg) {
+				slots <- struct{}{}
+				defer func() { <-slots }()
+				e.c.HandleReplyMsg(ctx, msg)
+			})
 		},
 		e.reapLoop,
 		e.childLoop,

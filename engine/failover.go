@@ -15,9 +15,9 @@ import (
 // leases.
 func (e *Engine) watchFailovers(ctx context.Context) {
 	err := broker.RedeliverOnFailover(ctx, e.cfg.NATS, e.js, broker.FailoverConfig{
-		Stream:    e.cfg.Stream,
-		Consumers: []string{e.cfg.Stream + "_steps", e.cfg.Stream + "_orchestrator"},
-		Logger:    e.cfg.Logger,
+		Stream:           e.cfg.Stream,
+		ConsumerPrefixes: []string{e.cfg.Stream + commandsConsumer + "_", e.cfg.Stream + repliesConsumer + "_"},
+		Logger:           e.cfg.Logger,
 	})
 	if err != nil {
 		e.cfg.Logger.Warn("JetStream failovers will be slow: a new leader redelivers what the old one held only after AckWait", "error", err)

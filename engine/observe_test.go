@@ -55,10 +55,10 @@ func TestStreamBacklogMetrics(t *testing.T) {
 	require.NoError(t, err)
 	s, err := js.Stream(context.Background(), stream)
 	require.NoError(t, err)
-	_, err = s.PauseConsumer(context.Background(), stream+"_steps", time.Now().Add(time.Hour))
+	_, err = s.PauseConsumer(context.Background(), stream+"_steps_transfer", time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	for range 2 {
-		_, err := js.Publish(context.Background(), "t."+stream+".cmd.held", []byte("x"))
+		_, err := js.Publish(context.Background(), "t."+stream+".cmd.transfer.held", []byte("x"))
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool { return unlabelled(t, reg, "idemsaga_stream_queued_messages") == 2 }, 10*time.Second, 100*time.Millisecond)

@@ -51,7 +51,7 @@ func TestQueueingSpendsNoAttempt(t *testing.T) {
 	require.NoError(t, err)
 	s, err := js.Stream(ctx, stream)
 	require.NoError(t, err)
-	_, err = s.PauseConsumer(ctx, stream+"_steps", time.Now().Add(time.Hour))
+	_, err = s.PauseConsumer(ctx, stream+"_steps_"+def.Name(), time.Now().Add(time.Hour))
 	require.NoError(t, err)
 
 	const n = 300
@@ -73,7 +73,7 @@ func TestQueueingSpendsNoAttempt(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where status = 'dispatched' and lease_until > now()`).Scan(&waiting))
 	t.Logf("held %s (%.0f leases); %d steps dispatched, their timers pushed", time.Since(held).Round(time.Millisecond), float64(time.Since(held))/float64(lease), waiting)
 
-	_, err = s.ResumeConsumer(ctx, stream+"_steps")
+	_, err = s.ResumeConsumer(ctx, stream+"_steps_"+def.Name())
 	require.NoError(t, err)
 	waitAllFinished(t, pool, time.Minute)
 	requireAudit(t, pool, seeded, credited, compensated)
@@ -185,7 +185,7 @@ func lostCommandEngine(t *testing.T) (*engine.Engine, *prometheus.Registry, *pgx
 	require.NoError(t, err)
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}, Retention: jetstream.WorkQueuePolicy})
 	require.NoError(t, err)
-	for suffix, filter := range map[string]string{"_steps": prefix + ".cmd.>", "_orchestrator": prefix + ".reply.>"} {
+	for suffix, filter := range map[string]string{"_steps_" + def.Name(): prefix + ".cmd." + def.Name() + ".>", "_orchestrator_" + def.Name(): prefix + ".reply." + def.Name()} {
 		_, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: stream + suffix, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy})
 		require.NoError(t, err)
 	}

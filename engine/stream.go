@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,9 +59,50 @@ func (e *Engine) untilAnswered(ctx context.Context, what string, ask func() erro
 // up at start while JetStream does not answer: about 30 seconds.
 const streamTries = 10
 
-// consumerFunc returns a function that ensures the stream and one durable
-// consumer exist and returns the consumer.
-func (e *Engine) consumerFunc(suffix, filter string) broker.ConsumerFunc {
+// The base names of the engine's durable consumers: each definition has
+// a consumer of its commands, base_<definition>, and one of its replies,
+// so a process is given the messages of the definitions it runs only.
+// The consumers an earlier release made, of every definition's messages,
+// had the base names alone; they are retired when they stand in the way.
+const (
+	commandsConsumer = "_steps"
+	repliesConsumer  = "_orchestrator"
+)
+
+// definitionNames are the names of the definitions the engine runs.
+func (e *Engine) definitionNames() []string {
+	var names []string
+	for _, d := range e.cfg.Definitions {
+		if !slices.Contains(names, d.Name()) {
+			names = append(names, d.Name())
+		}
+	}
+	return names
+}
+
+// commandConsumers are the consumers of the commands of each definition
+// the engine runs.
+func (e *Engine) commandConsumers() []broker.ConsumerFunc {
+	return e.consumerFuncs(commandsConsumer, e.subjects.Commands)
+}
+
+// replyConsumers are the consumers of the replies of each definition the
+// engine runs.
+func (e *Engine) replyConsumers() []broker.ConsumerFunc {
+	return e.consumerFuncs(repliesConsumer, e.subjects.Reply)
+}
+
+func (e *Engine) consumerFuncs(base string, filter func(definition string) string) []broker.ConsumerFunc {
+	var out []broker.ConsumerFunc
+	for _, c := range broker.DefinitionConsumers(e.cfg.Stream+base, e.definitionNames(), filter) {
+		out = append(out, e.consumerFunc(c, e.cfg.Stream+base))
+	}
+	return out
+}
+
+// consumerFunc returns a function that ensures the stream and one
+// definition's durable consumer exist and returns the consumer.
+func (e *Engine) consumerFunc(dc broker.DefinitionConsumer, retired string) broker.ConsumerFunc {
 	return func(ctx context.Context) (jetstream.Consumer, error) {
 		s, err := e.stream(ctx)
 		if err != nil {
@@ -69,10 +111,10 @@ func (e *Engine) consumerFunc(suffix, filter string) broker.ConsumerFunc {
 		// A consumer's lookup waits out a forming cluster as the stream's
 		// does.
 		var c jetstream.Consumer
-		err = e.untilAnswered(ctx, "consumer "+e.cfg.Stream+suffix, func() (err error) {
-			c, err = broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
-				Durable: e.cfg.Stream + suffix, Filter: filter, AckWait: e.cfg.AckWait, MaxAckPending: 10000,
-			})
+		err = e.untilAnswered(ctx, "consumer "+dc.Durable, func() (err error) {
+			c, err = broker.EnsureDefinitionConsumer(ctx, s, broker.ConsumerConfig{
+				Durable: dc.Durable, Filter: dc.Filter, AckWait: e.cfg.AckWait, MaxAckPending: 10000,
+			}, retired, e.cfg.Logger)
 			return err
 		})
 		if err != nil {

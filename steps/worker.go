@@ -35,9 +35,9 @@ type Config struct {
 	// the business tables of database steps. Required.
 	Pool *pgxpool.Pool
 	// NATS is a connection to the deployment's JetStream server. The
-	// worker reads commands from the stream's shared durable consumer of
-	// step commands, the one engines read too, so engines and step workers
-	// split the commands between them. Required by Start.
+	// worker reads commands from the stream's durable consumer of each
+	// of its definitions' commands, the ones engines read too, so engines
+	// and step workers split the commands between them. Required by Start.
 	NATS *nats.Conn
 	// Stream is the deployment's stream. Defaults to the engine's
 	// default, "IDEMSAGA".
@@ -137,7 +137,7 @@ func New(cfg Config) (*Worker, error) {
 	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
 	r, err := attempt.New(attempt.Config{
 		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
-		Recent: max(cfg.Recent, 0),
+		Recent: max(cfg.Recent, 0), Slots: cfg.Concurrency,
 		Tracer: tracing.New(cfg.TracerProvider),
 	})
 	if err != nil {
@@ -159,20 +159,33 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("steps: JetStream: %w", err)
 	}
-	consumer := func(ctx context.Context) (jetstream.Consumer, error) {
-		s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Subjects: []string{w.subjects.All()}})
-		if err != nil {
-			return nil, fmt.Errorf("steps: %w (check NATS_URL and that nats-server runs with -js)", err)
-		}
-		return broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{
-			Durable: w.cfg.Stream + "_steps", Filter: w.subjects.AllCommands(), AckWait: w.cfg.AckWait, MaxAckPending: 10000,
+	// One consumer per definition, the engines' own: a command reaches
+	// a process that runs its definition.
+	var names []string
+	for _, d := range w.cfg.Definitions {
+		names = append(names, d.Name())
+	}
+	var consumers []broker.ConsumerFunc
+	for _, dc := range broker.DefinitionConsumers(w.cfg.Stream+"_steps", names, w.subjects.Commands) {
+		consumers = append(consumers, func(ctx context.Context) (jetstream.Consumer, error) {
+			s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Subjects: []string{w.subjects.All()}})
+			if err != nil {
+				return nil, fmt.Errorf("steps: %w (check NATS_URL and that nats-server runs with -js)", err)
+			}
+			return broker.EnsureDefinitionConsumer(ctx, s, broker.ConsumerConfig{
+				Durable: dc.Durable, Filter: dc.Filter, AckWait: w.cfg.AckWait, MaxAckPending: 10000,
+			}, w.cfg.Stream+"_steps", w.cfg.Logger)
 		})
 	}
-	if _, err := consumer(ctx); err != nil {
-		return err
+	for _, c := range consumers {
+		if _, err := c(ctx); err != nil {
+			return err
+		}
 	}
 	return w.life.Start(ctx, func(ctx context.Context) {
-		broker.Pool(ctx, context.WithoutCancel(ctx), w.cfg.Logger, consumer, w.cfg.Concurrency, w.runner.HandleMsg)
+		// The runner's slots bound the commands of every definition
+		// handled at once.
+		broker.Pools(ctx, context.WithoutCancel(ctx), w.cfg.Logger, consumers, w.cfg.Concurrency, w.runner.HandleMsg)
 	})
 }
 

@@ -131,6 +131,7 @@ func (r *Runner) unknownCommand(ctx context.Context, msg jetstream.Msg, cmd wire
 		}
 		lvl("step worker: a command this worker cannot run; left to a worker that runs it (start one, or check `workers`)",
 			"reason", reason, "delivery", delivered, "parked_after", r.dead.Deliveries, "retry_in", delay)
+		r.cfg.Metrics.CommandsHandedBack.WithLabelValues(cmd.Definition).Inc()
 		_ = msg.NakWithDelay(delay)
 		return
 	}

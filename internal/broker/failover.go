@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,10 +22,12 @@ const (
 
 // FailoverConfig describes what RedeliverOnFailover watches.
 type FailoverConfig struct {
-	// Stream whose leader changes are watched, and its Consumers
-	// (durable names) to redeliver.
-	Stream    string
-	Consumers []string
+	// Stream whose leader changes are watched, and the prefixes of the
+	// durable names of its consumers to redeliver: every consumer of the
+	// stream whose name has one, whichever process made it (the
+	// consumers of definitions another service runs too).
+	Stream           string
+	ConsumerPrefixes []string
 	// Group is the queue group the advisories are taken in, so that one
 	// process of a deployment acts on each election. Defaults to
 	// "idemsaga-failover." + Stream.
@@ -60,15 +63,15 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 	}
 	elected := make(chan string, 1)
 	handle := func(m *nats.Msg) {
+		if c, ok := strings.CutPrefix(m.Subject, consumerLeaderElected+cfg.Stream+"."); ok && !hasPrefix(c, cfg.ConsumerPrefixes) {
+			return // a consumer of the stream the engine does not use
+		}
 		select {
 		case elected <- m.Subject:
 		default: // a reset is already due; it covers this one
 		}
 	}
-	subjects := []string{streamLeaderElected + cfg.Stream}
-	for _, c := range cfg.Consumers {
-		subjects = append(subjects, consumerLeaderElected+cfg.Stream+"."+c)
-	}
+	subjects := []string{streamLeaderElected + cfg.Stream, consumerLeaderElected + cfg.Stream + ".*"}
 	var subs []*nats.Subscription
 	unsubscribe := func() {
 		for _, s := range subs {
@@ -127,7 +130,7 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 			default:
 			}
 			log.Info("JetStream leader elected; redelivering what the work queue still holds", "stream", cfg.Stream, "cause", why)
-			redeliver(ctx, js, cfg.Stream, cfg.Consumers, log)
+			redeliver(ctx, js, cfg.Stream, cfg.ConsumerPrefixes, log)
 		}
 	}()
 	return nil
@@ -137,14 +140,29 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 // the same failover.
 const failoverSettle = 500 * time.Millisecond
 
-// redeliver resets every consumer to the stream's first message, trying
-// for about 30 seconds while the new leaders settle.
-func redeliver(ctx context.Context, js jetstream.JetStream, stream string, consumers []string, log *slog.Logger) {
-	pending := append([]string(nil), consumers...)
-	for try, delay := 0, 100*time.Millisecond; len(pending) > 0; try, delay = try+1, min(2*delay, 5*time.Second) {
+// hasPrefix reports whether name has one of prefixes.
+func hasPrefix(name string, prefixes []string) bool {
+	return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) })
+}
+
+// redeliver resets every consumer of the stream whose name has one of
+// prefixes to the stream's first message, trying for about 30 seconds
+// while the new leaders settle.
+func redeliver(ctx context.Context, js jetstream.JetStream, stream string, prefixes []string, log *slog.Logger) {
+	var pending []string
+	listed := false
+	for try, delay := 0, 100*time.Millisecond; ; try, delay = try+1, min(2*delay, 5*time.Second) {
 		var err error
-		pending, err = resetAll(ctx, js, stream, pending)
-		if len(pending) == 0 || ctx.Err() != nil {
+		if !listed {
+			pending, err = consumersOf(ctx, js, stream, prefixes)
+			listed = err == nil
+		}
+		if listed {
+			if pending, err = resetAll(ctx, js, stream, pending); len(pending) == 0 {
+				return
+			}
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		if try >= 10 {
@@ -158,6 +176,28 @@ func redeliver(ctx context.Context, js jetstream.JetStream, stream string, consu
 		case <-time.After(delay):
 		}
 	}
+}
+
+// consumersOf lists the consumers of stream whose names have one of
+// prefixes; nil and the error when it cannot.
+func consumersOf(ctx context.Context, js jetstream.JetStream, stream string, prefixes []string) ([]string, error) {
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(lctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil // a server that lost everything: consumers start anew
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	names := s.ConsumerNames(lctx)
+	for n := range names.Name() {
+		if hasPrefix(n, prefixes) {
+			out = append(out, n)
+		}
+	}
+	return out, names.Err()
 }
 
 // resetAll resets each consumer to the stream's first message and

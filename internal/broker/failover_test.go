@@ -44,7 +44,7 @@ func TestFailoverRedeliversWhatTheLostLeaderHeld(t *testing.T) {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	require.NoError(t, broker.RedeliverOnFailover(watchCtx, nc, js, broker.FailoverConfig{
-		Stream: "F", Consumers: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Stream: "F", ConsumerPrefixes: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 
 	leader := cluster.WaitStreamLeader("F", 10*time.Second)
@@ -113,7 +113,7 @@ func TestNoResetAfterALoneServerRestarts(t *testing.T) {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	require.NoError(t, broker.RedeliverOnFailover(watchCtx, nc, js, broker.FailoverConfig{
-		Stream: "L", Consumers: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Stream: "L", ConsumerPrefixes: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 	_, err = js.Publish(ctx, "l.x", []byte("held"))
 	require.NoError(t, err)

@@ -55,6 +55,9 @@ type Metrics struct {
 	// the dead-letter table and sent again from it.
 	DeadLettersParked  *prometheus.CounterVec
 	DeadLettersResumed *prometheus.CounterVec
+	// CommandsHandedBack counts deliveries of commands a worker could not
+	// run and handed back to the broker for another.
+	CommandsHandedBack *prometheus.CounterVec
 	// CommandsRequeued counts expired dispatch timers of commands no
 	// worker claimed; StartsShed the starts the API refused under
 	// overload.
@@ -217,6 +220,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Namespace: Namespace, Name: "dead_letters_parked_total",
 		Help: "Commands parked in the dead-letter table after a bounded number of deliveries to workers that did not know their definition, version or step.",
 	}, []string{"definition"})
+	m.CommandsHandedBack = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "commands_handed_back_total",
+		Help: "Deliveries of commands this worker could not run (their definition's version or step is not in its build), handed back to the broker for a worker that runs them.",
+	}, []string{"definition"})
 	m.DeadLettersResumed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "dead_letters_resumed_total",
 		Help: "Parked commands sent again, by how: worker (a worker that runs their version), resend (a person).",
@@ -246,7 +253,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.LeaseTakeovers, m.RetriesScheduled, m.OutboxPublished, m.RelayBatchSeconds,
 		m.Deliveries, m.UniqueConflicts, m.Callbacks, m.ChildEnds, m.CallbackWaitsExpired,
 		m.DeadlinesPassed, m.CommandsHeld,
-		m.DeadLettersParked, m.DeadLettersResumed,
+		m.DeadLettersParked, m.DeadLettersResumed, m.CommandsHandedBack,
 		m.CommandsRequeued, m.StartsShed, m.StateDifferences, m.ReconcileRuns, m.Verified,
 		m.LimitWaits, m.LimitWaitSeconds, m.LeaseExtensions,
 		m.ScheduleTicks, m.EventStarts,

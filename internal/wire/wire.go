@@ -158,6 +158,9 @@ func (s Subjects) Reply(definition string) string {
 	return s.Prefix + ".reply." + definition
 }
 
+// Commands filters the command subjects of a definition's steps.
+func (s Subjects) Commands(definition string) string { return s.Prefix + ".cmd." + definition + ".>" }
+
 // AllCommands filters every command subject.
 func (s Subjects) AllCommands() string { return s.Prefix + ".cmd.>" }
 

@@ -147,7 +147,7 @@ func newConsoleEnvOf(t *testing.T, token string, before func(nc *nats.Conn), def
 	})
 	var tokens *httpapi.Tokens
 	if token != "" {
-		tokens, err = httpapi.ParseTokens(token)
+		tokens, err = httpapi.ParseTokens("console operator * " + token)
 		require.NoError(t, err)
 	}
 	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
@@ -645,14 +645,14 @@ func TestConsoleSchedules(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#schedule-ok")))
 	b.waitJS(t, "the schedule paused in the page", fmt.Sprintf(`document.querySelector('%s[data-paused="true"]') !== null`, row))
 	require.Equal(t, hostile+" quarter close", b.text(t, row+" .paused-reason"), "the reason is shown as text")
-	require.Equal(t, "http", b.text(t, row+" .paused-by"))
+	require.Equal(t, "http:console", b.text(t, row+" .paused-by"), "the token's name")
 	require.Equal(t, 0, b.count(t, "#schedules img"), "no markup from the reason")
 	b.screenshot(t, screenshotDir(t), "6-schedule-paused")
 
 	var pausedBy, reason, pauseKey string
 	require.NoError(t, env.pool.QueryRow(ctx, `select paused_by, pause_reason from idemsaga.schedules where definition = 'nightly' and paused_at is not null`).
 		Scan(&pausedBy, &reason))
-	require.Equal(t, "http", pausedBy)
+	require.Equal(t, "http:console", pausedBy)
 	require.Equal(t, hostile+" quarter close", reason)
 	require.NoError(t, env.pool.QueryRow(ctx, `select request_key from idemsaga.schedule_repairs where definition = 'nightly' and operation = 'pause'`).Scan(&pauseKey))
 	require.True(t, strings.HasPrefix(pauseKey, "console-schedule-pause-"), pauseKey)

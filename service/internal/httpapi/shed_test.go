@@ -43,10 +43,10 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 	require.NoError(t, err)
 	s, err := js.Stream(ctx, stream)
 	require.NoError(t, err)
-	_, err = s.PauseConsumer(ctx, stream+"_steps", time.Now().Add(time.Hour))
+	_, err = s.PauseConsumer(ctx, stream+"_steps_payout", time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	for i := range 10 {
-		_, err := js.Publish(ctx, prefix+".cmd.backlog", []byte(strconv.Itoa(i)))
+		_, err := js.Publish(ctx, prefix+".cmd.payout.backlog", []byte(strconv.Itoa(i)))
 		require.NoError(t, err)
 	}
 	waitShed := func(want bool) {
@@ -100,7 +100,7 @@ func TestStartsShedAboveTheBacklog(t *testing.T) {
 	require.Equal(t, float64(n), shedCount(t, reg, "payout"), "every shed start counted")
 
 	require.NoError(t, s.Purge(ctx))
-	_, err = s.ResumeConsumer(ctx, stream+"_steps")
+	_, err = s.ResumeConsumer(ctx, stream+"_steps_payout")
 	require.NoError(t, err)
 	waitShed(false)
 	for i, r := range startAll() {
