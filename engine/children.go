@@ -163,8 +163,8 @@ func (c *Config) withChildren() error {
 }
 
 // loadChildren fills sg.Children, for inspection.
-func (cl *Client) loadChildren(ctx context.Context, sg *saga.Instance) error {
-	rows, err := cl.c.Pool().Query(ctx, store.SelectChildren, pguuid.Of(sg.ID))
+func (cl *Client) loadChildren(ctx context.Context, q querier, sg *saga.Instance) error {
+	rows, err := q.Query(ctx, store.SelectChildren, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read the children of saga %s: %w", sg.ID, err)
 	}

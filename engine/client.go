@@ -306,7 +306,7 @@ func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error)
 	if err != nil {
 		return nil, err
 	}
-	return sg, cl.loadSteps(ctx, sg)
+	return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
 }
 
 // GetByKey returns the saga of def started with key, with its steps.
@@ -315,7 +315,7 @@ func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.I
 	if err != nil {
 		return nil, err
 	}
-	return sg, cl.loadSteps(ctx, sg)
+	return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
 }
 
 // Lookup finds a saga by ID, or by idempotency key across definitions. A
@@ -347,7 +347,7 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 	case 0:
 		return nil, fmt.Errorf("%w: no saga has ID or key %q", saga.ErrNotFound, idOrKey)
 	case 1:
-		return found[0], cl.loadSteps(ctx, found[0])
+		return found[0], cl.loadSteps(ctx, cl.c.Pool(), found[0])
 	default:
 		names := make([]string, len(found))
 		for i, f := range found {
@@ -357,11 +357,20 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 	}
 }
 
-func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
-	if err := cl.loadPause(ctx, sg); err != nil {
+// querier reads rows: the client's pool, or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// loadSteps fills in what inspection shows of sg beyond its row (steps,
+// attempts, callbacks, repairs, dead letters, children, pause), reading
+// through q.
+func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) error {
+	if err := cl.loadPause(ctx, q, sg); err != nil {
 		return err
 	}
-	rows, err := cl.c.Pool().Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
+	rows, err := q.Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
@@ -388,10 +397,10 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
 	sg.Steps = withSkipped(sg.Steps, sg.Skipped, def)
-	if err := cl.loadChildren(ctx, sg); err != nil {
+	if err := cl.loadChildren(ctx, q, sg); err != nil {
 		return err
 	}
-	arows, err := cl.c.Pool().Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
+	arows, err := q.Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
@@ -410,7 +419,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := arows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
-	crows, err := cl.c.Pool().Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
+	crows, err := q.Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
@@ -422,7 +431,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
-	rrows, err := cl.c.Pool().Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
+	rrows, err := q.Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
@@ -440,7 +449,7 @@ func (cl *Client) loadSteps(ctx context.Context, sg *saga.Instance) error {
 	if err := rrows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
-	sg.DeadLetters, err = queryDeadLetters(ctx, cl.c.Pool(), store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	sg.DeadLetters, err = queryDeadLetters(ctx, q, store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
 	return err
 }
 
@@ -642,7 +651,7 @@ func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error
 			return nil, err
 		}
 		if sg.Finished() {
-			return sg, cl.loadSteps(ctx, sg)
+			return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
 		}
 		select {
 		case <-ctx.Done():

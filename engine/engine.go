@@ -466,7 +466,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	if cfg.Retention.cleans() {
-		e.cleaner = maintenance.NewCleaner(cfg.Pool, cfg.Retention.cleaner(), cfg.Logger)
+		e.cleaner = maintenance.NewCleaner(cfg.Pool, cfg.Retention.cleaner(e.client), cfg.Logger)
 	}
 	// The engine's own step workers share its database: an outcome moves
 	// its saga on in the step's own transaction.

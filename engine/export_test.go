@@ -53,7 +53,11 @@ func NewCleaner(pool *pgxpool.Pool, cfg RetentionConfig, logger *slog.Logger) (*
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return maintenance.NewCleaner(pool, cfg.cleaner(), logger), nil
+	cl, err := NewClient(Config{Pool: pool, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return maintenance.NewCleaner(pool, cfg.cleaner(cl), logger), nil
 }
 
 // The verdicts ApplyReply returns.

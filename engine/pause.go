@@ -148,9 +148,9 @@ func (cl *Client) PausedDefinitions(ctx context.Context) ([]PausedDefinition, er
 }
 
 // loadPause reads whether sg is held, and its deadline.
-func (cl *Client) loadPause(ctx context.Context, sg *saga.Instance) error {
+func (cl *Client) loadPause(ctx context.Context, q querier, sg *saga.Instance) error {
 	var own, def *time.Time
-	if err := cl.c.Pool().QueryRow(ctx, store.SelectPause, pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := q.QueryRow(ctx, store.SelectPause, pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("idemsaga: read saga %s: %w", sg.ID, err)
 	}
 	sg.Paused = nil

@@ -100,6 +100,18 @@ type RetentionConfig struct {
 	// and inbox records, so by default it is kept, with those records,
 	// however old. A retried saga is running again and is never deleted.
 	DeleteFailed bool
+	// ArchiveDir, when set, makes the cleaner write every finished saga
+	// it deletes (with its steps, attempts, inbox rows, callbacks,
+	// repairs and dead letters, as saga.ArchivedSaga) to a new
+	// gzip-compressed JSON Lines file in this directory, one file per
+	// batch, and delete the batch only once the file is durable. A saga
+	// deleted is in an archive; a crash between the file and the
+	// deletion's commit puts it in a second file later, so readers dedupe
+	// by saga ID. The directory must exist and be writable: the cleaner
+	// checks it when it starts, and a pass that cannot write deletes no
+	// saga and returns an error saying so. Empty (the default) archives
+	// nothing.
+	ArchiveDir string
 }
 
 // WithDefaults returns a copy of c with its zero fields set to their
@@ -132,6 +144,8 @@ func (c RetentionConfig) validate() error {
 		return fmt.Errorf("idemsaga: RetentionConfig.Interval is %s; use a positive duration, or 0 for the default", c.Interval)
 	case c.BatchSize < 0:
 		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d; use a positive number, or 0 for %d", c.BatchSize, RetentionBatchSizeDefault)
+	case c.ArchiveDir != "" && c.FinishedSagas == KeepForever:
+		return fmt.Errorf("idemsaga: RetentionConfig.ArchiveDir is %q but FinishedSagas is KeepForever: no saga is ever deleted, so none is archived; unset one of them (worker run: --archive-dir or --no-retention)", c.ArchiveDir)
 	case c.BatchSize > maxRetentionBatch:
 		return fmt.Errorf("idemsaga: RetentionConfig.BatchSize is %d, over %d; keep cleaning transactions small", c.BatchSize, maxRetentionBatch)
 	}
@@ -144,8 +158,13 @@ func (c RetentionConfig) cleans() bool {
 	return c.FinishedSagas != KeepForever || c.PublishedOutbox > 0
 }
 
-// cleaner is the cleaner's configuration from c, with its defaults.
-func (c RetentionConfig) cleaner() maintenance.CleanerConfig {
-	return maintenance.CleanerConfig{FinishedSagas: c.FinishedSagas, PublishedOutbox: c.PublishedOutbox, BatchSize: c.BatchSize,
-		Interval: c.Interval, DeleteFailed: c.DeleteFailed}
+// cleaner is the cleaner's configuration from c, with its defaults; cl
+// reads the sagas it archives.
+func (c RetentionConfig) cleaner(cl *Client) maintenance.CleanerConfig {
+	cfg := maintenance.CleanerConfig{FinishedSagas: c.FinishedSagas, PublishedOutbox: c.PublishedOutbox, BatchSize: c.BatchSize,
+		Interval: c.Interval, DeleteFailed: c.DeleteFailed, ArchiveDir: c.ArchiveDir}
+	if c.ArchiveDir != "" {
+		cfg.Sagas = archiveReader{cl: cl}
+	}
+	return cfg
 }

@@ -188,9 +188,13 @@ func (l *listCmd) Run(ctx context.Context, f *Flags) error {
 type showCmd struct {
 	IDOrKey string `arg:"" name:"id-or-key" help:"Saga ID or idempotency key."`
 	JSON    bool   `name:"json" help:"Print JSON."`
+	Archive string `name:"archive" type:"existingfile" placeholder:"FILE" help:"Read the saga from this archive file (written by run --archive-dir) instead of the database; --json prints its whole archive line."`
 }
 
 func (s *showCmd) Run(ctx context.Context, f *Flags) error {
+	if s.Archive != "" {
+		return s.showArchived(f)
+	}
 	return f.withClient(ctx, func(_ *pgxpool.Pool, cl *engine.Client) error {
 		sg, err := cl.Lookup(ctx, s.IDOrKey)
 		if err != nil {

@@ -40,6 +40,7 @@ type runCmd struct {
 	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"How long published outbox rows are kept (0: deleted once the broker acknowledged them)."`
 	RelayHandOff     time.Duration `name:"relay-hand-off" default:"10s" help:"How long the relay leaves an outbox row to the process that committed it; past it the relay publishes what is still there."`
 	NoRetention      bool          `name:"no-retention" help:"Keep everything forever (run no cleaner)."`
+	ArchiveDir       string        `name:"archive-dir" env:"IDEMSAGA_ARCHIVE_DIR" type:"path" placeholder:"DIR" help:"Write each finished saga the cleaner deletes, with its steps, attempts, repairs and callbacks, to gzip-compressed JSON Lines files in DIR (which must exist and be writable) before deleting it; read one with show --archive FILE."`
 	SubmitTokenTTL   time.Duration `name:"submit-token-ttl" default:"1h" help:"Time to live of a submit token POST /v1/tokens issues without ttl_seconds (1m to 24h); requests may ask for up to 24h."`
 	MetricsFile      string        `name:"metrics-file" hidden:"" help:"Write the engine's counters as JSON to this file every 500ms (for harnesses that kill workers)."`
 	ShedOldestAge    time.Duration `name:"shed-oldest-age" env:"IDEMSAGA_SHED_OLDEST_AGE" default:"0s" help:"POST /v1/sagas/{definition} answers 503 with Retry-After, writing nothing, while the oldest command no worker was given yet has waited longer than this (0: the lease grace)."`
@@ -112,7 +113,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	cfg.NATS, cfg.Logger, cfg.Registerer = nc, log, reg
 	cfg.StepConcurrency, cfg.ReplyConcurrency = r.StepConcurrency, r.ReplyConcurrency
 	cfg.AckWait, cfg.RelayHandOff = r.AckWait, r.RelayHandOff
-	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished}
+	cfg.Retention = engine.RetentionConfig{FinishedSagas: r.KeepFinished, PublishedOutbox: r.KeepPublished, ArchiveDir: r.ArchiveDir}
 	if r.NoRetention {
 		// Kept forever: finished sagas, and published rows if any are kept.
 		cfg.Retention.FinishedSagas = engine.KeepForever

@@ -30,6 +30,12 @@ type CleanerConfig struct {
 	BatchSize                      int
 	Interval                       time.Duration
 	DeleteFailed                   bool
+	// ArchiveDir, when set, is the directory each batch of finished sagas
+	// is written to (one new file a batch, by Sagas) before the batch is
+	// deleted, in the transaction that holds their locks.
+	ArchiveDir string
+	// Sagas reads the archive's lines; needed with ArchiveDir.
+	Sagas SagaReader
 }
 
 const (
@@ -64,6 +70,9 @@ type CleanResult struct {
 	// LimitHolds is the number of lapsed holds of shared limits deleted
 	// (their process died while it held them).
 	LimitHolds int64
+	// Archived is the number of finished sagas written to archive files
+	// before they were deleted (CleanerConfig.ArchiveDir).
+	Archived int64
 	// Batches is the number of committed transactions that deleted at
 	// least one row.
 	Batches int
@@ -76,6 +85,7 @@ func (r *CleanResult) add(o CleanResult) {
 	r.Outbox += o.Outbox
 	r.SubmitTokens += o.SubmitTokens
 	r.LimitHolds += o.LimitHolds
+	r.Archived += o.Archived
 	r.Batches += o.Batches
 }
 
@@ -100,11 +110,17 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig, logger *slog.Logger) *Cle
 // Config returns the cleaner's configuration.
 func (c *Cleaner) Config() CleanerConfig { return c.cfg }
 
-// Start checks the database and cleans in the background, at once and then
-// every Interval, until Stop. It returns at once.
+// Start checks the database, and the archive directory if there is one,
+// and cleans in the background, at once and then every Interval, until
+// Stop. It returns at once.
 func (c *Cleaner) Start(ctx context.Context) error {
 	if err := c.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: cleaner: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
+	}
+	if c.cfg.ArchiveDir != "" {
+		if err := checkArchiveDir(c.cfg.ArchiveDir); err != nil {
+			return err
+		}
 	}
 	return c.runner.Start(ctx, c.loop)
 }
@@ -128,7 +144,7 @@ func (c *Cleaner) loop(ctx context.Context) {
 		}
 		if res.Batches > 0 {
 			c.log.Info("retention: deleted expired records",
-				"sagas", res.Sagas, "steps", res.Steps, "inbox", res.Inbox, "outbox", res.Outbox, "submit_tokens", res.SubmitTokens, "batches", res.Batches)
+				"sagas", res.Sagas, "archived", res.Archived, "steps", res.Steps, "inbox", res.Inbox, "outbox", res.Outbox, "submit_tokens", res.SubmitTokens, "batches", res.Batches)
 		}
 		t.Reset(c.cfg.Interval)
 	}
@@ -179,6 +195,14 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 
 // sagaBatch deletes one batch of finished sagas with their steps and inbox
 // rows, together. It returns the number of sagas as its size.
+//
+// With an archive directory, the batch's sagas are read under the locks
+// that claimed them and written to a new file, which is durable before
+// the deletes run and the transaction commits: a saga deleted is in an
+// archive. A crash or a failed commit after the file's rename leaves the
+// sagas in the database and in that file, and a later pass archives them
+// again: in two files, never in none. Another cleaner skips the locked
+// rows, so two cleaners never archive and delete one batch between them.
 func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 	var res CleanResult
 	if c.cfg.FinishedSagas == KeepForever {
@@ -195,6 +219,11 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		if err != nil || len(ids) == 0 {
 			return err
+		}
+		if c.cfg.ArchiveDir != "" {
+			if res.Archived, err = c.archive(ctx, tx, ids); err != nil {
+				return err
+			}
 		}
 		b := &pgx.Batch{}
 		b.Queue(store.DeleteSagaInbox, ids).Exec(func(tag pgconn.CommandTag) error {
@@ -216,6 +245,32 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		return CleanResult{}, 0, err
 	}
 	return res, res.Sagas, nil
+}
+
+// archive writes the sagas ids, locked by tx, to a new archive file and
+// returns how many it wrote once the file is durable.
+func (c *Cleaner) archive(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+	if c.cfg.Sagas == nil {
+		return 0, errors.New("idemsaga: retention: an archive directory is set but no saga reader (CleanerConfig.Sagas); nothing was deleted")
+	}
+	lines, err := c.cfg.Sagas.ReadSagas(ctx, tx, ids)
+	if err != nil {
+		return 0, fmt.Errorf("read the sagas to archive (nothing was deleted): %w", err)
+	}
+	if len(lines) != len(ids) {
+		return 0, fmt.Errorf("idemsaga: retention: read %d of the %d sagas to archive; nothing was deleted", len(lines), len(ids))
+	}
+	for i, l := range lines {
+		if l == nil || l.Saga.ID != ids[i] {
+			return 0, fmt.Errorf("idemsaga: retention: saga %s was not read for its archive; nothing was deleted", ids[i])
+		}
+	}
+	path, err := writeArchive(c.cfg.ArchiveDir, lines)
+	if err != nil {
+		return 0, fmt.Errorf("nothing was deleted: %w", err)
+	}
+	c.log.Debug("retention: archived finished sagas", "file", path, "sagas", len(lines))
+	return int64(len(lines)), nil
 }
 
 // outboxBatch deletes one batch of published outbox rows. With

@@ -22,6 +22,18 @@ order by s.finished_at
 limit $2
 for update of s skip locked`
 
+// The statements that read what an archive line holds beyond the saga's
+// inspection (SelectSteps and the others), for a batch of sagas ($1)
+// the cleaner claimed, in its transaction.
+const (
+	// SelectArchiveSagas reads the sagas' input hashes and trace
+	// contexts, with the database clock's time of the read.
+	SelectArchiveSagas = `select id, input_hash, trace_context, idemsaga.now() from idemsaga.sagas where id = any($1)`
+	// SelectArchiveInbox reads the sagas' inbox rows, oldest first.
+	SelectArchiveInbox = `select saga_id, step_key, step, phase::text, attempt, outcome::text, unknown, verified, result, coalesce(error, ''), created_at
+from idemsaga.inbox where saga_id = any($1) order by saga_id, created_at, step_key`
+)
+
 // The statements that delete one batch of sagas ($1), in one transaction,
 // children first (the foreign keys would cascade, one row at a time).
 const (
