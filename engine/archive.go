@@ -21,7 +21,7 @@ type archiveReader struct{ cl *Client }
 // line per ID in the order given.
 func (r archiveReader) ReadSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]*saga.ArchivedSaga, error) {
 	lines := make(map[uuid.UUID]*saga.ArchivedSaga, len(ids))
-	rows, err := tx.Query(ctx, store.SelectArchiveSagas, ids)
+	rows, err := r.cl.c.Schema().Q(tx).Query(ctx, store.SelectArchiveSagas, ids)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: archive: read sagas: %w", err)
 	}
@@ -37,7 +37,7 @@ func (r archiveReader) ReadSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("idemsaga: archive: read sagas: %w", err)
 	}
-	rows, err = tx.Query(ctx, store.SelectArchiveInbox, ids)
+	rows, err = r.cl.c.Schema().Q(tx).Query(ctx, store.SelectArchiveInbox, ids)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: archive: read inbox rows: %w", err)
 	}
@@ -64,7 +64,7 @@ func (r archiveReader) ReadSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID
 		if a == nil {
 			return nil, fmt.Errorf("idemsaga: archive: saga %s not found", id)
 		}
-		sg, err := store.LoadSaga(ctx, tx, id, false)
+		sg, err := store.LoadSaga(ctx, r.cl.c.Schema().Q(tx), id, false)
 		if err != nil {
 			return nil, fmt.Errorf("idemsaga: archive: read saga %s: %w", id, err)
 		}

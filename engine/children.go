@@ -37,7 +37,7 @@ func (ch children) Start(ctx context.Context, sc *saga.StepContext, name string,
 	var sent []outbox.Committed
 	err = pgx.BeginFunc(ctx, ch.cl.c.Pool(), func(tx pgx.Tx) error {
 		var led bool
-		err := tx.QueryRow(ctx, store.FenceChildStart, pguuid.Of(sc.SagaID), pguuid.Of(sc.Key), sc.Attempt).Scan(&led)
+		err := ch.cl.c.Schema().Q(tx).QueryRow(ctx, store.FenceChildStart, pguuid.Of(sc.SagaID), pguuid.Of(sc.Key), sc.Attempt).Scan(&led)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return saga.NotApplied(fmt.Errorf("attempt %d of step %q no longer holds its key (given up, or taken over); its child is not started", sc.Attempt, sc.Step))
 		}
@@ -50,7 +50,7 @@ func (ch children) Start(ctx context.Context, sc *saga.StepContext, name string,
 		if res.Duplicate {
 			return nil
 		}
-		_, err = tx.Exec(ctx, store.SetParent, pguuid.Of(res.ID), pguuid.Of(sc.SagaID), sc.Step)
+		_, err = ch.cl.c.Schema().Q(tx).Exec(ctx, store.SetParent, pguuid.Of(res.ID), pguuid.Of(sc.SagaID), sc.Step)
 		return err
 	})
 	var inputErr *saga.InputError
@@ -67,7 +67,7 @@ func (ch children) Start(ctx context.Context, sc *saga.StepContext, name string,
 
 func (ch children) Find(ctx context.Context, sc *saga.StepContext, name string) (uuid.UUID, bool, error) {
 	var id uuid.UUID
-	err := ch.cl.c.Pool().QueryRow(ctx, `select id from idemsaga.sagas where definition = $1 and idem_key = $2`,
+	err := ch.cl.c.DB().QueryRow(ctx, `select id from idemsaga.sagas where definition = $1 and idem_key = $2`,
 		name, saga.ChildKey(saga.StepKey(sc.SagaID, sc.Step, saga.PhaseForward))).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return uuid.Nil, false, nil
@@ -90,7 +90,7 @@ func (ch children) Undo(ctx context.Context, sc *saga.StepContext, name string) 
 	}
 	reason := fmt.Sprintf("its parent saga %s compensates step %q", sc.SagaID, sc.Step)
 	for range 3 {
-		sg, err := store.LoadSaga(ctx, ch.cl.c.Pool(), id, false)
+		sg, err := store.LoadSaga(ctx, ch.cl.c.DB(), id, false)
 		if err != nil {
 			return id, true, fmt.Errorf("read child saga %s: %w", id, err)
 		}
@@ -164,7 +164,7 @@ func (c *Config) withChildren() error {
 
 // loadChildren fills sg.Children, for inspection.
 func (cl *Client) loadChildren(ctx context.Context, q querier, sg *saga.Instance) error {
-	rows, err := q.Query(ctx, store.SelectChildren, pguuid.Of(sg.ID))
+	rows, err := q.Query(ctx, cl.c.Schema().SQL(store.SelectChildren), pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read the children of saga %s: %w", sg.ID, err)
 	}

@@ -234,7 +234,7 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 		hash     []byte
 		state    *string
 	)
-	err := q.QueryRow(ctx, stmt, pguuid.Of(id), def.Name(), key, sum, string(canonical),
+	err := q.QueryRow(ctx, cl.c.Schema().SQL(stmt), pguuid.Of(id), def.Name(), key, sum, string(canonical),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
 		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
@@ -253,10 +253,10 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 		// (or the token's update) waited for it; then read it now.
 		if existing == nil || state == nil {
 			existing, state = new(uuid.UUID), new(string)
-			err := q.QueryRow(ctx, store.SelectSagaByKey, def.Name(), key).Scan(existing, &hash, state)
+			err := q.QueryRow(ctx, cl.c.Schema().SQL(store.SelectSagaByKey), def.Name(), key).Scan(existing, &hash, state)
 			if errors.Is(err, pgx.ErrNoRows) && IsSubmitToken(key) {
 				// The token was not consumed, and started no saga.
-				return StartResult{}, nil, explainSubmitToken(ctx, q, def.Name(), key)
+				return StartResult{}, nil, explainSubmitToken(ctx, q, cl.c.Schema(), def.Name(), key)
 			}
 			if err != nil {
 				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
@@ -280,7 +280,7 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 		if !ok {
 			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: a saga that starts with a parallel group starts in a transaction", def.Name(), key)
 		}
-		btx := store.Within(outer)
+		btx := store.Within(outer, cl.c.Schema())
 		btx.SetTrace(trace)
 		var branches []*store.Dispatch
 		for b := 1; b < end; b++ {
@@ -302,7 +302,7 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 
 // Get returns the saga with the given ID, with its step executions.
 func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
-	sg, err := store.LoadSaga(ctx, cl.c.Pool(), id, false)
+	sg, err := store.LoadSaga(ctx, cl.c.DB(), id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +311,7 @@ func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error)
 
 // GetByKey returns the saga of def started with key, with its steps.
 func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.Instance, error) {
-	sg, err := store.ScanSaga(cl.c.Pool().QueryRow(ctx, store.SelectSagaByKeyFull, definition, key))
+	sg, err := store.ScanSaga(cl.c.DB().QueryRow(ctx, store.SelectSagaByKeyFull, definition, key))
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +327,7 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 			return sg, err
 		}
 	}
-	rows, err := cl.c.Pool().Query(ctx, store.SelectSagasByKey, idOrKey)
+	rows, err := cl.c.DB().Query(ctx, store.SelectSagasByKey, idOrKey)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: look up %q: %w", idOrKey, err)
 	}
@@ -370,7 +370,7 @@ func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) e
 	if err := cl.loadPause(ctx, q, sg); err != nil {
 		return err
 	}
-	rows, err := q.Query(ctx, store.SelectSteps, pguuid.Of(sg.ID))
+	rows, err := q.Query(ctx, cl.c.Schema().SQL(store.SelectSteps), pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read steps of saga %s: %w", sg.ID, err)
 	}
@@ -400,7 +400,7 @@ func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) e
 	if err := cl.loadChildren(ctx, q, sg); err != nil {
 		return err
 	}
-	arows, err := q.Query(ctx, store.SelectAttempts, pguuid.Of(sg.ID))
+	arows, err := q.Query(ctx, cl.c.Schema().SQL(store.SelectAttempts), pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
@@ -419,7 +419,7 @@ func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) e
 	if err := arows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read attempts of saga %s: %w", sg.ID, err)
 	}
-	crows, err := q.Query(ctx, store.SelectCallbacks, pguuid.Of(sg.ID))
+	crows, err := q.Query(ctx, cl.c.Schema().SQL(store.SelectCallbacks), pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
@@ -431,7 +431,7 @@ func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) e
 	if err != nil {
 		return fmt.Errorf("idemsaga: read callbacks of saga %s: %w", sg.ID, err)
 	}
-	rrows, err := q.Query(ctx, store.SelectRepairs, pguuid.Of(sg.ID))
+	rrows, err := q.Query(ctx, cl.c.Schema().SQL(store.SelectRepairs), pguuid.Of(sg.ID))
 	if err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
@@ -449,7 +449,7 @@ func (cl *Client) loadSteps(ctx context.Context, q querier, sg *saga.Instance) e
 	if err := rrows.Err(); err != nil {
 		return fmt.Errorf("idemsaga: read repairs of saga %s: %w", sg.ID, err)
 	}
-	sg.DeadLetters, err = queryDeadLetters(ctx, q, store.ListDeadLetters, pguuid.Of(sg.ID), "", 0, 1000)
+	sg.DeadLetters, err = queryDeadLetters(ctx, q, cl.c.Schema().SQL(store.ListDeadLetters), pguuid.Of(sg.ID), "", 0, 1000)
 	return err
 }
 
@@ -579,7 +579,7 @@ func parseCursor(c string) (*time.Time, pgtype.UUID, error) {
 // of all (definition ""). It reads the whole table: for dashboards, use
 // the sagas_started_total and sagas_finished_total metrics.
 func (cl *Client) Counts(ctx context.Context, definition string) (map[saga.State]int64, error) {
-	rows, err := cl.c.Pool().Query(ctx, store.CountSagas, definition)
+	rows, err := cl.c.DB().Query(ctx, store.CountSagas, definition)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: count sagas: %w", err)
 	}
@@ -625,7 +625,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 	default:
 		query = store.ListSagas
 	}
-	rows, err := cl.c.Pool().Query(ctx, query, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID,
+	rows, err := cl.c.DB().Query(ctx, query, opts.Definition, string(opts.State), opts.OlderThan.Seconds(), opts.Stuck, opts.StuckAfter.Seconds(), opts.Limit, after, afterID,
 		opts.DeadLettered, opts.Version, opts.Key, optionalTime(opts.CreatedFrom), optionalTime(opts.CreatedBefore), opts.Paused, opts.Waiting)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list sagas: %w", err)
@@ -646,7 +646,7 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
 	delay := 2 * time.Millisecond
 	for {
-		sg, err := store.LoadSaga(ctx, cl.c.Pool(), id, false)
+		sg, err := store.LoadSaga(ctx, cl.c.DB(), id, false)
 		if err != nil {
 			return nil, err
 		}

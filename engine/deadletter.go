@@ -51,7 +51,7 @@ func (cl *Client) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]saga.D
 	if f.SagaID != uuid.Nil {
 		id = pguuid.Of(f.SagaID)
 	}
-	return queryDeadLetters(ctx, cl.c.Pool(), store.ListDeadLetters, id, f.Definition, f.Version, f.Limit)
+	return queryDeadLetters(ctx, cl.c.Pool(), cl.c.Schema().SQL(store.ListDeadLetters), id, f.Definition, f.Version, f.Limit)
 }
 
 func queryDeadLetters(ctx context.Context, q orchestrate.Querier, sql string, args ...any) ([]saga.DeadLetter, error) {
@@ -144,7 +144,7 @@ func (cl *Client) DropDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...int64
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: give the ids of the dead letters to drop (`dead-letters list`)", ErrDeadLetterNotFound)
 	}
-	rows, err := tx.Query(ctx, store.DropDeadLetters, ids)
+	rows, err := cl.c.Schema().Q(tx).Query(ctx, store.DropDeadLetters, ids)
 	if err != nil {
 		return fmt.Errorf("idemsaga: drop dead letters: %w", err)
 	}

@@ -39,6 +39,7 @@ type setting struct{ name, value, flag string }
 
 func sharedSettings(cfg *Config, worker bool) []setting {
 	s := []setting{
+		{"schema", cfg.Schema, "--schema / IDEMSAGA_SCHEMA / Config.Schema"},
 		{"subject_prefix", cfg.SubjectPrefix, "--subject-prefix / IDEMSAGA_SUBJECT_PREFIX / Config.SubjectPrefix"},
 		{"lease_grace", cfg.LeaseGrace.String(), "--lease-grace / IDEMSAGA_LEASE_GRACE / Config.LeaseGrace"},
 	}
@@ -61,6 +62,7 @@ func Deploy(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(false); err != nil {
 		return err
 	}
+	sch := cfg.schema()
 	tx, err := cfg.Pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: record the deployment: %w", err)
@@ -68,7 +70,7 @@ func Deploy(ctx context.Context, cfg Config) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	by := who()
 	for _, s := range sharedSettings(&cfg, true) {
-		if _, err := tx.Exec(ctx, store.RecordSetting, s.name, s.value, by); err != nil {
+		if _, err := sch.Q(tx).Exec(ctx, store.RecordSetting, s.name, s.value, by); err != nil {
 			return fmt.Errorf("idemsaga: record setting %s: %w", s.name, err)
 		}
 	}
@@ -81,7 +83,7 @@ func Deploy(ctx context.Context, cfg Config) error {
 		// with: one changed under them needs a version of its own.
 		var recorded saga.Description
 		var running int
-		err := tx.QueryRow(ctx, `select d.description, (select count(*) from idemsaga.sagas s
+		err := sch.Q(tx).QueryRow(ctx, `select d.description, (select count(*) from idemsaga.sagas s
   where s.definition = d.name and s.definition_version = d.version and s.finished_at is null)
 from idemsaga.definitions d where d.name = $1 and d.version = $2 and d.fingerprint is distinct from $3`,
 			d.Name(), d.Version(), desc.Fingerprint()).Scan(&recorded, &running)
@@ -92,7 +94,7 @@ from idemsaga.definitions d where d.name = $1 and d.version = $2 and d.fingerpri
 			return fmt.Errorf("%w: definition %s changed (%s) while %d sagas run on it; nothing was recorded. Give the changed definition a new version (saga.WithVersion(def, %d)) so they finish on theirs, or let them finish first",
 				ErrDeploymentMismatch, d.Ref(), describeDifference(recorded, desc), running, d.Version()+1)
 		}
-		if _, err := tx.Exec(ctx, store.RecordDefinition, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
+		if _, err := sch.Q(tx).Exec(ctx, store.RecordDefinition, d.Name(), desc, desc.Fingerprint(), by, d.Version()); err != nil {
 			return fmt.Errorf("idemsaga: record definition %s: %w", d.Ref(), err)
 		}
 	}
@@ -186,7 +188,7 @@ func (cl *Client) Definition(ctx context.Context, name string) (*saga.Definition
 // Definitions returns the descriptions the deployment recorded, by name
 // and version (every version recorded, oldest first).
 func (cl *Client) Definitions(ctx context.Context) ([]saga.Description, error) {
-	rows, err := cl.c.Pool().Query(ctx, `select description from idemsaga.definitions order by name, version`)
+	rows, err := cl.c.DB().Query(ctx, `select description from idemsaga.definitions order by name, version`)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list definitions: %w", err)
 	}
@@ -210,7 +212,7 @@ type Worker struct {
 // Workers returns the engines that reported themselves within the last
 // three heartbeat intervals, with the definitions each runs.
 func (cl *Client) Workers(ctx context.Context) ([]Worker, error) {
-	rows, err := cl.c.Pool().Query(ctx, `select id, host, pid, definitions, versions, started_at, seen_at from idemsaga.workers
+	rows, err := cl.c.DB().Query(ctx, `select id, host, pid, definitions, versions, started_at, seen_at from idemsaga.workers
 where seen_at > idemsaga.now() - $1 * interval '1 millisecond' order by started_at`, (3 * HeartbeatIntervalDefault).Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list workers: %w", err)
@@ -236,11 +238,11 @@ func (e *Engine) beat(ctx context.Context) {
 	host, _ := os.Hostname()
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := e.cfg.Pool.Exec(bctx, store.Heartbeat, pguuid.Of(e.id), host, os.Getpid(), names, e.c.VersionRefs()); err != nil && ctx.Err() == nil {
+	if _, err := e.c.DB().Exec(bctx, store.Heartbeat, pguuid.Of(e.id), host, os.Getpid(), names, e.c.VersionRefs()); err != nil && ctx.Err() == nil {
 		e.cfg.Logger.Warn("heartbeat: could not record this worker; the admin CLI may think no worker runs its definitions", "error", err)
 	}
 	// Rows of processes that died without deleting theirs.
-	_, _ = e.cfg.Pool.Exec(bctx, store.DeleteDeadWorkers)
+	_, _ = e.c.DB().Exec(bctx, store.DeleteDeadWorkers)
 	// Commands parked while no worker ran their version: this one does.
 	for {
 		n, err := e.c.ResumeDeadLetters(bctx, orchestrate.ResumeBatch)
@@ -262,7 +264,7 @@ func (e *Engine) heartbeat(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_, _ = e.cfg.Pool.Exec(dctx, store.DeleteWorker, pguuid.Of(e.id))
+			_, _ = e.c.DB().Exec(dctx, store.DeleteWorker, pguuid.Of(e.id))
 			cancel()
 			return
 		case <-t.C:
@@ -288,7 +290,7 @@ func checkDeployment(ctx context.Context, c *orchestrate.Core, cfg *Config, work
 		var value, setBy string
 		var setAt time.Time
 		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, store.CheckSetting, s.name, s.value, by)
+			return c.Schema().Q(tx).QueryRow(ctx, store.CheckSetting, s.name, s.value, by)
 		}, &value, &setBy, &setAt)
 		if err != nil {
 			return fmt.Errorf("idemsaga: check the deployment's %s: %w", s.name, err)
@@ -307,7 +309,7 @@ func checkDeployment(ctx context.Context, c *orchestrate.Core, cfg *Config, work
 		var setAt time.Time
 		var recorded saga.Description
 		err := recordOrRead(func() pgx.Row {
-			return tx.QueryRow(ctx, store.CheckDefinition,
+			return c.Schema().Q(tx).QueryRow(ctx, store.CheckDefinition,
 				d.Name(), desc, desc.Fingerprint(), by, d.Version())
 		}, &fp, &recorded, &setBy, &setAt)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/maintenance"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -37,6 +38,7 @@ import (
 const (
 	StreamDefault           = "IDEMSAGA"
 	SubjectPrefixDefault    = "idemsaga"
+	SchemaDefault           = pgschema.SchemaDefault
 	StepConcurrencyDefault  = 8
 	ReplyConcurrencyDefault = 4
 	LeaseGraceDefault       = 30 * time.Second
@@ -59,9 +61,16 @@ const NoShedding time.Duration = -1
 
 // Config configures an Engine. Only Pool, NATS and Definitions are required.
 type Config struct {
-	// Pool is the PostgreSQL database holding the engine's tables (schema
-	// idemsaga; apply migrations first). Required.
+	// Pool is the PostgreSQL database holding the engine's tables (in
+	// Schema; apply migrations first). Required.
 	Pool *pgxpool.Pool
+	// Schema is the PostgreSQL schema of the deployment's tables: two
+	// deployments (each with its own Stream and SubjectPrefix) share a
+	// database in two schemas and never see each other's sagas. Apply
+	// the migrations to it first (migrations.MigrateSchema, the runtime's
+	// `migrate --schema`). It is recorded with the deployment's settings.
+	// Defaults to SchemaDefault.
+	Schema string
 	// NATS is a connection to a server with JetStream enabled. Required by
 	// New; NewClient does not need it.
 	NATS *nats.Conn
@@ -203,6 +212,9 @@ func (c *Config) WithDefaults() *Config {
 	if d.SubjectPrefix == "" {
 		d.SubjectPrefix = SubjectPrefixDefault
 	}
+	if d.Schema == "" {
+		d.Schema = SchemaDefault
+	}
 	if d.StepConcurrency == 0 {
 		d.StepConcurrency = StepConcurrencyDefault
 	}
@@ -276,6 +288,8 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.StreamMaxAge and StreamDuplicateWindow must not be negative")
 	case c.StreamMaxAge > 0 && c.StreamDuplicateWindow > c.StreamMaxAge:
 		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow (--stream-duplicate-window) %s must not exceed StreamMaxAge (--stream-max-age) %s: JetStream refuses it; give a shorter window or a longer max age", c.StreamDuplicateWindow, c.StreamMaxAge)
+	case pgschema.Check(c.Schema) != nil:
+		return fmt.Errorf("idemsaga: Config.Schema: %w", pgschema.Check(c.Schema))
 	case !streamName.MatchString(c.Stream):
 		return fmt.Errorf("idemsaga: Config.Stream %q must be letters, digits, '_' or '-'", c.Stream)
 	case !subjectToken.MatchString(c.SubjectPrefix):
@@ -308,6 +322,15 @@ func (c *Config) validate(needNATS bool) error {
 	return c.Retention.validate()
 }
 
+// schema is Config.Schema's, once validated.
+func (c *Config) schema() *pgschema.Schema {
+	s, err := pgschema.New(c.Schema)
+	if err != nil {
+		panic("idemsaga: Config.Schema used before it was validated: " + err.Error())
+	}
+	return s
+}
+
 func newCore(cfg *Config, out orchestrate.HandOff) (*orchestrate.Core, error) {
 	m, err := metrics.New(cfg.Registerer)
 	if err != nil {
@@ -319,7 +342,7 @@ func newCore(cfg *Config, out orchestrate.HandOff) (*orchestrate.Core, error) {
 // newCoreWith is newCore with the metrics already registered.
 func newCoreWith(cfg *Config, m *metrics.Metrics, out orchestrate.HandOff) *orchestrate.Core {
 	return orchestrate.New(orchestrate.Config{
-		Pool: cfg.Pool, Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
+		Pool: cfg.Pool, Schema: cfg.schema(), Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
 		MaxInputBytes: cfg.MaxInputBytes, Metrics: m, Logger: cfg.Logger, Tracer: tracing.New(cfg.TracerProvider),
 		HandOff: out, OnFinished: cfg.OnFinishedFunc,
 	})
@@ -428,7 +451,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.relay, err = outbox.NewRelay(outbox.RelayConfig{
-		Pool: cfg.Pool, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
+		Pool: cfg.Pool, Schema: cfg.Schema, JetStream: e.js, BatchSize: cfg.RelayBatch, PollInterval: cfg.RelayPollInterval,
 		KeepPublished: cfg.Retention.PublishedOutbox != 0, Logger: cfg.Logger,
 		OnPublishFunc: func(rows, dups int, took time.Duration) {
 			m.OutboxPublished.Add(float64(rows))
@@ -455,9 +478,9 @@ func New(cfg Config) (*Engine, error) {
 			what string
 			c    prometheus.Collector
 		}{
-			{"the outbox backlog", maintenance.NewBacklogCollector(cfg.Pool)},
-			{"the paused sagas", maintenance.NewPausedCollector(cfg.Pool)},
-			{"the dead-letter", maintenance.NewDeadLetterCollector(cfg.Pool)},
+			{"the outbox backlog", maintenance.NewBacklogCollector(cfg.Pool, c.Schema())},
+			{"the paused sagas", maintenance.NewPausedCollector(cfg.Pool, c.Schema())},
+			{"the dead-letter", maintenance.NewDeadLetterCollector(cfg.Pool, c.Schema())},
 			{"the stream backlog", maintenance.NewStreamCollector(e.js, cfg.Stream, e.backlog)},
 		} {
 			if err := cfg.Registerer.Register(col.c); err != nil {
@@ -471,7 +494,7 @@ func New(cfg Config) (*Engine, error) {
 	// The engine's own step workers share its database: an outcome moves
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
-		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
+		Pool: cfg.Pool, Schema: c.Schema(), Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.Tracer(),
 		Children: children{cl: e.client},
@@ -572,7 +595,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("idemsaga: database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
-	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
+	if err := checkMigrated(ctx, e.cfg.Pool, e.cfg.Schema); err != nil {
 		return err
 	}
 	if err := checkDeployment(ctx, e.c, &e.cfg, true); err != nil {
@@ -768,13 +791,13 @@ func (e *Engine) stopRun(r *run) {
 }
 
 // checkMigrated fails when the database's schema is not this build's.
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: database unreachable: %w", err)
 	}
 	defer conn.Release()
-	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+	if _, _, err := migrations.CheckSchema(ctx, conn.Conn(), schema); err != nil {
 		return fmt.Errorf("idemsaga: %w", err)
 	}
 	return nil

@@ -64,7 +64,7 @@ func (cl *Client) EventDeadLetters(ctx context.Context, f EventDeadLetterFilter)
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := store.EventDeadLetters(ctx, cl.c.Pool(), f.Definition, f.Limit)
+	rows, err := store.EventDeadLetters(ctx, cl.c.DB(), f.Definition, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: list event dead letters: %w", err)
 	}
@@ -92,7 +92,7 @@ func (cl *Client) DropEventDeadLettersTx(ctx context.Context, tx pgx.Tx, ids ...
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: give the ids of the event dead letters to drop (`events dead-letters`)", ErrDeadLetterNotFound)
 	}
-	dropped, err := store.DropEventDeadLetters(ctx, tx, ids)
+	dropped, err := store.DropEventDeadLetters(ctx, cl.c.Schema().Q(tx), ids)
 	if err != nil {
 		return fmt.Errorf("idemsaga: drop event dead letters: %w", err)
 	}

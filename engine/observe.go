@@ -21,7 +21,7 @@ func (e *Engine) Ready(ctx context.Context) error {
 	if err := e.cfg.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("database unreachable: %w", err)
 	}
-	if err := checkMigrated(ctx, e.cfg.Pool); err != nil {
+	if err := checkMigrated(ctx, e.cfg.Pool, e.cfg.Schema); err != nil {
 		return err
 	}
 	if st := e.cfg.NATS.Status(); st != nats.CONNECTED {

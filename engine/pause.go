@@ -132,7 +132,7 @@ func (cl *Client) ResumeDefinitionTx(ctx context.Context, tx pgx.Tx, definition 
 
 // PausedDefinitions lists the definitions paused as a whole.
 func (cl *Client) PausedDefinitions(ctx context.Context) ([]PausedDefinition, error) {
-	rows, err := cl.c.Pool().Query(ctx, `select definition, paused_at, reason, requested_by, request_key from idemsaga.paused_definitions order by definition`)
+	rows, err := cl.c.DB().Query(ctx, `select definition, paused_at, reason, requested_by, request_key from idemsaga.paused_definitions order by definition`)
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: read the paused definitions: %w", err)
 	}
@@ -150,7 +150,7 @@ func (cl *Client) PausedDefinitions(ctx context.Context) ([]PausedDefinition, er
 // loadPause reads whether sg is held, and its deadline.
 func (cl *Client) loadPause(ctx context.Context, q querier, sg *saga.Instance) error {
 	var own, def *time.Time
-	if err := q.QueryRow(ctx, store.SelectPause, pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := q.QueryRow(ctx, cl.c.Schema().SQL(store.SelectPause), pguuid.Of(sg.ID)).Scan(&own, &def, &sg.DeadlineAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("idemsaga: read saga %s: %w", sg.ID, err)
 	}
 	sg.Paused = nil

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -96,7 +97,20 @@ func (d Difference) String() string {
 // defs gives the final state of each definition version; sagas of other
 // definitions or versions are checked for everything else. staleAfter <= 0 means
 // StaleAfterDefault.
+//
+// It reads the deployment of schema idemsaga; ReconcileSchema reads
+// another's.
 func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition, staleAfter time.Duration) ([]Difference, error) {
+	return ReconcileSchema(ctx, pool, "", defs, staleAfter)
+}
+
+// ReconcileSchema is Reconcile for the deployment of schema (Config.Schema;
+// "" for SchemaDefault).
+func ReconcileSchema(ctx context.Context, pool *pgxpool.Pool, schema string, defs []*saga.Definition, staleAfter time.Duration) ([]Difference, error) {
+	sch, err := pgschema.New(schema)
+	if err != nil {
+		return nil, fmt.Errorf("idemsaga: reconcile: %w", err)
+	}
 	if staleAfter <= 0 {
 		staleAfter = StaleAfterDefault
 	}
@@ -147,7 +161,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 		case store.BranchStates:
 			args = []any{jsonText(groupStates)}
 		}
-		rows, err := pool.Query(ctx, r.SQL, args...)
+		rows, err := sch.Q(pool).Query(ctx, r.SQL, args...)
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
@@ -157,7 +171,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, defs []*saga.Definition,
 	}
 
 	// Sagas in their final state: every forward step succeeded.
-	rows, err := pool.Query(ctx, store.FinishedForwardSteps)
+	rows, err := sch.Q(pool).Query(ctx, store.FinishedForwardSteps)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

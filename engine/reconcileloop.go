@@ -36,7 +36,7 @@ func (e *Engine) reconcileOnce(ctx context.Context) {
 	m := e.c.Metrics()
 	rctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 	defer cancel()
-	diffs, err := Reconcile(rctx, e.cfg.Pool, e.c.Versions(), 0)
+	diffs, err := ReconcileSchema(rctx, e.cfg.Pool, e.cfg.Schema, e.c.Versions(), 0)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.ReconcileRuns.WithLabelValues("error").Inc()

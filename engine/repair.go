@@ -189,7 +189,7 @@ func (cl *Client) resolveSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) (*sa
 		// A saga the caller's transaction started is seen in it alone.
 		q = tx
 	}
-	err := q.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version)
+	err := q.QueryRow(ctx, cl.c.Schema().SQL(`select definition, definition_version from idemsaga.sagas where id = $1`), pguuid.Of(id)).Scan(&def, &version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s", saga.ErrNotFound, id)
 	}

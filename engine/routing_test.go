@@ -64,7 +64,7 @@ func TestTwoServicesOnOneStream(t *testing.T) {
 	require.Equal(t, 2*n, countRows(t, ctx, pool, `select count(*) from idemsaga.sagas where state in ('a2ed', 'b2ed')`))
 	require.Zero(t, countRows(t, ctx, pool, `select count(*) from idemsaga.dead_letters`))
 	for _, c := range []struct {
-		reg        *prometheus.Registry
+		reg       *prometheus.Registry
 		runs, not string
 	}{{regA, "alpha", "beta"}, {regB, "beta", "alpha"}} {
 		require.Zero(t, metricSum(t, c.reg, "idemsaga_step_attempts_total", map[string]string{"definition": c.not}), "%s's workers were given %s's commands", c.runs, c.not)

@@ -72,7 +72,7 @@ type ScheduleRepair struct {
 
 // Schedules lists the recorded schedules, by definition.
 func (cl *Client) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
-	rows, err := store.ListSchedules(ctx, cl.c.Pool())
+	rows, err := store.ListSchedules(ctx, cl.c.DB())
 	if err != nil {
 		return nil, fmt.Errorf("idemsaga: read the schedules: %w", err)
 	}
@@ -144,7 +144,7 @@ func (cl *Client) scheduleRepair(ctx context.Context, in pgx.Tx, definition, op 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	sum := sha256.Sum256([]byte(op + "\x00" + r.Reason))
-	inserted, recorded, at, err := store.RecordScheduleRepair(ctx, tx, definition, r.Key, op, sum[:], r.Reason, r.By)
+	inserted, recorded, at, err := store.RecordScheduleRepair(ctx, cl.c.Schema().Q(tx), definition, r.Key, op, sum[:], r.Reason, r.By)
 	res.At = at
 	switch {
 	case errors.Is(err, store.ErrScheduleNotRecorded):
@@ -159,9 +159,9 @@ func (cl *Client) scheduleRepair(ctx context.Context, in pgx.Tx, definition, op 
 	}
 	var done bool
 	if op == "pause" {
-		done, err = store.PauseSchedule(ctx, tx, definition, r.By, r.Reason)
+		done, err = store.PauseSchedule(ctx, cl.c.Schema().Q(tx), definition, r.By, r.Reason)
 	} else {
-		done, err = store.ResumeSchedule(ctx, tx, definition)
+		done, err = store.ResumeSchedule(ctx, cl.c.Schema().Q(tx), definition)
 	}
 	switch {
 	case err != nil:

@@ -16,7 +16,7 @@ import (
 // answer in time (a cluster still forming, a stream's leader being
 // elected) is tried again, a bounded number of times.
 func (e *Engine) stream(ctx context.Context) (jetstream.Stream, error) {
-	cfg := broker.StreamConfig{Name: e.cfg.Stream, Subjects: []string{e.subjects.All()}, Replicas: e.cfg.StreamReplicas,
+	cfg := broker.StreamConfig{Name: e.cfg.Stream, Owner: e.c.Schema().Name(), Subjects: []string{e.subjects.All()}, Replicas: e.cfg.StreamReplicas,
 		MaxAge: e.cfg.StreamMaxAge, DuplicateWindow: e.cfg.StreamDuplicateWindow, Logger: e.cfg.Logger}
 	switch e.cfg.StreamStorage {
 	case "file":

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 
 	"github.com/jackc/pgx/v5"
@@ -96,7 +97,7 @@ func (cl *Client) issueToken(ctx context.Context, q store.Row, def *saga.Definit
 	b := make([]byte, submitTokenBytes)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	tok := SubmitToken{Token: SubmitTokenPrefix + base64.RawURLEncoding.EncodeToString(b), Definition: def.Name()}
-	if err := q.QueryRow(ctx, store.InsertSubmitToken, tok.Token, tok.Definition, ttl.Milliseconds()).Scan(&tok.ExpiresAt); err != nil {
+	if err := q.QueryRow(ctx, cl.c.Schema().SQL(store.InsertSubmitToken), tok.Token, tok.Definition, ttl.Milliseconds()).Scan(&tok.ExpiresAt); err != nil {
 		return SubmitToken{}, fmt.Errorf("idemsaga: issue submit token for %q: %w", def.Name(), err)
 	}
 	return tok, nil
@@ -104,14 +105,14 @@ func (cl *Client) issueToken(ctx context.Context, q store.Row, def *saga.Definit
 
 // explainSubmitToken returns the ErrSubmitTokenInvalid of a token that
 // started no saga of definition, saying why.
-func explainSubmitToken(ctx context.Context, q store.Row, definition, token string) error {
+func explainSubmitToken(ctx context.Context, q store.Row, schema *pgschema.Schema, definition, token string) error {
 	var (
 		issuedFor         string
 		expiresAt         time.Time
 		consumed, expired bool
 		fetch             = fmt.Sprintf("fetch a new token for %s and submit with it", definition)
 	)
-	err := q.QueryRow(ctx, store.SelectSubmitToken, token).Scan(&issuedFor, &expiresAt, &consumed, &expired)
+	err := q.QueryRow(ctx, schema.SQL(store.SelectSubmitToken), token).Scan(&issuedFor, &expiresAt, &consumed, &expired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: %q was not issued by this deployment, or it expired and was deleted; nothing was written: %s", ErrSubmitTokenInvalid, token, fetch)

@@ -24,14 +24,14 @@ func (e *Engine) newTriggers(m *metrics.Metrics) error {
 	}
 	var err error
 	e.trig.scheduler, err = schedule.New(schedule.Config{
-		Pool: e.cfg.Pool, Definitions: e.cfg.Definitions, Starter: tickStarter{e.client}, Interval: e.cfg.ScheduleInterval,
+		Pool: e.cfg.Pool, Schema: e.c.Schema(), Definitions: e.cfg.Definitions, Starter: tickStarter{e.client}, Interval: e.cfg.ScheduleInterval,
 		Metrics: m, Logger: e.cfg.Logger,
 	})
 	if err != nil {
 		return err
 	}
 	e.trig.events, err = events.New(events.Config{
-		Pool: e.cfg.Pool, JetStream: e.js, Definitions: e.cfg.Definitions, ConsumerPrefix: e.cfg.Stream, OwnSubjects: e.cfg.SubjectPrefix,
+		Pool: e.cfg.Pool, Schema: e.c.Schema(), JetStream: e.js, Definitions: e.cfg.Definitions, ConsumerPrefix: e.cfg.Stream, OwnSubjects: e.cfg.SubjectPrefix,
 		AckWait: e.cfg.AckWait, Concurrency: e.cfg.EventConcurrency, Starter: eventStarter{e.client}, Metrics: m, Logger: e.cfg.Logger,
 	})
 	return err

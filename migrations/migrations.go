@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/tern/v2/migrate"
+
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 )
 
 //go:embed *.sql
@@ -37,6 +39,40 @@ func ahead(schema string, have, want int32) error {
 // Migrate applies every engine migration not yet applied.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	return Apply(ctx, conn, Schema, files)
+}
+
+// MigrateSchema applies every engine migration not yet applied to the
+// tables of a deployment of its own schema (engine.Config.Schema; "" for
+// Schema).
+func MigrateSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
+	sch, err := pgschema.New(schema)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return Apply(ctx, conn, sch.Name(), schemaFS{files, sch})
+}
+
+// CheckSchema is Check for a deployment of its own schema ("" for
+// Schema).
+func CheckSchema(ctx context.Context, conn *pgx.Conn, schema string) (have, want int32, err error) {
+	sch, err := pgschema.New(schema)
+	if err != nil {
+		return 0, 0, err
+	}
+	return CheckApplied(ctx, conn, sch.Name(), files)
+}
+
+// schemaFS is the engine's migrations, written for schema idemsaga, for
+// another schema.
+type schemaFS struct {
+	embed.FS
+	sch *pgschema.Schema
+}
+
+// ReadFile returns the migration rewritten for the schema.
+func (f schemaFS) ReadFile(name string) ([]byte, error) {
+	b, err := f.FS.ReadFile(name)
+	return []byte(f.sch.SQL(string(b))), err
 }
 
 // Latest returns the number of the newest engine migration.

@@ -197,7 +197,7 @@ func (r *Relay) settle() {
 	if r.cfg.KeepPublished {
 		sql = settleMark
 	}
-	tag, err := r.cfg.Pool.Exec(ctx, sql, ids)
+	tag, err := r.schema.Q(r.cfg.Pool).Exec(ctx, sql, ids)
 	if err != nil {
 		// Published but still in the outbox: the sweep publishes them
 		// again after their hand-off, and the broker's dedup window or the

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 )
 
@@ -28,9 +29,20 @@ type Message struct {
 	SagaID uuid.UUID
 }
 
-// Write inserts msgs into the outbox inside the caller's transaction, so
-// they are published if and only if that transaction commits.
+// Write inserts msgs into the outbox of schema idemsaga inside the
+// caller's transaction, so they are published if and only if that
+// transaction commits.
 func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	return WriteIn(ctx, tx, "", msgs...)
+}
+
+// WriteIn is Write to the outbox of a deployment's schema
+// (engine.Config.Schema; "" for idemsaga).
+func WriteIn(ctx context.Context, tx pgx.Tx, schema string, msgs ...Message) error {
+	sch, err := pgschema.New(schema)
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -47,13 +59,13 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		subjects[i], ids[i], payloads[i], headers[i], sagas[i] = m.Subject, m.MsgID, m.Payload, h, pguuid.OrNull(m.SagaID)
 	}
 	if len(msgs) == 1 {
-		_, err := tx.Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0], sagas[0])
+		_, err := sch.Q(tx).Exec(ctx, insertOne, subjects[0], ids[0], payloads[0], headers[0], sagas[0])
 		if err != nil {
 			return fmt.Errorf("outbox: insert: %w", err)
 		}
 		return nil
 	}
-	if _, err := tx.Exec(ctx, insertMany, subjects, ids, payloads, headers, sagas); err != nil {
+	if _, err := sch.Q(tx).Exec(ctx, insertMany, subjects, ids, payloads, headers, sagas); err != nil {
 		return fmt.Errorf("outbox: insert %d rows: %w", len(msgs), err)
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 )
 
@@ -30,6 +31,9 @@ const (
 type RelayConfig struct {
 	// Pool is the database holding the outbox. Required.
 	Pool *pgxpool.Pool
+	// Schema is the PostgreSQL schema of the outbox (the deployment's,
+	// engine.Config.Schema). Defaults to idemsaga.
+	Schema string
 	// JetStream publishes the rows. Required.
 	JetStream jetstream.JetStream
 	// BatchSize is the most rows claimed and published per transaction.
@@ -72,6 +76,9 @@ func (c *RelayConfig) validate() error {
 	if c.Pool == nil {
 		return errors.New("outbox: RelayConfig.Pool is required")
 	}
+	if err := pgschema.Check(c.Schema); err != nil {
+		return fmt.Errorf("outbox: RelayConfig.Schema: %w", err)
+	}
 	if c.JetStream == nil {
 		return errors.New("outbox: RelayConfig.JetStream is required")
 	}
@@ -103,8 +110,10 @@ type Relay struct {
 	cfg     RelayConfig
 	wake    chan struct{}
 	handOff *handOff
-	runner  lifecycle.Runner
-	tracer  *tracing.Tracer
+	// schema is RelayConfig.Schema's.
+	schema *pgschema.Schema
+	runner lifecycle.Runner
+	tracer *tracing.Tracer
 }
 
 // NewRelay returns a relay; Start runs it.
@@ -112,7 +121,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1), handOff: newHandOff(), tracer: tracing.New(cfg.TracerProvider)}, nil
+	schema, _ := pgschema.New(cfg.Schema)
+	return &Relay{cfg: cfg, schema: schema, wake: make(chan struct{}, 1), handOff: newHandOff(), tracer: tracing.New(cfg.TracerProvider)}, nil
 }
 
 // Start checks the database and runs the relay in the background until Stop.
@@ -187,7 +197,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	// by the pool on release rather than reused.
 	defer conn.Release()
 	var due bool
-	if err := conn.QueryRow(ctx, anyDue).Scan(&due); err != nil {
+	if err := r.schema.Q(conn).QueryRow(ctx, anyDue).Scan(&due); err != nil {
 		return 0, fmt.Errorf("look for rows to publish: %w", err)
 	}
 	if !due {
@@ -196,7 +206,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	open := false
 	defer func() {
 		if open {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
+			_, _ = r.schema.Q(conn).Exec(context.WithoutCancel(ctx), "rollback")
 		}
 	}()
 
@@ -213,12 +223,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		return err
 	})
 	open = true
-	if err := conn.SendBatch(ctx, claim).Close(); err != nil {
+	if err := r.schema.Q(conn).SendBatch(ctx, claim).Close(); err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}
 	if len(batch) == 0 {
 		open = false
-		if _, err := conn.Exec(ctx, "commit"); err != nil {
+		if _, err := r.schema.Q(conn).Exec(ctx, "commit"); err != nil {
 			return 0, fmt.Errorf("commit: %w", err)
 		}
 		return 0, nil
@@ -294,7 +304,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		}
 	}
 	marks.Queue("commit")
-	err = conn.SendBatch(ctx, marks).Close()
+	err = r.schema.Q(conn).SendBatch(ctx, marks).Close()
 	if conn.Conn().PgConn().TxStatus() == 'I' {
 		open = false // committed, or PostgreSQL ended the transaction
 	}
@@ -315,13 +325,18 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	return len(published), firstErr
 }
 
-// Backlog returns the number of unpublished rows and the age of the oldest.
+// Backlog returns the number of unpublished rows of the outbox of schema
+// ("" for idemsaga) and the age of the oldest.
 func Backlog(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}) (int64, time.Duration, error) {
+}, schema string) (int64, time.Duration, error) {
+	sch, err := pgschema.New(schema)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox backlog: %w", err)
+	}
 	var n int64
 	var age float64
-	if err := q.QueryRow(ctx, backlog).Scan(&n, &age); err != nil {
+	if err := q.QueryRow(ctx, sch.SQL(backlog)).Scan(&n, &age); err != nil {
 		return 0, 0, fmt.Errorf("outbox backlog: %w", err)
 	}
 	return n, time.Duration(age * float64(time.Second)), nil

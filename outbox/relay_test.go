@@ -84,7 +84,7 @@ func TestRelaysPublishEveryRowOnce(t *testing.T) {
 	wg.Wait()
 
 	require.Eventually(t, func() bool {
-		n, _, err := outbox.Backlog(ctx, pool)
+		n, _, err := outbox.Backlog(ctx, pool, "")
 		return err == nil && n == 0
 	}, 30*time.Second, 10*time.Millisecond, "outbox drained")
 	info, err := stream.Info(ctx)

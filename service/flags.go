@@ -43,6 +43,7 @@ type Flags struct {
 	NATSKey     string `name:"nats-tls-key" env:"NATS_TLS_KEY" type:"path" help:"Private key (PEM) of --nats-tls-cert."`
 	NATSCA      string `name:"nats-tls-ca" env:"NATS_TLS_CA" type:"path" help:"CA certificate(s) (PEM) to verify the NATS server with."`
 
+	Schema                string        `name:"schema" env:"IDEMSAGA_SCHEMA" default:"idemsaga" help:"PostgreSQL schema of the deployment's tables (shared): two deployments, each with its own --stream and --subject-prefix, share a database in two schemas. Apply migrate with it first."`
 	Stream                string        `name:"stream" env:"IDEMSAGA_STREAM" default:"${stream}" help:"JetStream stream name (shared)."`
 	SubjectPrefix         string        `name:"subject-prefix" env:"IDEMSAGA_SUBJECT_PREFIX" default:"${prefix}" help:"Prefix of every subject (shared)."`
 	StreamReplicas        int           `name:"stream-replicas" env:"IDEMSAGA_STREAM_REPLICAS" help:"Replicas of the stream, 1 to 5 (3 with a JetStream cluster). A new stream gets it (default 1); an existing one is updated to it. Unset: an existing stream keeps its own."`
@@ -82,7 +83,7 @@ func (f *Flags) Logger() *slog.Logger {
 // EngineConfig returns the engine settings of the flags: the shared ones
 // and the service's definitions, on pool.
 func (f *Flags) EngineConfig(pool *pgxpool.Pool) engine.Config {
-	return engine.Config{Pool: pool, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger(),
+	return engine.Config{Pool: pool, Schema: f.Schema, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger(),
 		StreamReplicas: f.StreamReplicas, StreamStorage: f.StreamStorage, StreamMaxAge: f.StreamMaxAge, StreamDuplicateWindow: f.StreamDuplicateWindow}
 }
 
@@ -242,7 +243,7 @@ func (f *Flags) checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("database unreachable (check DATABASE_URL and that PostgreSQL runs): %w", err)
 	}
 	defer conn.Release()
-	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+	if _, _, err := migrations.CheckSchema(ctx, conn.Conn(), f.Schema); err != nil {
 		return f.migrateHint(err)
 	}
 	for _, m := range f.cfg.Migrations {

@@ -48,11 +48,11 @@ func (c *migrateCmd) Run(ctx context.Context, f *Flags) error {
 		return err
 	}
 	defer conn.Release()
-	if err := migrations.Migrate(ctx, conn.Conn()); err != nil {
+	if err := migrations.MigrateSchema(ctx, conn.Conn(), f.Schema); err != nil {
 		return err
 	}
 	v, _ := migrations.Latest()
-	fmt.Fprintf(f.out, "engine schema idemsaga at version %d\n", v)
+	fmt.Fprintf(f.out, "engine schema %s at version %d\n", f.Schema, v)
 	for _, m := range f.cfg.Migrations {
 		files, err := m.files()
 		if err != nil {

@@ -90,7 +90,7 @@ func Reconcile(ctx context.Context, f *Flags, pool *pgxpool.Pool, staleAfter tim
 		}
 	}
 	if len(defs) > 0 {
-		if res.Differences, err = engine.Reconcile(ctx, pool, defs, staleAfter); err != nil {
+		if res.Differences, err = engine.ReconcileSchema(ctx, pool, f.Schema, defs, staleAfter); err != nil {
 			return res, err
 		}
 	}

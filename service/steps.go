@@ -43,7 +43,7 @@ func (s *stepsCmd) Run(ctx context.Context, f *Flags) error {
 	if err != nil {
 		return err
 	}
-	cfg := steps.Config{Pool: pool, NATS: nc, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, AckWait: s.AckWait,
+	cfg := steps.Config{Pool: pool, NATS: nc, Schema: f.Schema, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, AckWait: s.AckWait,
 		Definitions: f.defs, Concurrency: s.Concurrency, Logger: log}
 	if tp != nil {
 		cfg.TracerProvider = tp

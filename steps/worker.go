@@ -17,6 +17,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/migrations"
@@ -42,6 +43,9 @@ type Config struct {
 	// Stream is the deployment's stream. Defaults to the engine's
 	// default, "IDEMSAGA".
 	Stream string
+	// Schema is the PostgreSQL schema of the deployment's tables (the
+	// engines' Config.Schema). Defaults to "idemsaga".
+	Schema string
 	// SubjectPrefix is the deployment's subject prefix. Defaults to the
 	// engine's default, "idemsaga".
 	SubjectPrefix string
@@ -135,8 +139,12 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("steps: %w", err)
 	}
 	subjects := wire.Subjects{Prefix: cfg.SubjectPrefix}
+	schema, err := pgschema.New(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("steps: Config.Schema: %w", err)
+	}
 	r, err := attempt.New(attempt.Config{
-		Pool: cfg.Pool, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
+		Pool: cfg.Pool, Schema: schema, Definitions: cfg.Definitions, Subjects: subjects, Logger: cfg.Logger, Metrics: m,
 		Recent: max(cfg.Recent, 0), Slots: cfg.Concurrency,
 		Tracer: tracing.New(cfg.TracerProvider),
 	})
@@ -152,7 +160,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.cfg.NATS == nil {
 		return errors.New("steps: Config.NATS is required to start the worker: connect with nats.Connect(NATS_URL)")
 	}
-	if err := checkDatabase(ctx, w.cfg.Pool); err != nil {
+	if err := checkDatabase(ctx, w.cfg.Pool, w.cfg.Schema); err != nil {
 		return err
 	}
 	js, err := jetstream.New(w.cfg.NATS)
@@ -168,7 +176,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	var consumers []broker.ConsumerFunc
 	for _, dc := range broker.DefinitionConsumers(w.cfg.Stream+"_steps", names, w.subjects.Commands) {
 		consumers = append(consumers, func(ctx context.Context) (jetstream.Consumer, error) {
-			s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Subjects: []string{w.subjects.All()}})
+			s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Owner: schemaName(w.cfg.Schema), Subjects: []string{w.subjects.All()}})
 			if err != nil {
 				return nil, fmt.Errorf("steps: %w (check NATS_URL and that nats-server runs with -js)", err)
 			}
@@ -192,13 +200,13 @@ func (w *Worker) Start(ctx context.Context) error {
 // checkDatabase fails when the database is unreachable or its schema is
 // not this build's: every command would be refused and delivered again,
 // forever.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("step worker: database unreachable: %w", err)
 	}
 	defer conn.Release()
-	if _, _, err := migrations.Check(ctx, conn.Conn()); err != nil {
+	if _, _, err := migrations.CheckSchema(ctx, conn.Conn(), schema); err != nil {
 		return fmt.Errorf("step worker: %w", err)
 	}
 	return nil
@@ -225,3 +233,11 @@ const (
 	streamDefault        = "IDEMSAGA"
 	subjectPrefixDefault = "idemsaga"
 )
+
+// schemaName is the name of schema ("" for the default).
+func schemaName(schema string) string {
+	if schema == "" {
+		return pgschema.SchemaDefault
+	}
+	return schema
+}

@@ -40,7 +40,7 @@ func (r *Runner) claimLease(ctx context.Context, cmd wire.Command) {
 	lease := (policy.Timeout + r.cfg.LeaseGrace).Milliseconds()
 	cctx, cancel := context.WithTimeout(ctx, policy.Timeout)
 	defer cancel()
-	if _, err := r.cfg.Pool.Exec(cctx, store.ClaimLease, pguuid.Of(cmd.SagaID), cmd.Step, string(cmd.Phase), cmd.Attempt, lease); err != nil {
+	if _, err := r.db().Exec(cctx, store.ClaimLease, pguuid.Of(cmd.SagaID), cmd.Step, string(cmd.Phase), cmd.Attempt, lease); err != nil {
 		r.cfg.Logger.Debug("step worker: could not restart the lease of a command delivered late; its lease runs from its dispatch",
 			"saga_id", cmd.SagaID, "step", cmd.Step, "attempt", cmd.Attempt, "error", err)
 	}

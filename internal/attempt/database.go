@@ -46,7 +46,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 			return a.replyBase(), fmt.Errorf("acquire a connection: %w", err)
 		}
 		a.conn = conn
-		tx = store.Begin(conn.Conn())
+		tx = store.Begin(conn.Conn(), a.r.cfg.Schema)
 	}
 	c := a.conn.Conn()
 	// A connection still inside a transaction when released (an error
@@ -67,7 +67,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 			// committed: a final outcome answers, and so does the end of
 			// this attempt or a later one. Anything else, and the claim
 			// decides, as for any delivery.
-			st, found, err := readStoredOn(actx, c, cmd.SagaID, cmd.Key)
+			st, found, err := readStoredOn(actx, c, a.r.cfg.Schema, cmd.SagaID, cmd.Key)
 			if err != nil {
 				return a.replyBase(), err
 			}
@@ -99,7 +99,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 		a.conflict = true
 		var st stored
 		var found bool
-		end := store.Implicit(c)
+		end := store.Implicit(c, a.r.cfg.Schema)
 		end.Exec("rollback", nil)
 		a.unconsume()
 		a.consume(end)
@@ -242,7 +242,7 @@ func (a *attempt) recordFailure(ctx context.Context, tx *store.Tx, herr error) (
 	}
 	w.Lead = store.LeadFailureAlone
 	send := func(c *pgx.Conn) error {
-		tx := store.Implicit(c)
+		tx := store.Implicit(c, a.r.cfg.Schema)
 		if c.PgConn().TxStatus() != 'I' {
 			tx.Exec("rollback", nil)
 		}
@@ -299,7 +299,7 @@ func (a *attempt) failureRecorded(ctx context.Context, w store.Record, m *store.
 // answerConflict answers, on c, an attempt whose record met an outcome
 // stored under its key, or found its saga gone.
 func (a *attempt) answerConflict(ctx context.Context, c *pgx.Conn, w store.Record) (wire.Reply, error) {
-	st, found, err := readStoredOn(ctx, c, w.Saga, w.Key)
+	st, found, err := readStoredOn(ctx, c, a.r.cfg.Schema, w.Saga, w.Key)
 	switch {
 	case err != nil:
 		return a.replyBase(), err

@@ -112,7 +112,7 @@ const sagaFinishedOrGone = `select coalesce((select finished_at is not null from
 func (r *Runner) unknownCommand(ctx context.Context, msg jetstream.Msg, cmd wire.Command, reason string) {
 	log := r.cfg.Logger.With("saga_id", cmd.SagaID, "definition", cmd.Definition, "definition_version", cmd.DefVersion(), "step", cmd.Step, "phase", cmd.Phase, "attempt", cmd.Attempt)
 	var finished bool
-	err := r.cfg.Pool.QueryRow(ctx, sagaFinishedOrGone, pguuid.Of(cmd.SagaID)).Scan(&finished)
+	err := r.db().QueryRow(ctx, sagaFinishedOrGone, pguuid.Of(cmd.SagaID)).Scan(&finished)
 	if err == nil && finished {
 		log.Info("step worker: dropping a command this worker cannot run, whose saga finished or is gone", "reason", reason)
 		_ = msg.Term()
@@ -140,7 +140,7 @@ func (r *Runner) unknownCommand(ctx context.Context, msg jetstream.Msg, cmd wire
 		first = md.Timestamp
 	}
 	var id int64
-	err = r.cfg.Pool.QueryRow(ctx, store.ParkCommand, messageID(msg), msg.Subject(), msg.Data(), headersOf(msg), pguuid.Of(cmd.SagaID),
+	err = r.db().QueryRow(ctx, store.ParkCommand, messageID(msg), msg.Subject(), msg.Data(), headersOf(msg), pguuid.Of(cmd.SagaID),
 		cmd.Definition, cmd.DefVersion(), cmd.Step, string(cmd.Phase), cmd.Attempt, reason, delivered, parkedBy(), first).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -45,12 +45,12 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		c := conn.Conn()
 		if a.plan.ReadFirst {
 			var err error
-			if st, found, err = readStoredOn(actx, c, cmd.SagaID, cmd.Key); err != nil || found && st.final() {
+			if st, found, err = readStoredOn(actx, c, a.r.cfg.Schema, cmd.SagaID, cmd.Key); err != nil || found && st.final() {
 				byRead = err == nil
 				return err
 			}
 		}
-		tx := store.Implicit(c)
+		tx := store.Implicit(c, a.r.cfg.Schema)
 		sagaID, key := pguuid.Of(cmd.SagaID), pguuid.Of(cmd.Key)
 		tx.Queue(store.ClaimCall, func(row pgx.Row) error {
 			err := row.Scan(&a.doubt)
@@ -82,7 +82,7 @@ func (a *attempt) external(ctx context.Context) (wire.Reply, error) {
 		// Not claimed, and no outcome to answer with: maybe the saga is
 		// paused (a rare path, so a round trip of its own).
 		var paused bool
-		if err := a.r.cfg.Pool.QueryRow(actx, store.PausedRead, pguuid.Of(cmd.SagaID)).Scan(&paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err := a.r.db().QueryRow(actx, store.PausedRead, pguuid.Of(cmd.SagaID)).Scan(&paused); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return a.replyBase(), fmt.Errorf("read whether the saga is paused: %w", err)
 		}
 		if paused {
@@ -262,7 +262,7 @@ func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, not
 	defer cancel()
 	var out store.Recorded
 	err = a.r.cfg.Pool.AcquireFunc(rctx, func(c *pgxpool.Conn) error {
-		tx := store.Implicit(c.Conn())
+		tx := store.Implicit(c.Conn(), a.r.cfg.Schema)
 		if note != "" {
 			// What Verify found commits with the outcome it decided, so
 			// whoever reads the finished saga reads it too. An attempt

@@ -76,7 +76,7 @@ func (a *attempt) resolve(ctx context.Context, w store.Record, reply *outbox.Mes
 		var dispatched bool
 		var nextID, replyID *int64
 		var created *time.Time
-		err := a.r.cfg.Pool.QueryRow(ctx, readCommitted, pguuid.Of(w.Saga), pguuid.Of(w.Key), w.Attempt, w.Step, string(w.Phase),
+		err := a.r.db().QueryRow(ctx, readCommitted, pguuid.Of(w.Saga), pguuid.Of(w.Key), w.Attempt, w.Step, string(w.Phase),
 			nextMsg, replyMsg, nextStep, nextPhase).Scan(&outcome, &status, &dispatched, &nextID, &replyID, &created)
 		if err == nil {
 			if outcome == nil || *outcome != w.Proof {

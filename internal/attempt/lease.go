@@ -58,7 +58,7 @@ func (a *attempt) takeTurn(ctx context.Context) (reply wire.Reply, done bool, er
 		var found bool
 		err := a.r.cfg.Pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 			var err error
-			if st, found, err = readStoredOn(ctx, c.Conn(), cmd.SagaID, cmd.Key); err != nil || !found || !st.final() {
+			if st, found, err = readStoredOn(ctx, c.Conn(), a.r.cfg.Schema, cmd.SagaID, cmd.Key); err != nil || !found || !st.final() {
 				return err
 			}
 			reply, err = a.answerStored(ctx, c.Conn(), st, false)
@@ -72,7 +72,7 @@ func (a *attempt) takeTurn(ctx context.Context) (reply wire.Reply, done bool, er
 	if a.row != 0 && !a.consumed && !a.queued {
 		// Run eagerly, its command row goes now: the relay must not send
 		// it while it waits. Should the process die, the lease drives it.
-		if _, err := a.r.cfg.Pool.Exec(ctx, store.DeleteCommand, a.row); err != nil {
+		if _, err := a.r.db().Exec(ctx, store.DeleteCommand, a.row); err != nil {
 			return a.replyBase(), true, fmt.Errorf("consume the command before waiting for limit %s: %w", a.step.Limit.Name, err)
 		}
 		a.consumed = true
@@ -119,7 +119,7 @@ func (a *attempt) limitKey() (key string) {
 func (a *attempt) keepWaiting(ctx context.Context) error {
 	c := a.cmd
 	var one int
-	err := a.r.cfg.Pool.QueryRow(ctx, store.ExtendLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
+	err := a.r.db().QueryRow(ctx, store.ExtendLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: step %q (%s) of saga %s is no longer at attempt %d", saga.ErrLeaseLost, c.Step, c.Phase, c.SagaID, c.Attempt)
@@ -139,7 +139,7 @@ func (a *attempt) keepWaiting(ctx context.Context) error {
 func (a *attempt) lengthen(ctx context.Context) error {
 	c := a.cmd
 	var one int
-	err := a.r.cfg.Pool.QueryRow(ctx, store.ClaimLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
+	err := a.r.db().QueryRow(ctx, store.ClaimLease, pguuid.Of(c.SagaID), c.Step, string(c.Phase), c.Attempt, a.r.lease(a.policy).Milliseconds()).Scan(&one)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: step %q (%s) of saga %s is no longer at attempt %d", saga.ErrLeaseLost, c.Step, c.Phase, c.SagaID, c.Attempt)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/limit"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
@@ -69,6 +70,8 @@ type Config struct {
 	// Pool is the engine's database: the inbox, the outbox, the sagas and
 	// the business tables of database steps. Required.
 	Pool *pgxpool.Pool
+	// Schema is the deployment's schema; nil for pgschema.SchemaDefault.
+	Schema *pgschema.Schema
 	// Definitions the runner can run. Required.
 	Definitions []*saga.Definition
 	// Subjects names reply subjects. Required.
@@ -157,7 +160,7 @@ func New(cfg Config) (*Runner, error) {
 	if err := limit.Check(cfg.Definitions); err != nil {
 		return nil, err
 	}
-	r.gate = limit.New(cfg.Pool, cfg.Metrics)
+	r.gate = limit.New(cfg.Pool, cfg.Schema, cfg.Metrics)
 	r.names = map[string][]int{}
 	for _, d := range cfg.Definitions {
 		if _, dup := r.defs[d.Ref()]; dup {
@@ -481,6 +484,9 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 	return reply, a, nil
 }
 
+// db is the runner's database in the deployment's schema.
+func (r *Runner) db() pgschema.Executor { return r.cfg.Schema.Q(r.cfg.Pool) }
+
 // HandleMsg runs one command message and acks it after its commit.
 func (r *Runner) HandleMsg(ctx context.Context, msg jetstream.Msg) {
 	r.inHand.Add(1)
@@ -674,7 +680,7 @@ func (a *attempt) commitAndClaim(ctx context.Context, tx *store.Tx, w store.Reco
 
 // writeReply writes a reply into the outbox, in a transaction of its own.
 func (a *attempt) writeReply(ctx context.Context, c *pgx.Conn, reply *outbox.Message) error {
-	tx := store.Implicit(c)
+	tx := store.Implicit(c, a.r.cfg.Schema)
 	tx.Queue(store.InsertOutbox, func(row pgx.Row) error {
 		var id int64
 		if err := row.Scan(&id); err != nil {
@@ -700,7 +706,7 @@ func (r *Runner) handToBroker(ctx context.Context, c outbox.Committed) {
 	}
 	cmd, err := wire.DecodeCommand(c.Payload)
 	if err == nil {
-		err = r.cfg.Pool.QueryRow(ctx, store.InsertOutbox, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), store.HeadersJSON(c.Headers)).Scan(&c.ID)
+		err = r.db().QueryRow(ctx, store.InsertOutbox, c.Subject, c.MsgID, c.Payload, pguuid.Of(cmd.SagaID), r.handOffMillis(), store.HeadersJSON(c.Headers)).Scan(&c.ID)
 	}
 	if err != nil {
 		// The database is out of reach (a failover, say), and the step's

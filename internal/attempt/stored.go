@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -71,10 +72,10 @@ func (st *stored) scan(found *bool) func(pgx.Row) error {
 // readStoredOn reads what the inbox holds for a key.
 func readStoredOn(ctx context.Context, conn interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, sagaID, key uuid.UUID) (stored, bool, error) {
+}, schema *pgschema.Schema, sagaID, key uuid.UUID) (stored, bool, error) {
 	var st stored
 	var found bool
-	err := st.scan(&found)(conn.QueryRow(ctx, store.ReadStored, pguuid.Of(sagaID), pguuid.Of(key)))
+	err := st.scan(&found)(conn.QueryRow(ctx, schema.SQL(store.ReadStored), pguuid.Of(sagaID), pguuid.Of(key)))
 	return st, found, err
 }
 
@@ -112,7 +113,7 @@ func (a *attempt) answerStored(ctx context.Context, conn *pgx.Conn, st stored, f
 		a.stored = true
 		return reply, nil
 	}
-	tx := store.Implicit(conn)
+	tx := store.Implicit(conn, a.r.cfg.Schema)
 	w := store.Record{Lead: store.LeadNone, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
 	var m *store.Move
 	if st.outcome == "succeeded" {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -54,10 +55,18 @@ type StreamConfig struct {
 	// DuplicateWindow for Nats-Msg-Id dedup. Defaults to
 	// DuplicateWindowDefault for a new stream.
 	DuplicateWindow time.Duration
+	// Owner is the PostgreSQL schema of the deployment the stream serves,
+	// kept in the stream's metadata: a stream of another deployment is
+	// refused (its commands would name sagas this one does not have), and
+	// a stream without one is given this one. Empty: not checked.
+	Owner string
 	// Logger receives what EnsureStream changed on an existing stream.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// ownerKey is the stream metadata key of StreamConfig.Owner.
+const ownerKey = "idemsaga_schema"
 
 // EnsureStream returns the stream, creating it when missing. An existing
 // stream is updated only for a setting given in cfg that differs from it,
@@ -83,6 +92,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	}
 	if cfg.Storage != nil {
 		want.Storage = *cfg.Storage
+	}
+	if cfg.Owner != "" {
+		want.Metadata = map[string]string{ownerKey: cfg.Owner}
 	}
 	if want.Duplicates == 0 {
 		// The default window, or the max age when that is shorter:
@@ -138,6 +150,19 @@ func reconcileStream(have jetstream.StreamConfig, cfg StreamConfig) (jetstream.S
 	}
 	update := have
 	var changes []string
+	switch owner := have.Metadata[ownerKey]; {
+	case cfg.Owner == "" || owner == cfg.Owner:
+	case owner != "":
+		return have, nil, fmt.Errorf("JetStream stream %q serves the deployment of PostgreSQL schema %q, and this one's is %q: two deployments cannot share a stream (each would be given commands for sagas it does not have); give this one its own --stream and --subject-prefix (Config.Stream, Config.SubjectPrefix)",
+			have.Name, owner, cfg.Owner)
+	default:
+		changes = append(changes, fmt.Sprintf("owner schema -> %s", cfg.Owner))
+		update.Metadata = maps.Clone(have.Metadata)
+		if update.Metadata == nil {
+			update.Metadata = map[string]string{}
+		}
+		update.Metadata[ownerKey] = cfg.Owner
+	}
 	if !slices.Equal(have.Subjects, cfg.Subjects) {
 		changes = append(changes, fmt.Sprintf("subjects %v -> %v", have.Subjects, cfg.Subjects))
 		update.Subjects = cfg.Subjects

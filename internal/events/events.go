@@ -22,6 +22,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/broker"
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -43,6 +44,8 @@ type Starter interface {
 type Config struct {
 	// Pool holds the engine's tables. Required.
 	Pool *pgxpool.Pool
+	// Schema is the deployment's schema; nil for the default.
+	Schema *pgschema.Schema
 	// JetStream reads the events. Required.
 	JetStream jetstream.JetStream
 	// Definitions are the process's. For each name the highest version
@@ -265,7 +268,7 @@ func (c *Consumers) park(ctx context.Context, log *slog.Logger, d *saga.Definiti
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	id, err := store.ParkEvent(ctx, c.cfg.Pool, row)
+	id, err := store.ParkEvent(ctx, c.cfg.Schema.Q(c.cfg.Pool), row)
 	if err != nil {
 		log.Warn("events: could not park a message that cannot start a saga; it will be delivered again", "reason", reason, "error", err)
 		_ = msg.NakWithDelay(min(time.Second<<min(delivered-1, 6), time.Minute))

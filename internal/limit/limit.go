@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
@@ -75,6 +76,7 @@ func sameBounds(a, b saga.Limit) bool {
 // Gate takes turns under limits for the attempts of one process.
 type Gate struct {
 	pool    *pgxpool.Pool
+	schema  *pgschema.Schema
 	metrics *metrics.Metrics
 
 	mu sync.Mutex
@@ -88,9 +90,9 @@ type waiters struct {
 	n  int
 }
 
-// New returns a gate over pool.
-func New(pool *pgxpool.Pool, m *metrics.Metrics) *Gate {
-	return &Gate{pool: pool, metrics: m, released: map[string]*waiters{}}
+// New returns a gate over pool, whose tables are in schema.
+func New(pool *pgxpool.Pool, schema *pgschema.Schema, m *metrics.Metrics) *Gate {
+	return &Gate{pool: pool, schema: schema, metrics: m, released: map[string]*waiters{}}
 }
 
 // Attempt is the attempt that takes a turn, and how it keeps its lease
@@ -221,7 +223,7 @@ func (t *Turn) Pace(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	var ms float64
-	if err := t.g.pool.QueryRow(ctx, store.ReserveRate, t.l.Name, t.l.Spacing().Microseconds()).Scan(&ms); err != nil {
+	if err := t.g.schema.Q(t.g.pool).QueryRow(ctx, store.ReserveRate, t.l.Name, t.l.Spacing().Microseconds()).Scan(&ms); err != nil {
 		return false, fmt.Errorf("reserve a start under limit %s: %w", t.l.Name, store.Interpret(err))
 	}
 	if ms < 1 {
@@ -273,7 +275,7 @@ func (t *Turn) Extend(ctx context.Context) error {
 	if !held {
 		return nil
 	}
-	if _, err := t.g.pool.Exec(ctx, store.ExtendHolds, pguuid.Of(t.holder), t.a.Hold.Milliseconds()); err != nil {
+	if _, err := t.g.schema.Q(t.g.pool).Exec(ctx, store.ExtendHolds, pguuid.Of(t.holder), t.a.Hold.Milliseconds()); err != nil {
 		return fmt.Errorf("extend the holds under limit %s: %w", t.l.Name, store.Interpret(err))
 	}
 	return nil
@@ -295,7 +297,7 @@ func (t *Turn) Release(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, _ = t.g.pool.Exec(rctx, store.ReleaseHolds, pguuid.Of(t.holder))
+	_, _ = t.g.schema.Q(t.g.pool).Exec(rctx, store.ReleaseHolds, pguuid.Of(t.holder))
 	for _, s := range scopes {
 		t.g.wake(t.l.Name, s)
 	}
@@ -306,7 +308,7 @@ func (t *Turn) Release(ctx context.Context) {
 func (g *Gate) take(ctx context.Context, name, scope string, holder uuid.UUID, n int, hold time.Duration) (bool, error) {
 	var ok bool
 	err := g.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-		tx := store.Implicit(c.Conn())
+		tx := store.Implicit(c.Conn(), g.schema)
 		tx.Exec(store.LockLimit, nil, name, scope)
 		tx.Queue(store.TakeHold, func(row pgx.Row) error {
 			var one int

@@ -42,7 +42,7 @@ func TestConcurrencyHoldsAcrossGates(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
 	m := newMetrics(t)
-	gates := []*limit.Gate{limit.New(pool, m), limit.New(pool, m), limit.New(pool, m)}
+	gates := []*limit.Gate{limit.New(pool, nil, m), limit.New(pool, nil, m), limit.New(pool, nil, m)}
 	l := saga.Limit{Name: "provider", Concurrency: 4, PerKey: 2}
 	var running, peak atomic.Int64
 	var mu sync.Mutex
@@ -95,7 +95,7 @@ func TestConcurrencyHoldsAcrossGates(t *testing.T) {
 func TestLapsedHoldIsTakenOver(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	g := limit.New(pool, newMetrics(t))
+	g := limit.New(pool, nil, newMetrics(t))
 	l := saga.Limit{Name: "one", Concurrency: 1}
 	dead := attempt("")
 	dead.Hold = 300 * time.Millisecond
@@ -122,7 +122,7 @@ func TestLapsedHoldIsTakenOver(t *testing.T) {
 func TestWaitKeepsTheLease(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	g := limit.New(pool, newMetrics(t))
+	g := limit.New(pool, nil, newMetrics(t))
 	l := saga.Limit{Name: "busy", Concurrency: 1, PerKey: 1, KeyFunc: func(*saga.StepContext) string { return "" }}
 	first, err := g.Wait(context.Background(), l, attempt("k"))
 	require.NoError(t, err)
@@ -152,7 +152,7 @@ func TestRateSpacesStarts(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
 	m := newMetrics(t)
-	gates := []*limit.Gate{limit.New(pool, m), limit.New(pool, m)}
+	gates := []*limit.Gate{limit.New(pool, nil, m), limit.New(pool, nil, m)}
 	l := saga.Limit{Name: "paced", Rate: 50, Per: time.Second}
 	const calls = 20
 	starts := make([]time.Time, calls)
@@ -215,7 +215,7 @@ func TestCheckRefusesOneNameWithTwoBounds(t *testing.T) {
 func TestTwoTurnsOfOneAttemptTakeTwoHolds(t *testing.T) {
 	t.Parallel()
 	pool := testenv.DB(t)
-	g := limit.New(pool, newMetrics(t))
+	g := limit.New(pool, nil, newMetrics(t))
 	l := saga.Limit{Name: "solo", Concurrency: 1}
 	first, err := g.Wait(context.Background(), l, attempt(""))
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 )
 
@@ -30,6 +31,8 @@ type CleanerConfig struct {
 	BatchSize                      int
 	Interval                       time.Duration
 	DeleteFailed                   bool
+	// Schema is the deployment's schema; nil for pgschema.SchemaDefault.
+	Schema *pgschema.Schema
 	// ArchiveDir, when set, is the directory each batch of finished sagas
 	// is written to (one new file a batch, by Sagas) before the batch is
 	// deleted, in the transaction that holds their locks.
@@ -209,10 +212,10 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 		return res, 0, nil
 	}
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockTimeout); err != nil {
+		if _, err := c.cfg.Schema.Q(tx).Exec(ctx, lockTimeout); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, store.ClaimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize, c.cfg.DeleteFailed)
+		rows, err := c.cfg.Schema.Q(tx).Query(ctx, store.ClaimFinishedSagas, c.cfg.FinishedSagas.Milliseconds(), c.cfg.BatchSize, c.cfg.DeleteFailed)
 		if err != nil {
 			return err
 		}
@@ -239,7 +242,7 @@ func (c *Cleaner) sagaBatch(ctx context.Context) (CleanResult, int64, error) {
 			res.Sagas = tag.RowsAffected()
 			return nil
 		})
-		return tx.SendBatch(ctx, b).Close()
+		return c.cfg.Schema.Q(tx).SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return CleanResult{}, 0, err
@@ -306,10 +309,10 @@ func (c *Cleaner) limitHoldBatch(ctx context.Context) (CleanResult, int64, error
 func (c *Cleaner) deleteBatch(ctx context.Context, sql string, window time.Duration) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockTimeout); err != nil {
+		if _, err := c.cfg.Schema.Q(tx).Exec(ctx, lockTimeout); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, sql, window.Milliseconds(), c.cfg.BatchSize)
+		tag, err := c.cfg.Schema.Q(tx).Exec(ctx, sql, window.Milliseconds(), c.cfg.BatchSize)
 		n = tag.RowsAffected()
 		return err
 	})

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/outbox"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,13 +18,14 @@ import (
 // partial index on unpublished rows keeps this cheap).
 type backlogCollector struct {
 	pool      *pgxpool.Pool
+	schema    *pgschema.Schema
 	rows, age *prometheus.Desc
 }
 
-// NewBacklogCollector reports the outbox backlog.
-func NewBacklogCollector(pool *pgxpool.Pool) *backlogCollector {
+// NewBacklogCollector reports the outbox backlog of schema.
+func NewBacklogCollector(pool *pgxpool.Pool, schema *pgschema.Schema) *backlogCollector {
 	return &backlogCollector{
-		pool: pool,
+		pool: pool, schema: schema,
 		rows: prometheus.NewDesc(metrics.Namespace+"_outbox_backlog_rows", "Outbox rows not yet published.", nil, nil),
 		age:  prometheus.NewDesc(metrics.Namespace+"_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
 	}
@@ -34,7 +36,7 @@ func (b *backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- b.rows; 
 func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	n, age, err := outbox.Backlog(ctx, b.pool)
+	n, age, err := outbox.Backlog(ctx, b.pool, b.schema.Name())
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(b.rows, err)
 		return
@@ -46,7 +48,7 @@ func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 // byDefinitionCollector reports one gauge by definition when scraped,
 // from a query that returns (definition, count) rows.
 type byDefinitionCollector struct {
-	pool  *pgxpool.Pool
+	pool  pgschema.Executor
 	query string
 	desc  *prometheus.Desc
 }
@@ -132,15 +134,15 @@ func (s *streamCollector) Collect(ch chan<- prometheus.Metric) {
 
 // NewPausedCollector reports, when scraped, the running sagas held by a
 // pause, by definition.
-func NewPausedCollector(pool *pgxpool.Pool) *byDefinitionCollector {
-	return &byDefinitionCollector{pool: pool, query: store.CountPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
+func NewPausedCollector(pool *pgxpool.Pool, schema *pgschema.Schema) *byDefinitionCollector {
+	return &byDefinitionCollector{pool: schema.Q(pool), query: store.CountPaused, desc: prometheus.NewDesc(metrics.Namespace+"_sagas_paused",
 		"Running sagas held by a pause, their own or their definition's: no attempt of theirs starts until they are resumed.", []string{"definition"}, nil)}
 }
 
 // NewDeadLetterCollector reports, when scraped, how many commands are
 // parked, by definition.
-func NewDeadLetterCollector(pool *pgxpool.Pool) *byDefinitionCollector {
-	return &byDefinitionCollector{pool: pool, query: `select definition, count(*) from idemsaga.dead_letters group by definition`,
+func NewDeadLetterCollector(pool *pgxpool.Pool, schema *pgschema.Schema) *byDefinitionCollector {
+	return &byDefinitionCollector{pool: schema.Q(pool), query: `select definition, count(*) from idemsaga.dead_letters group by definition`,
 		desc: prometheus.NewDesc(metrics.Namespace+"_dead_letters",
 			"Commands parked in the dead-letter table, waiting for a worker that runs their definition version or for a person.", []string{"definition"}, nil)}
 }

@@ -117,7 +117,7 @@ var ErrCallbackReused = errors.New("idemsaga: this callback event id was already
 func (c *Core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instance, step, eventID string, hash []byte, res *CallbackResult) (bool, error) {
 	var sagaID uuid.UUID
 	var had []byte
-	err := tx.Conn().QueryRow(ctx, store.SelectCallback, sg.Definition, step, eventID).Scan(&sagaID, &had, &res.Outcome, &res.Detail, &res.ReceivedAt)
+	err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.SelectCallback, sg.Definition, step, eventID).Scan(&sagaID, &had, &res.Outcome, &res.Detail, &res.ReceivedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -133,7 +133,7 @@ func (c *Core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instan
 		// Kept for a step that can no longer wait (given up, cancelled,
 		// skipped, or its saga compensating or finished): late now.
 		var status string
-		err := tx.Conn().QueryRow(ctx, `select coalesce((select status::text from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'), '')`,
+		err := c.schema.Q(tx.Conn()).QueryRow(ctx, `select coalesce((select status::text from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'), '')`,
 			pguuid.Of(sg.ID), step).Scan(&status)
 		if err != nil {
 			return false, fmt.Errorf("idemsaga: read step %q of saga %s: %w", step, sg.ID, err)
@@ -141,7 +141,7 @@ func (c *Core) replayCallback(ctx context.Context, tx *store.Tx, sg *saga.Instan
 		if sg.Finished() || sg.State == saga.StateCompensating || status == string(saga.StepSucceeded) || status == string(saga.StepFailed) {
 			res.Outcome = CallbackLate
 			res.Detail = fmt.Sprintf("step %q no longer waits (saga %s is %s); the callback kept for it is recorded and changes nothing", step, sg.ID, sg.State)
-			if _, err := tx.Conn().Exec(ctx, store.MarkCallbackLate,
+			if _, err := c.schema.Q(tx.Conn()).Exec(ctx, store.MarkCallbackLate,
 				sg.Definition, step, eventID, res.Detail); err != nil {
 				return false, fmt.Errorf("idemsaga: record callback %q of step %q as late: %w", eventID, step, err)
 			}
@@ -157,7 +157,7 @@ func (c *Core) receiveCallback(ctx context.Context, tx *store.Tx, sg *saga.Insta
 	step := def.Step(idx).Name
 	var status string
 	var attemptNo int
-	err := tx.Conn().QueryRow(ctx, `select status::text, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`,
+	err := c.schema.Q(tx.Conn()).QueryRow(ctx, `select status::text, attempt from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`,
 		pguuid.Of(sg.ID), step).Scan(&status, &attemptNo)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("idemsaga: read step %q of saga %s: %w", step, sg.ID, err)
@@ -319,7 +319,7 @@ func (c *Core) giveUpOrComplete(ctx context.Context, tx *store.Tx, sg *saga.Inst
 	var eventID, refusal string
 	var failed bool
 	var result json.RawMessage
-	err := tx.Conn().QueryRow(ctx, store.FirstPendingCallback, pguuid.Of(sg.ID), def.Name(), step.Name).Scan(&eventID, &failed, &result, &refusal)
+	err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.FirstPendingCallback, pguuid.Of(sg.ID), def.Name(), step.Name).Scan(&eventID, &failed, &result, &refusal)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c.giveUp(ctx, tx, sg, def, idx, phase, attemptNo, reason, possiblyDone, fx)
 	}

@@ -105,7 +105,7 @@ func readChild(ctx context.Context, q store.Row, sagaID uuid.UUID, step, name st
 func (c *Core) applyChild(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition, idx int, phase saga.Phase, attemptNo int, fx *effects) (bool, error) {
 	step := def.Step(idx)
 	name, _, _ := def.Child(idx)
-	ch, found, err := readChild(ctx, tx.Conn(), sg.ID, step.Name, name)
+	ch, found, err := readChild(ctx, tx.Schema().Q(tx.Conn()), sg.ID, step.Name, name)
 	if err != nil {
 		return false, err
 	}
@@ -171,7 +171,7 @@ func (c *Core) waitForChild(ctx context.Context, tx *store.Tx, sg *saga.Instance
 func (c *Core) ChildEnded(ctx context.Context, id uuid.UUID) error {
 	var parent uuid.UUID
 	var step string
-	err := c.pool.QueryRow(ctx, store.SelectParentOf, pguuid.Of(id)).Scan(&parent, &step)
+	err := c.DB().QueryRow(ctx, store.SelectParentOf, pguuid.Of(id)).Scan(&parent, &step)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -191,7 +191,7 @@ func (c *Core) ChildEnded(ctx context.Context, id uuid.UUID) error {
 		}
 		var phase string
 		var attemptNo int
-		err = tx.Conn().QueryRow(ctx, `select phase::text, attempt from idemsaga.steps
+		err = c.schema.Q(tx.Conn()).QueryRow(ctx, `select phase::text, attempt from idemsaga.steps
 where saga_id = $1 and step = $2 and status = 'waiting'`, pguuid.Of(parent), step).Scan(&phase, &attemptNo)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // not waiting: nothing to apply

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/compensation"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
@@ -32,7 +33,8 @@ import (
 // callbacks, repairs and dead letters resent. The engine's Client and
 // Engine are its callers; every write goes through package store.
 type Core struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	schema *pgschema.Schema
 	// defs are this process's definitions, the newest version of each
 	// name; versions all of them, by name and version; remote those known
 	// only by the deployment's record (Client.Definition); refs names
@@ -65,7 +67,9 @@ type Core struct {
 
 // Config is what a Core is built from (the engine's Config, resolved).
 type Config struct {
-	Pool        *pgxpool.Pool
+	Pool *pgxpool.Pool
+	// Schema is the deployment's schema; nil for pgschema.SchemaDefault.
+	Schema      *pgschema.Schema
 	Definitions []*saga.Definition
 	// SubjectPrefix and LeaseGrace are the deployment's.
 	SubjectPrefix string
@@ -98,7 +102,7 @@ func New(cfg Config) *Core {
 		}
 	}
 	return &Core{all: all, children: children, childEnds: make(chan uuid.UUID, childEndsQueue), names: slices.Sorted(maps.Keys(defs)),
-		pool: cfg.Pool, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
+		pool: cfg.Pool, schema: cfg.Schema, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
 		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes,
 		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
 	}
@@ -110,6 +114,13 @@ const childEndsQueue = 1024
 
 // Pool is the core's database.
 func (c *Core) Pool() *pgxpool.Pool { return c.pool }
+
+// Schema is the deployment's schema, which every statement of the core
+// runs in (Schema.Q, and store.Begin's).
+func (c *Core) Schema() *pgschema.Schema { return c.schema }
+
+// DB is the core's database in its schema.
+func (c *Core) DB() pgschema.Executor { return c.schema.Q(c.pool) }
 
 // Plan is the core's planner.
 func (c *Core) Plan() plan.Planner { return c.plan }
@@ -309,7 +320,7 @@ func (c *Core) withSteps(ctx context.Context, tx *store.Tx, sg *saga.Instance, d
 	if sg == nil || !def.HasGroups() {
 		return nil
 	}
-	steps, err := store.ReadSteps(ctx, tx.Conn(), sg.ID)
+	steps, err := store.ReadSteps(ctx, tx.Schema().Q(tx.Conn()), sg.ID)
 	if err != nil {
 		return err
 	}

@@ -42,7 +42,7 @@ type Querier interface {
 }
 
 func (c *Core) Resend(ctx context.Context, q Querier, steps []string, ids []int64, limit int, handOff any) ([]outbox.Committed, error) {
-	rows, err := q.Query(ctx, store.ResendDeadLetters, steps, ids, limit, handOff)
+	rows, err := q.Query(ctx, c.schema.SQL(store.ResendDeadLetters), steps, ids, limit, handOff)
 	if err != nil {
 		return nil, err
 	}

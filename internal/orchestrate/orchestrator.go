@@ -101,7 +101,7 @@ func (c *Core) applyReply(ctx context.Context, def *saga.Definition, idx int, r 
 		return "", fmt.Errorf("acquire a connection: %w", err)
 	}
 	defer conn.Release()
-	tx := store.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn(), c.schema)
 	defer tx.Rollback(ctx)
 	tx.SetTrace(c.tracer.Headers(ctx))
 

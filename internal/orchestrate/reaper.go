@@ -60,7 +60,7 @@ func (c *Core) ReapOnce(ctx context.Context, limit int) (int, error) {
 		ended, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		return err
 	})
-	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err := c.DB().SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("find due steps: %w", store.Interpret(err))
 	}
 	moved := 0
@@ -102,7 +102,7 @@ func (c *Core) reapStep(ctx context.Context, id stepID) (moved bool, err error) 
 		return false, fmt.Errorf("acquire a connection: %w", err)
 	}
 	defer conn.Release()
-	tx := store.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn(), c.schema)
 	defer tx.Rollback(ctx)
 
 	// First round trip: lock the saga (skipping one another process
@@ -320,7 +320,7 @@ const deadlineBudget = time.Second
 func (c *Core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	var def string
 	var version int
-	if err := c.pool.QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version); err != nil {
+	if err := c.DB().QueryRow(ctx, `select definition, definition_version from idemsaga.sagas where id = $1`, pguuid.Of(id)).Scan(&def, &version); err != nil {
 		return false, nil // gone since the look
 	}
 	d, err := c.DefinitionAt(ctx, def, version)
@@ -344,7 +344,7 @@ func (c *Core) cancelLate(ctx context.Context, id uuid.UUID) (bool, error) {
 	}
 	// Its deadline acted: a saga an operator sets going again afterwards
 	// (a retry of what the cancel parked) is not cancelled again.
-	if err := store.ClearDeadline(ctx, c.pool, id); err != nil {
+	if err := store.ClearDeadline(ctx, c.DB(), id); err != nil {
 		return false, fmt.Errorf("saga %s past its deadline: clear the deadline: %w", id, err)
 	}
 	if errors.Is(err, ErrRepairKeyReused) {

@@ -53,7 +53,7 @@ func (c *Core) retryFn(ctx context.Context) func(tx *store.Tx, sg *saga.Instance
 		}
 		var step string
 		var idx, attemptNo int
-		err = tx.Conn().QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
+		err = c.schema.Q(tx.Conn()).QueryRow(ctx, `select step, step_index, attempt from idemsaga.steps
 where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(id), string(phase)).Scan(&step, &idx, &attemptNo)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: saga %s is %s without a failed %s step to resume; inspect it with `show %s`", ErrStateForbids, id, sg.State, phase, id)
@@ -82,7 +82,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 				return err
 			}
 		}
-		if err := store.ReopenSaga(ctx, tx.Conn(), id, sg.Version, resumed.State, false); err != nil {
+		if err := store.ReopenSaga(ctx, tx.Schema().Q(tx.Conn()), id, sg.Version, resumed.State, false); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 		}
 		return nil
@@ -93,7 +93,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by updated_at desc
 // waits out a retry's backoff; a step running its attempt is refused.
 func (c *Core) retryNow(ctx context.Context, tx *store.Tx, sg *saga.Instance, def *saga.Definition) error {
 	var paused bool
-	if err := tx.Conn().QueryRow(ctx, `select not (`+store.NotPaused+`) from idemsaga.sagas s where s.id = $1`, pguuid.Of(sg.ID)).Scan(&paused); err != nil {
+	if err := c.schema.Q(tx.Conn()).QueryRow(ctx, `select not (`+store.NotPaused+`) from idemsaga.sagas s where s.id = $1`, pguuid.Of(sg.ID)).Scan(&paused); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: %w", sg.ID, err)
 	}
 	if paused {
@@ -103,7 +103,7 @@ func (c *Core) retryNow(ctx context.Context, tx *store.Tx, sg *saga.Instance, de
 	var step, phase, status string
 	var idx, attemptNo int
 	var lease *time.Time
-	err := tx.Conn().QueryRow(ctx, store.SelectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+	err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.SelectStepInFlight, pguuid.Of(sg.ID)).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: saga %s is %s with no step in flight; `reconcile` reports why", ErrStateForbids, sg.ID, sg.State)
 	}
@@ -176,7 +176,7 @@ func (c *Core) cancelFn(ctx context.Context, msg string, fx **effects, notDone *
 		var idx, attemptNo int
 		var possiblyDone bool
 		var calling *time.Time
-		err = tx.Conn().QueryRow(ctx, `select st.step, st.step_index, st.attempt, st.possibly_done,
+		err = c.schema.Q(tx.Conn()).QueryRow(ctx, `select st.step, st.step_index, st.attempt, st.possibly_done,
   case when st.status = 'dispatched' and st.lease_until > idemsaga.now() and i.outcome = 'started' then st.lease_until end
 from idemsaga.steps st
 left join idemsaga.inbox i on i.saga_id = st.saga_id and i.step_key = st.key
@@ -205,7 +205,7 @@ where st.saga_id = $1 and st.phase = 'forward' and st.status in ('dispatched', '
 		if s.outcome == "started" {
 			// Claimed after the look above: the call is in flight.
 			var until time.Time
-			if err := tx.Conn().QueryRow(ctx, `select lease_until from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`,
+			if err := c.schema.Q(tx.Conn()).QueryRow(ctx, `select lease_until from idemsaga.steps where saga_id = $1 and step = $2 and phase = 'forward'`,
 				pguuid.Of(id), step).Scan(&until); err != nil {
 				return fmt.Errorf("idemsaga: cancel saga %s: read the lease of step %q: %w", id, step, err)
 			}
@@ -266,7 +266,7 @@ func (c *Core) cancelParked(ctx context.Context, tx *store.Tx, sg *saga.Instance
 	}
 	var step string
 	var idx int
-	err = tx.Conn().QueryRow(ctx, `select step, step_index from idemsaga.steps
+	err = c.schema.Q(tx.Conn()).QueryRow(ctx, `select step, step_index from idemsaga.steps
 where saga_id = $1 and phase = 'forward' and status = 'failed' order by updated_at desc limit 1`, pguuid.Of(sg.ID)).Scan(&step, &idx)
 	if err != nil {
 		return fmt.Errorf("idemsaga: cancel saga %s: find its parked step: %w", sg.ID, err)
@@ -304,7 +304,7 @@ func (c *Core) startCompensation(ctx context.Context, tx *store.Tx, sg *saga.Ins
 			return err
 		}
 		first := def.Step(undo[0]).Name
-		if err := tx.Conn().QueryRow(ctx, store.DispatchCompensation,
+		if err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.DispatchCompensation,
 			pguuid.Of(sg.ID), first, undo[0], pguuid.Of(saga.StepKey(sg.ID, first, saga.PhaseCompensate)),
 			c.plan.LeaseMillis(plan.PolicyOf(def, undo[0], saga.PhaseCompensate)), subject, msgID, payload, c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemsaga: compensate saga %s: dispatch the compensation: %w", sg.ID, err)
@@ -328,7 +328,7 @@ func (c *Core) startCompensation(ctx context.Context, tx *store.Tx, sg *saga.Ins
 			return fmt.Errorf("idemsaga: compensate saga %s: dispatch the compensations: %w", sg.ID, err)
 		}
 	}
-	created, err := store.CancelSaga(ctx, tx.Conn(), sg.ID, sg.Version, to, msg, len(undo) == 0)
+	created, err := store.CancelSaga(ctx, tx.Schema().Q(tx.Conn()), sg.ID, sg.Version, to, msg, len(undo) == 0)
 	if err != nil {
 		return fmt.Errorf("idemsaga: compensate saga %s: %w", sg.ID, err)
 	}
@@ -412,7 +412,7 @@ func (c *Core) recorded(ctx context.Context, in pgx.Tx, id uuid.UUID, op repairO
 		res = Result{ID: id, Operation: op.name, Key: r.Key, Before: sg.State, DryRun: op.dryRun}
 		var hash []byte
 		var state string
-		err := tx.Conn().QueryRow(ctx, `select request_hash, state_after, created_at from idemsaga.repairs where saga_id = $1 and request_key = $2`,
+		err := c.schema.Q(tx.Conn()).QueryRow(ctx, `select request_hash, state_after, created_at from idemsaga.repairs where saga_id = $1 and request_key = $2`,
 			pguuid.Of(id), r.Key).Scan(&hash, &state, &res.At)
 		switch {
 		case err == nil && bytes.Equal(hash, sum[:]):
@@ -514,14 +514,14 @@ func (c *Core) withSagaLocked(ctx context.Context, in pgx.Tx, id uuid.UUID, what
 func (c *Core) lockedOnce(ctx context.Context, in pgx.Tx, id uuid.UUID, what string, fn func(tx *store.Tx, sg *saga.Instance) error, after func()) (err error) {
 	var tx *store.Tx
 	if in != nil {
-		tx = store.Within(in)
+		tx = store.Within(in, c.schema)
 	} else {
 		conn, err := c.pool.Acquire(ctx)
 		if err != nil {
 			return fmt.Errorf("idemsaga: %s saga %s: %w", what, id, err)
 		}
 		defer conn.Release()
-		tx = store.Begin(conn.Conn())
+		tx = store.Begin(conn.Conn(), c.schema)
 	}
 	defer tx.Rollback(ctx)
 	var sg *saga.Instance
@@ -590,7 +590,7 @@ func (c *Core) retryFailed(ctx context.Context, tx *store.Tx, resumed *saga.Inst
 	// A database step's key holds its failure, cleared; an external
 	// step's keeps what it knows (an unknown outcome stays unknown) as
 	// a key the next attempt may claim.
-	if _, err := tx.Conn().Exec(ctx, store.ClearFailedKey,
+	if _, err := c.schema.Q(tx.Conn()).Exec(ctx, store.ClearFailedKey,
 		pguuid.Of(id), pguuid.Of(key)); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: clear the inbox: %w", id, err)
 	}
@@ -598,12 +598,12 @@ func (c *Core) retryFailed(ctx context.Context, tx *store.Tx, resumed *saga.Inst
 		// A callback that came after the step was given up is the
 		// other system's word on the request sent again: it applies
 		// once the step waits.
-		if _, err := tx.Conn().Exec(ctx, store.ReopenLateCallbacks, pguuid.Of(id), f.step); err != nil {
+		if _, err := c.schema.Q(tx.Conn()).Exec(ctx, store.ReopenLateCallbacks, pguuid.Of(id), f.step); err != nil {
 			return fmt.Errorf("idemsaga: retry saga %s: reopen its late callbacks: %w", id, err)
 		}
 	}
 	var next int
-	if err := tx.Conn().QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), f.step, string(phase), f.attempt,
+	if err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.RetryFailedStep, pguuid.Of(id), f.step, string(phase), f.attempt,
 		c.plan.LeaseMillis(plan.PolicyOf(def, f.idx, phase))).Scan(&next); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: %w", id, err)
 	}
@@ -612,7 +612,7 @@ func (c *Core) retryFailed(ctx context.Context, tx *store.Tx, resumed *saga.Inst
 		return err
 	}
 	var outboxID int64
-	if err := tx.Conn().QueryRow(ctx, store.InsertOutbox,
+	if err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.InsertOutbox,
 		subject, msgID, payload, pguuid.Of(id), c.handOffFor(tx), store.HeadersJSON(tx.Trace())).Scan(&outboxID); err != nil {
 		return fmt.Errorf("idemsaga: retry saga %s: write the command: %w", id, err)
 	}

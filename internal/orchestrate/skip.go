@@ -74,12 +74,12 @@ func (c *Core) skipFn(ctx context.Context, s Skip, r Request, skipped *saga.Phas
 			if sg.State == saga.StateFailed {
 				want = saga.PhaseCompensate
 			}
-			err = tx.Conn().QueryRow(ctx, `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
+			err = c.schema.Q(tx.Conn()).QueryRow(ctx, `select step, phase::text, step_index, status::text, attempt, lease_until from idemsaga.steps
 where saga_id = $1 and phase = $2 and status = 'failed' order by step = $3 desc, updated_at desc limit 1`, pguuid.Of(id), string(want), s.Step).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		case sg.Finished():
 			return fmt.Errorf("%w: saga %s is %q, finished; only a running, parked or failed saga's step can be skipped", ErrStateForbids, id, sg.State)
 		default:
-			err = tx.Conn().QueryRow(ctx, store.SelectNamedStepInFlight, pguuid.Of(id), s.Step).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
+			err = c.schema.Q(tx.Conn()).QueryRow(ctx, store.SelectNamedStepInFlight, pguuid.Of(id), s.Step).Scan(&step, &phase, &idx, &status, &attemptNo, &lease)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: saga %s is %s with no step to skip; inspect it with `show %s`", ErrStateForbids, id, sg.State, id)
@@ -111,7 +111,7 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by step = $3 desc,
 			// A step in flight: fence its key first.
 			if saga.StepStatus(status) == saga.StepDispatched && def.Step(idx).Kind == saga.ExternalStep {
 				var calling bool
-				if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome = 'started')
+				if err := tx.Schema().Q(tx.Conn()).QueryRow(ctx, `select exists (select 1 from idemsaga.inbox where saga_id = $1 and step_key = $2 and outcome = 'started')
   and $3::timestamptz > idemsaga.now()`, pguuid.Of(id), pguuid.Of(saga.StepKey(id, step, ph)), lease).Scan(&calling); err != nil {
 					return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 				}
@@ -147,13 +147,13 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by step = $3 desc,
 				resumed.State = saga.StateCompensating
 			}
 			resumed.Version, resumed.FinishedAt, resumed.Error = sg.Version+1, nil, ""
-			if err := store.ReopenSaga(ctx, tx.Conn(), id, sg.Version, resumed.State, true); err != nil {
+			if err := store.ReopenSaga(ctx, tx.Schema().Q(tx.Conn()), id, sg.Version, resumed.State, true); err != nil {
 				return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 			}
 		}
 		// The skip is an attempt of its own, after the one it ends.
 		var next int
-		if err := tx.Conn().QueryRow(ctx, store.SkipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
+		if err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.SkipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 		}
 		m, err := c.plan.Success(&resumed, def, idx, ph, next, result)
@@ -182,7 +182,7 @@ func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *sag
 			return fmt.Errorf("%w: saga %s is %q, finished without needing a person; only a failed or parked saga can be closed", ErrStateForbids, sg.ID, sg.State)
 		}
 		var inFlight bool
-		if err := tx.Conn().QueryRow(ctx, `select exists (select 1 from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting'))`,
+		if err := tx.Schema().Q(tx.Conn()).QueryRow(ctx, `select exists (select 1 from idemsaga.steps where saga_id = $1 and status in ('dispatched', 'retrying', 'waiting'))`,
 			pguuid.Of(sg.ID)).Scan(&inFlight); err != nil {
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
 		}
@@ -191,7 +191,7 @@ func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *sag
 			// over a step that could still run.
 			return fmt.Errorf("idemsaga: close saga %s: it is %s with a step in flight: %w", sg.ID, sg.State, store.ErrInvariant)
 		}
-		if err := store.CloseSaga(ctx, tx.Conn(), sg.ID, sg.Version); err != nil {
+		if err := store.CloseSaga(ctx, tx.Schema().Q(tx.Conn()), sg.ID, sg.Version); err != nil {
 			return fmt.Errorf("idemsaga: close saga %s: %w", sg.ID, err)
 		}
 		return nil

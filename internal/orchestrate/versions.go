@@ -120,7 +120,7 @@ func (c *Core) DefinitionAt(ctx context.Context, name string, version int) (*sag
 		return d, nil
 	}
 	var desc saga.Description
-	err := c.pool.QueryRow(ctx, `select description from idemsaga.definitions where name = $1 and version = $2`, name, version).Scan(&desc)
+	err := c.DB().QueryRow(ctx, `select description from idemsaga.definitions where name = $1 and version = $2`, name, version).Scan(&desc)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s is neither in this process nor recorded by the deployment (a worker running it records it at start)", saga.ErrUnknownDefinition, saga.Ref(name, version))
 	}
@@ -158,7 +158,7 @@ func (c *Core) Resolve(ctx context.Context, name string) (*saga.Definition, erro
 		return d, nil
 	}
 	var desc saga.Description
-	err := c.pool.QueryRow(ctx, store.NewestRecorded, name, (3 * HeartbeatInterval).Milliseconds()).Scan(&desc)
+	err := c.DB().QueryRow(ctx, store.NewestRecorded, name, (3 * HeartbeatInterval).Milliseconds()).Scan(&desc)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q is neither in this process nor recorded by the deployment (a worker running it records it at start)", saga.ErrUnknownDefinition, name)
 	}

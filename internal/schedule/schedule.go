@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemsaga/idemsaga/internal/lifecycle"
 	"github.com/idemsaga/idemsaga/internal/metrics"
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -40,6 +41,8 @@ type Starter interface {
 type Config struct {
 	// Pool holds the engine's tables. Required.
 	Pool *pgxpool.Pool
+	// Schema is the deployment's schema; nil for the default.
+	Schema *pgschema.Schema
 	// Definitions are the process's. For each name the highest version
 	// decides: its schedule, if it has one, starts sagas of that version.
 	Definitions []*saga.Definition
@@ -108,7 +111,7 @@ func (s *Scheduler) Len() int { return len(s.names) }
 func (s *Scheduler) Start(ctx context.Context) error {
 	for _, name := range s.names {
 		sc, _ := s.defs[name].Schedule()
-		if err := store.RegisterSchedule(ctx, s.cfg.Pool, name, sc.Cron); err != nil {
+		if err := store.RegisterSchedule(ctx, s.cfg.Schema.Q(s.cfg.Pool), name, sc.Cron); err != nil {
 			return fmt.Errorf("idemsaga: record the schedule of %s: %w", name, err)
 		}
 	}
@@ -139,7 +142,7 @@ func (s *Scheduler) loop(ctx context.Context) {
 // PassOnce starts the due ticks of every schedule not paused, and
 // returns how many sagas it started.
 func (s *Scheduler) PassOnce(ctx context.Context) (int, error) {
-	dues, err := store.Schedules(ctx, s.cfg.Pool, s.names)
+	dues, err := store.Schedules(ctx, s.cfg.Schema.Q(s.cfg.Pool), s.names)
 	if err != nil {
 		return 0, fmt.Errorf("idemsaga: read the schedules: %w", err)
 	}
@@ -170,7 +173,7 @@ func (s *Scheduler) pass(ctx context.Context, def *saga.Definition, c cron.Sched
 		return 0, fmt.Errorf("idemsaga: schedule of %s: %w", name, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	due, locked, err := store.LockSchedule(ctx, tx, name)
+	due, locked, err := store.LockSchedule(ctx, s.cfg.Schema.Q(tx), name)
 	if err != nil {
 		return 0, fmt.Errorf("idemsaga: schedule of %s: %w", name, err)
 	}
@@ -219,7 +222,7 @@ func (s *Scheduler) pass(ctx context.Context, def *saga.Definition, c cron.Sched
 	if !handled.After(due.LastTick) {
 		return 0, nil
 	}
-	if err := store.AdvanceSchedule(ctx, tx, name, handled, last); err != nil {
+	if err := store.AdvanceSchedule(ctx, s.cfg.Schema.Q(tx), name, handled, last); err != nil {
 		return 0, fmt.Errorf("idemsaga: schedule of %s: %w", name, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -28,7 +28,7 @@ func BenchmarkRecordSuccess(b *testing.B) {
 			defer conn.Release()
 			for b.Loop() {
 				f := newFixture(b, pool)
-				tx := store.Begin(conn.Conn())
+				tx := store.Begin(conn.Conn(), nil)
 				var out store.Recorded
 				store.QueueRecord(tx, &store.Record{Saga: f.id, Key: saga.StepKey(f.id, "a", saga.PhaseForward), Step: "a", Phase: saga.PhaseForward,
 					Attempt: 1, Result: []byte(`{"ok":true}`), Move: f.move(f.version), Eager: eager}, &out)

@@ -60,7 +60,7 @@ func (f fixture) record(t *testing.T, r *store.Record) (store.Recorded, []outbox
 	conn, err := f.pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	tx := store.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn(), nil)
 	defer tx.Rollback(ctx)
 	var out store.Recorded
 	store.QueueRecord(tx, r, &out)
@@ -138,7 +138,7 @@ func TestMoveUnderLockThatMissesIsABug(t *testing.T) {
 	conn, err := f.pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	tx := store.Begin(conn.Conn())
+	tx := store.Begin(conn.Conn(), nil)
 	defer tx.Rollback(ctx)
 	store.QueueMove(tx, f.move(f.version+3), nil, nil)
 	err = tx.Commit(ctx)

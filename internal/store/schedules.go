@@ -112,7 +112,7 @@ func Schedules(ctx context.Context, q Queryer, definitions []string) ([]Due, err
 
 // LockSchedule locks definition's schedule in tx for a pass; locked is
 // false when another pass holds it (or it is not recorded).
-func LockSchedule(ctx context.Context, tx pgx.Tx, definition string) (d Due, locked bool, err error) {
+func LockSchedule(ctx context.Context, tx Querier, definition string) (d Due, locked bool, err error) {
 	d.Definition = definition
 	err = tx.QueryRow(ctx, lockSchedule, definition).Scan(&d.LastTick, &d.Paused, &d.Now)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -156,7 +156,7 @@ var ErrScheduleNotRecorded = errors.New("idemsaga: no schedule is recorded for t
 // schedule under its request key, with the hash of what it asks. inserted
 // is false when the key was recorded already: hash is then the recorded
 // request's, at its time.
-func RecordScheduleRepair(ctx context.Context, tx pgx.Tx, definition, key, op string, hash []byte, reason, by string) (inserted bool, recorded []byte, at time.Time, err error) {
+func RecordScheduleRepair(ctx context.Context, tx Querier, definition, key, op string, hash []byte, reason, by string) (inserted bool, recorded []byte, at time.Time, err error) {
 	err = tx.QueryRow(ctx, insertScheduleRepair, definition, key, op, hash, reason, by).Scan(&inserted, &at)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil, at, ErrScheduleNotRecorded
@@ -170,7 +170,7 @@ func RecordScheduleRepair(ctx context.Context, tx pgx.Tx, definition, key, op st
 
 // PauseSchedule pauses definition's schedule; paused is false when it was
 // paused already.
-func PauseSchedule(ctx context.Context, tx pgx.Tx, definition, by, reason string) (paused bool, err error) {
+func PauseSchedule(ctx context.Context, tx Querier, definition, by, reason string) (paused bool, err error) {
 	var at time.Time
 	err = tx.QueryRow(ctx, pauseSchedule, definition, by, reason).Scan(&at)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -181,7 +181,7 @@ func PauseSchedule(ctx context.Context, tx pgx.Tx, definition, by, reason string
 
 // ResumeSchedule resumes definition's schedule from now on; resumed is
 // false when it was not paused.
-func ResumeSchedule(ctx context.Context, tx pgx.Tx, definition string) (resumed bool, err error) {
+func ResumeSchedule(ctx context.Context, tx Querier, definition string) (resumed bool, err error) {
 	var at time.Time
 	err = tx.QueryRow(ctx, resumeSchedule, definition).Scan(&at)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/outbox"
 )
 
@@ -29,7 +30,10 @@ import (
 // step's attempt) and report what they touched; none raises on a normal
 // outcome.
 type Tx struct {
-	conn     *pgx.Conn
+	conn *pgx.Conn
+	// schema is the deployment's: each batch's statements are rewritten
+	// for it when sent.
+	schema   *pgschema.Schema
 	implicit bool
 	// nested is a savepoint in a caller's transaction (Within).
 	nested bool
@@ -51,9 +55,9 @@ func (t *Tx) SetTrace(h map[string]string) { t.trace = h }
 // Trace returns the trace context SetTrace gave, nil for none.
 func (t *Tx) Trace() map[string]string { return t.trace }
 
-// Begin returns a transaction on conn that begins with its first batch.
-// Call Rollback (a no-op after Commit) before releasing conn.
-func Begin(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
+// Begin returns a transaction on conn, in schema, that begins with its
+// first batch. Call Rollback (a no-op after Commit) before releasing conn.
+func Begin(conn *pgx.Conn, schema *pgschema.Schema) *Tx { return &Tx{conn: conn, schema: schema} }
 
 // savepoint names the savepoint of a nested transaction (Within).
 const savepoint = "idemsaga_tx"
@@ -64,17 +68,25 @@ const savepoint = "idemsaga_tx"
 // rollback undoes them), Rollback undoes its writes alone and leaves outer
 // usable. Its outbox rows are the relay's once outer commits: nothing is
 // published after Commit.
-func Within(outer pgx.Tx) *Tx { return &Tx{conn: outer.Conn(), nested: true} }
+func Within(outer pgx.Tx, schema *pgschema.Schema) *Tx {
+	return &Tx{conn: outer.Conn(), schema: schema, nested: true}
+}
 
 // Nested reports a transaction within a caller's (Within).
 func (t *Tx) Nested() bool { return t.nested }
 
 // Implicit returns a transaction of one batch, sent at Commit as
 // PostgreSQL's implicit transaction. It must not Flush.
-func Implicit(conn *pgx.Conn) *Tx { return &Tx{conn: conn, implicit: true} }
+func Implicit(conn *pgx.Conn, schema *pgschema.Schema) *Tx {
+	return &Tx{conn: conn, schema: schema, implicit: true}
+}
 
 // Conn returns the connection, for reads that the queue must not wait for.
 func (t *Tx) Conn() *pgx.Conn { return t.conn }
+
+// Schema returns the transaction's schema: statements sent on Conn run
+// in it through Schema().Q(Conn()).
+func (t *Tx) Schema() *pgschema.Schema { return t.schema }
 
 // Queue adds a statement that returns one row; scan receives it when the
 // queue is sent. scan must wrap any error it returns with what failed.
@@ -139,7 +151,7 @@ func (t *Tx) send(ctx context.Context) error {
 	}
 	b := t.batch
 	t.batch = nil
-	return Interpret(t.conn.SendBatch(ctx, b).Close())
+	return Interpret(t.schema.Q(t.conn).SendBatch(ctx, b).Close())
 }
 
 // Commit sends the queued statements with COMMIT (an implicit transaction
@@ -193,11 +205,11 @@ func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx,
 		committed = true
 		return nil
 	})
-	next = &Tx{conn: t.conn, batch: b, begun: true}
+	next = &Tx{conn: t.conn, schema: t.schema, batch: b, begun: true}
 	b.Queue("begin")
 	then(next)
 	t.batch, next.batch = nil, nil
-	err = Interpret(t.conn.SendBatch(ctx, b).Close())
+	err = Interpret(t.schema.Q(t.conn).SendBatch(ctx, b).Close())
 	t.done = true
 	if err != nil {
 		if committed {
