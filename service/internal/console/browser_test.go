@@ -268,7 +268,6 @@ func newBrowser(t *testing.T) *browser {
 	return b
 }
 
-// do runs actions within a deadline, failing the test with what failed.
 // colorScheme makes the page see prefers-color-scheme as scheme.
 func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
 	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
@@ -278,6 +277,15 @@ func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
 	}
 }
 
+// timeZone makes the page's local time zone tz (an IANA name).
+func timeZone(tz string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		_, err := cdp.Call(ctx, t, emulation.SetTimezoneOverride, emulation.SetTimezoneOverrideParams{TimezoneID: tz})
+		return chromedp.Void{}, err
+	}
+}
+
+// do runs actions within a deadline, failing the test with what failed.
 func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
@@ -379,6 +387,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, status)
 
 	b := newBrowser(t)
+	// A zone away from UTC, so that the time setting shows a difference.
+	b.do(t, "the browser in India", timeZone("Asia/Kolkata"))
 	b.do(t, "open the console", chromedp.Navigate(env.srv.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")))
 	page := b.text(t, "body")
 	require.NotContains(t, page, "order-", "before signing in the page shows no saga")
@@ -475,20 +485,133 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		finished += 10
 		b.waitJS(t, fmt.Sprintf("%d sagas counted finished", finished), fmt.Sprintf(
-			`(document.querySelector('#live-finished .sub') || {}).textContent === '%d in all'`, finished))
+			`(document.querySelector('#live-finished .sub') || {}).textContent === '%d finishes decided here'`, finished))
 	}
 	b.waitJS(t, "37 sagas finished and a rate", `(() => {
   const v = document.querySelector('#live-finished .value'), s = document.querySelector('#live-finished .sub');
-  return v && s && parseFloat(v.textContent) > 0 && s.textContent === '37 in all';
+  return v && s && parseFloat(v.textContent) > 0 && s.textContent === '37 finishes decided here';
 })()`)
 	b.waitJS(t, "the start layer's duplicates", `(() => {
   const r = document.querySelector('#live-layers tr[data-layer="start"]');
   return r && r.children[2].textContent === '11' && r.children[1].textContent === '47';
 })()`)
+	// recent's duplicates are a share of the step commands the inbox
+	// layer counts: the two rows show one Seen, and the page says whose
+	// counters these are.
+	b.waitJS(t, "recent and inbox over the same commands", `(() => {
+  const r = document.querySelector('#live-layers tr[data-layer="recent"]'), i = document.querySelector('#live-layers tr[data-layer="inbox"]');
+  return r && i && parseInt(i.children[1].textContent) > 0 && r.children[1].firstChild.textContent === i.children[1].firstChild.textContent;
+})()`)
+	require.Contains(t, b.text(t, "#live-scope"), "counters of the one process that answers this page, since it last started")
+	require.Contains(t, b.text(t, "#live-scope"), "The Sagas list counts the database")
 	require.NotEqual(t, "unknown", b.text(t, "#live-stream .value"), "the stream's backlog is read")
 	require.Equal(t, "0", b.text(t, "#live-takeovers .value"))
 	b.waitJS(t, "the plot of sagas finished per second", `document.querySelector('#live-spark path.spark-line') !== null`)
 	b.screenshot(t, shots, "4-live-figures")
+
+	// The time setting: UTC until chosen; the header switches every time
+	// on the page to the browser's zone, and the choice is remembered.
+	var failedSaga httpapi.Saga
+	status, body := env.send(t, http.MethodGet, "/v1/sagas/"+failed, "", "", true)
+	require.Equal(t, http.StatusOK, status, body)
+	require.NoError(t, json.Unmarshal([]byte(body), &failedSaga))
+	inUTC := failedSaga.CreatedAt.UTC().Format("2006-01-02 15:04:05.000") + " UTC"
+	inIndia := failedSaga.CreatedAt.In(time.FixedZone("IST", 5*3600+30*60)).Format("2006-01-02 15:04:05.000 -07:00")
+	b.do(t, "open the saga again", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+failed))
+	b.waitJS(t, "its creation in UTC", fmt.Sprintf(`(document.querySelector('#saga-created') || {}).textContent === %q`, inUTC))
+	require.Equal(t, "Times: UTC", b.text(t, "#time-zone"))
+	b.do(t, "switch to local time", chromedp.Click(chromedp.CSS("#time-zone")))
+	b.waitJS(t, "its creation in India's time", fmt.Sprintf(`(document.querySelector('#saga-created') || {}).textContent === %q`, inIndia))
+	require.Equal(t, "Times: local (UTC+05:30)", b.text(t, "#time-zone"))
+	require.Contains(t, b.text(t, "#repairs"), "+05:30", "the repairs' times follow the setting")
+	require.NotContains(t, b.text(t, "#saga-body"), " UTC", "no time left in UTC on the page")
+	b.do(t, "reload", chromedp.Reload())
+	b.waitJS(t, "local time remembered", fmt.Sprintf(`(document.querySelector('#saga-created') || {}).textContent === %q && localStorage.getItem('idemsaga.console.zone') === 'local'`, inIndia))
+	b.screenshot(t, shots, "4b-saga-in-local-time")
+	b.do(t, "back to UTC", chromedp.Click(chromedp.CSS("#time-zone")))
+	b.waitJS(t, "its creation in UTC again", fmt.Sprintf(`(document.querySelector('#saga-created') || {}).textContent === %q && localStorage.getItem('idemsaga.console.zone') === 'utc'`, inUTC))
+
+	// Pause a definition from the list: its sagas are held.
+	b.do(t, "the list of payouts", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?definition=payout"))
+	b.waitJS(t, "the definition running", `document.querySelector('#definition-bar[data-paused="false"] #definition-op[data-op="pause"]') !== null`)
+	b.do(t, "pause the definition", chromedp.Click(chromedp.CSS("#definition-op")), chromedp.WaitVisible(chromedp.CSS("#definition-send")),
+		chromedp.SendKeys(chromedp.CSS("#definition-reason-input"), "ledger migration"),
+		chromedp.Click(chromedp.CSS("#definition-send")), chromedp.WaitVisible(chromedp.CSS("#definition-ok")))
+	b.waitJS(t, "the definition paused in the page", `document.querySelector('#definition-bar[data-paused="true"] #definition-op[data-op="resume"]') !== null`)
+	b.waitJS(t, "the pause's reason", `(document.querySelector('#definition-reason') || {}).textContent === 'ledger migration'`)
+	var defs httpapi.Definitions
+	status, body = env.send(t, http.MethodGet, "/v1/definitions", "", "", true)
+	require.Equal(t, http.StatusOK, status, body)
+	require.NoError(t, json.Unmarshal([]byte(body), &defs))
+	require.Len(t, defs.Definitions, 1)
+	require.NotNil(t, defs.Definitions[0].Paused, "the definition is paused")
+	require.Equal(t, "ledger migration", defs.Definitions[0].Paused.Reason)
+	held := []string{env.start(t, "order-4001", 7000), env.start(t, "order-4002", 8000)}
+
+	// A filter the bulk API cannot express is said, and nothing offered.
+	b.do(t, "payouts created from a time", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?definition=payout&state=init&from=2000-01-01T00%3A00%3A00.000Z"))
+	b.waitJS(t, "the list", `document.querySelector('#bulk-open') !== null`)
+	b.do(t, "open the bulk repair", chromedp.Click(chromedp.CSS("#bulk-open")), chromedp.WaitVisible(chromedp.CSS("#bulk-blocked")))
+	require.Contains(t, b.text(t, "#bulk-blocked"), "created from 2000-01-01 00:00:00.000 UTC")
+	require.Contains(t, b.text(t, "#bulk-blocked"), "selects sagas by definition and state only")
+	require.Equal(t, 0, b.count(t, "#bulk-dry"), "no repair to send")
+
+	// Bulk cancel of the held sagas: a dry run writes nothing and says
+	// what would change; Apply, pressed twice, repairs each once.
+	b.do(t, "the held payouts", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?definition=payout&state=init"))
+	b.waitJS(t, "the two held sagas listed", `document.querySelectorAll('#saga-rows tr[data-id]').length === 2`)
+	b.do(t, "open the bulk repair", chromedp.Click(chromedp.CSS("#bulk-open")), chromedp.WaitVisible(chromedp.CSS("#bulk-op")))
+	b.do(t, "dry run a cancel", chromedp.SetValue(chromedp.CSS("#bulk-op"), "cancel"),
+		chromedp.SendKeys(chromedp.CSS("#bulk-reason"), "orders withdrawn"),
+		chromedp.Click(chromedp.CSS("#bulk-dry")))
+	b.waitJS(t, "what would change", `document.querySelector('#bulk-dry-result[data-count="2"][data-changes="2"]') !== null &&
+		document.querySelectorAll('#bulk-items tr[data-outcome="repaired"]').length === 2 && !document.querySelector('#bulk-apply').hidden`)
+	for _, id := range held {
+		require.Contains(t, b.text(t, "#bulk-items"), id)
+	}
+	require.Equal(t, "Apply cancel to 2 sagas", b.text(t, "#bulk-apply"))
+	b.screenshot(t, shots, "4c-bulk-dry-run")
+	for _, id := range held {
+		var sg httpapi.Saga
+		status, body := env.send(t, http.MethodGet, "/v1/sagas/"+id, "", "", true)
+		require.Equal(t, http.StatusOK, status, body)
+		require.NoError(t, json.Unmarshal([]byte(body), &sg))
+		require.Empty(t, sg.Repairs, "the dry run wrote no repair")
+		require.Equal(t, saga.State("init"), sg.State)
+	}
+	b.do(t, "apply, twice", chromedp.DoubleClick(chromedp.CSS("#bulk-apply")))
+	b.waitJS(t, "the cancel applied", `document.querySelector('#bulk-ok[data-count="2"][data-changes="2"]') !== null`)
+	require.Contains(t, b.text(t, "#bulk-ok"), "2 sagas repaired, 0 refused")
+	require.NotContains(t, b.text(t, "#bulk-ok"), "replayed", "one request for the two clicks")
+	b.screenshot(t, shots, "4d-bulk-applied")
+	for _, id := range held {
+		var sg httpapi.Saga
+		status, body := env.send(t, http.MethodGet, "/v1/sagas/"+id, "", "", true)
+		require.Equal(t, http.StatusOK, status, body)
+		require.NoError(t, json.Unmarshal([]byte(body), &sg))
+		require.Len(t, sg.Repairs, 1, "one cancel of each")
+		r := sg.Repairs[0]
+		require.Equal(t, "cancel", r.Operation)
+		require.NotNil(t, r.Reason)
+		require.Equal(t, "orders withdrawn", *r.Reason)
+		require.True(t, strings.HasPrefix(r.Key, "console-bulk-cancel-") && strings.HasSuffix(r.Key, "/"+id), r.Key)
+	}
+
+	// Resume the definition from the list: the cancelled sagas finish
+	// their compensation.
+	b.do(t, "the payouts", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?definition=payout"))
+	b.waitJS(t, "the definition paused", `document.querySelector('#definition-bar[data-paused="true"] #definition-op[data-op="resume"]') !== null`)
+	b.do(t, "resume the definition", chromedp.Click(chromedp.CSS("#definition-op")), chromedp.WaitVisible(chromedp.CSS("#definition-send")),
+		chromedp.Click(chromedp.CSS("#definition-send")), chromedp.WaitVisible(chromedp.CSS("#definition-ok")))
+	b.waitJS(t, "the definition running in the page", `document.querySelector('#definition-bar[data-paused="false"]') !== null`)
+	for _, id := range held {
+		env.waitState(t, id, saga.StateCompensated)
+	}
+	status, body = env.send(t, http.MethodGet, "/v1/definitions", "", "", true)
+	require.Equal(t, http.StatusOK, status, body)
+	defs = httpapi.Definitions{}
+	require.NoError(t, json.Unmarshal([]byte(body), &defs))
+	require.Nil(t, defs.Definitions[0].Paused, "the definition runs again")
 
 	// At phone width, in the dark: nothing overflows the page (a wide
 	// table scrolls in its card), and the surfaces are dark.
@@ -502,6 +625,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.do(t, "the list at 360 px", chromedp.Navigate(env.srv.URL+"/ui/#/sagas"))
 	b.waitJS(t, "the list", `document.querySelectorAll('#saga-rows tr[data-id]').length > 0 && document.documentElement.scrollWidth <= 360`)
 	b.screenshot(t, shots, "3c-list-at-360px-dark")
+	b.do(t, "a bulk dry run at 360 px", chromedp.Navigate(env.srv.URL+"/ui/#/sagas?definition=payout&state=compensated"))
+	b.waitJS(t, "the compensated payouts", `document.querySelectorAll('#saga-rows tr[data-id]').length === 3 && document.querySelector('#definition-bar') !== null`)
+	b.do(t, "dry run a close", chromedp.Click(chromedp.CSS("#bulk-open")), chromedp.WaitVisible(chromedp.CSS("#bulk-op")),
+		chromedp.SetValue(chromedp.CSS("#bulk-op"), "close"), chromedp.Click(chromedp.CSS("#bulk-dry")))
+	b.waitJS(t, "the refusals, at 360 px", `document.querySelector('#bulk-dry-result[data-count="3"][data-changes="0"]') !== null &&
+		document.querySelector('#bulk-apply').hidden && document.documentElement.scrollWidth <= 360`)
+	require.Contains(t, b.text(t, "#bulk-items"), "409", "each saga's refusal in the API's words")
+	b.screenshot(t, shots, "3d-bulk-at-360px-dark")
+	b.do(t, "live figures at 360 px", chromedp.Navigate(env.srv.URL+"/ui/#/live"))
+	b.waitJS(t, "the figures", `document.querySelector('#live-layers tr[data-layer="recent"]') !== null && document.documentElement.scrollWidth <= 360`)
+	b.screenshot(t, shots, "3e-live-at-360px-dark")
 	b.do(t, "back to a desktop, in the light", chromedp.EmulateViewport(1360, 1000),
 		colorScheme("light"))
 

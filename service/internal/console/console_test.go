@@ -56,7 +56,7 @@ func TestHandler(t *testing.T) {
 	t.Cleanup(srv.Close)
 	srv.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-	for path, typ := range map[string]string{"/ui/": "text/html", "/ui/main.js": "text/javascript", "/ui/saga.js": "text/javascript", "/ui/schedules.js": "text/javascript", "/ui/events.js": "text/javascript", "/ui/console.css": "text/css"} {
+	for path, typ := range map[string]string{"/ui/": "text/html", "/ui/main.js": "text/javascript", "/ui/saga.js": "text/javascript", "/ui/schedules.js": "text/javascript", "/ui/events.js": "text/javascript", "/ui/bulk.js": "text/javascript", "/ui/definitions.js": "text/javascript", "/ui/live.js": "text/javascript", "/ui/console.css": "text/css"} {
 		res, body := get(t, srv, http.MethodGet, path)
 		require.Equal(t, http.StatusOK, res.StatusCode, path)
 		require.Contains(t, res.Header.Get("Content-Type"), typ, path)

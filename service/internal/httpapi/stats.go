@@ -33,8 +33,13 @@ type Stats struct {
 	// Duplicates counts duplicates absorbed, by layer (start, broker,
 	// recent, inbox, orchestrator, callback).
 	Duplicates map[string]int64 `json:"duplicates_absorbed"`
-	// Deliveries counts what each layer saw; a layer's hit rate is
-	// Duplicates[layer] / Deliveries[layer].
+	// Deliveries counts what each layer saw: start requests (start),
+	// outbox rows published (broker), step commands handled (inbox),
+	// step replies handled (orchestrator), callbacks received (callback).
+	// A layer's hit rate is Duplicates[layer] / Deliveries[layer], except
+	// recent's: recent and inbox check the same step commands in turn (a
+	// command the worker remembers is answered before the inbox), so both
+	// are shares of Deliveries["inbox"], and there is no "recent" entry.
 	Deliveries map[string]int64 `json:"deliveries"`
 	// LeaseTakeovers counts steps whose lease expired without a reply.
 	LeaseTakeovers int64 `json:"lease_takeovers"`

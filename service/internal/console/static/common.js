@@ -56,11 +56,77 @@ export function show(...children) {
   append(m, children);
 }
 
+// The time setting: every time the console shows goes through fmtTime
+// (or fmtClock for a time of day), in UTC or in the browser's zone as
+// the operator chose in the header; remembered in localStorage; UTC
+// until chosen.
+export const ZONE_KEY = 'idemsaga.console.zone';
+
+export function zone() {
+  try { return localStorage.getItem(ZONE_KEY) === 'local' ? 'local' : 'utc'; } catch { return 'utc'; }
+}
+
+export function setZone(z) {
+  try { localStorage.setItem(ZONE_KEY, z === 'local' ? 'local' : 'utc'); } catch { /* private mode: this page only */ }
+}
+
+// offsetText is the browser's offset from UTC at d: "+05:30".
+function offsetText(d) {
+  const m = -d.getTimezoneOffset();
+  const a = Math.abs(m);
+  return (m < 0 ? '-' : '+') + String(Math.floor(a / 60)).padStart(2, '0') + ':' + String(a % 60).padStart(2, '0');
+}
+
+// zoneLabel names the zone times are shown in: "UTC", or "local
+// (UTC+05:30)" with the browser's offset now.
+export function zoneLabel() {
+  return zone() === 'local' ? 'local (UTC' + offsetText(new Date()) + ')' : 'UTC';
+}
+
+const pad = (n, w) => String(n).padStart(w || 2, '0');
+
+// parts is d's calendar fields in the chosen zone, and the zone's
+// suffix: "UTC", or the browser's offset at d.
+function parts(d) {
+  if (zone() === 'local') {
+    return {y: d.getFullYear(), mo: d.getMonth() + 1, day: d.getDate(), hh: d.getHours(), mm: d.getMinutes(), ss: d.getSeconds(), ms: d.getMilliseconds(), z: offsetText(d)};
+  }
+  return {y: d.getUTCFullYear(), mo: d.getUTCMonth() + 1, day: d.getUTCDate(), hh: d.getUTCHours(), mm: d.getUTCMinutes(), ss: d.getUTCSeconds(), ms: d.getUTCMilliseconds(), z: 'UTC'};
+}
+
+// fmtTime shows a time of the API (RFC 3339) as
+// "2006-01-02 15:04:05.000 UTC" or, in local time, with the offset:
+// "2006-01-02 20:34:05.000 +05:30".
 export function fmtTime(s) {
   if (!s) return '—';
+  const d = s instanceof Date ? s : new Date(s);
+  if (isNaN(d)) return String(s);
+  const p = parts(d);
+  return p.y + '-' + pad(p.mo) + '-' + pad(p.day) + ' ' + pad(p.hh) + ':' + pad(p.mm) + ':' + pad(p.ss) + '.' + pad(p.ms, 3) + ' ' + p.z;
+}
+
+// fmtClock is a time of day, as the "refreshed at" lines show it.
+export function fmtClock(s) {
+  const d = s instanceof Date ? s : new Date(s);
+  if (isNaN(d)) return '—';
+  const p = parts(d);
+  return pad(p.hh) + ':' + pad(p.mm) + ':' + pad(p.ss) + ' ' + p.z;
+}
+
+// inputValue is the value of a datetime-local input for an RFC 3339
+// time, in the chosen zone; inputTime is the RFC 3339 time (UTC) an
+// input's value means.
+export function inputValue(s) {
   const d = new Date(s);
-  if (isNaN(d)) return s;
-  return d.toISOString().replace('T', ' ').replace(/\.(\d{3})\d*Z$/, '.$1Z');
+  if (isNaN(d)) return '';
+  const p = parts(d);
+  return p.y + '-' + pad(p.mo) + '-' + pad(p.day) + 'T' + pad(p.hh) + ':' + pad(p.mm) + ':' + pad(p.ss);
+}
+
+export function inputTime(v) {
+  if (!v) return '';
+  const d = new Date(zone() === 'local' ? v : v + 'Z');
+  return isNaN(d) ? '' : d.toISOString();
 }
 
 export function fmtAgo(s) {

@@ -2,7 +2,7 @@
 // definition's events (saga.WithEvents) that could not start a saga, kept
 // with why. Read-only: the fix is the publisher's, and dropping one is the
 // CLI's `events drop ID`.
-import {every, fmtTime, h, session, show, view, viewGet} from './common.js';
+import {every, fmtClock, fmtTime, h, session, show, view, viewGet} from './common.js';
 
 const EVENTS_REFRESH_MS = 5000;
 
@@ -40,7 +40,7 @@ export function eventsView(params) {
     if (data === null) return;
     const list = data.event_dead_letters;
     status.textContent = list.length + (list.length === 1 ? ' dead letter' : ' dead letters') + ' (oldest first, at most 200)' +
-      ', refreshed every ' + EVENTS_REFRESH_MS / 1000 + ' s · ' + new Date().toLocaleTimeString();
+      ', refreshed every ' + EVENTS_REFRESH_MS / 1000 + ' s · ' + fmtClock(new Date());
     const text = JSON.stringify(list);
     if (text === last) return;
     last = text;

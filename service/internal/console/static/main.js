@@ -2,7 +2,7 @@
 // worker that serves it. Every figure and saga shown is read from /v1 with
 // the bearer token the operator gave (kept in this tab's sessionStorage).
 // This module signs in, routes between the views, and starts the page.
-import {TOKEN_KEY, api, h, onUnauthorized, problemText, session, show, stopView, errorBox} from './common.js';
+import {TOKEN_KEY, api, errorBox, h, onUnauthorized, problemText, session, setZone, show, stopView, zone, zoneLabel} from './common.js';
 import {forgetSamples, liveView} from './live.js';
 import {eventsView} from './events.js';
 import {sagaView} from './saga.js';
@@ -62,6 +62,17 @@ function signIn(err) {
   input.focus();
 }
 
+// renderZone labels the time setting's button with the zone in use; a
+// press switches between UTC and the browser's zone, and the view is
+// drawn again in it.
+function renderZone() {
+  const b = document.getElementById('time-zone');
+  const other = zone() === 'utc' ? 'your browser\'s zone' : 'UTC';
+  b.textContent = 'Times: ' + zoneLabel();
+  b.title = 'Every time on these pages is shown in ' + zoneLabel() + '. Press to show them in ' + other + ' (remembered in this browser).';
+  b.dataset.zone = zone();
+}
+
 async function loadDefinitions(signingIn) {
   const {data} = await api('GET', 'v1/definitions', {signingIn});
   session.definitions = data.definitions || [];
@@ -114,6 +125,12 @@ async function boot() {
     session.authRequired = true;
     signIn();
   });
+  document.getElementById('time-zone').addEventListener('click', () => {
+    setZone(zone() === 'utc' ? 'local' : 'utc');
+    renderZone();
+    route();
+  });
+  renderZone();
   window.addEventListener('hashchange', route);
   try {
     await loadDefinitions(false);

@@ -57,7 +57,7 @@ function sagaHead(s) {
       h('span', {class: 'muted mono', id: 'saga-id'}, s.id)),
     dl(['Key', h('span', {class: 'mono', id: 'saga-key'}, s.key)],
       ['State', h('span', null, h('span', {class: 'mono'}, s.state), ' (version ' + s.version + ')')],
-      ['Created', fmtTime(s.created_at)],
+      ['Created', h('span', {id: 'saga-created'}, fmtTime(s.created_at))],
       ['Updated', fmtTime(s.updated_at) + ' · ' + fmtAgo(s.updated_at)],
       ['Finished', s.finished_at ? fmtTime(s.finished_at) + ' · took ' + fmtDuration(new Date(s.finished_at) - new Date(s.created_at)) : 'not yet'],
       s.parent ? ['Parent', h('span', null, h('a', {href: '#/saga/' + s.parent, class: 'mono', id: 'saga-parent'}, s.parent), ' (its step ' + s.parent_step + ' started this saga)')] : null,
@@ -198,7 +198,7 @@ function timeline(s) {
   return h('ol', {class: 'timeline'}, events.map(ev => {
     switch (ev.kind) {
       case 'created':
-        return h('li', {class: 'ev muted'}, h('span', {class: 'when'}, fmtTime(ev.at)), h('span', {class: 'what'}, 'saga created with key ', h('span', {class: 'mono'}, s.key)));
+        return h('li', {class: 'ev muted'}, h('span', {class: 'when'}, '+0 ms'), h('span', {class: 'what'}, 'saga created with key ', h('span', {class: 'mono'}, s.key), ' · ' + fmtTime(ev.at)));
       case 'finished': {
         const i = stateInfo(s);
         return h('li', {class: 'ev ' + i.cls}, h('span', {class: 'when'}, rel(ev.at)), h('span', {class: 'what'}, 'saga ', h('b', null, i.label), ' (state ' + s.state + ')'));

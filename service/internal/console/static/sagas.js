@@ -1,5 +1,7 @@
 // The sagas list: filters, counts by state, one page of sagas.
-import {NEEDS_PERSON, every, fmtAgo, fmtNum, fmtTime, h, session, show, stateBadge, view, viewGet} from './common.js';
+import {NEEDS_PERSON, every, fmtAgo, fmtClock, fmtNum, fmtTime, h, inputTime, inputValue, session, show, stateBadge, view, viewGet, zoneLabel} from './common.js';
+import {bulkPanel} from './bulk.js';
+import {definitionPanel} from './definitions.js';
 
 const LIST_REFRESH_MS = 5000;
 
@@ -50,13 +52,10 @@ export function listView(params) {
       .map(([v, label]) => h('option', {value: v, selected: v === only}, label)));
   const orderSelect = h('select', {id: 'filter-order', onchange: () => go({order: orderSelect.value})},
     h('option', {value: '', selected: !order}, 'newest first'), h('option', {value: 'oldest', selected: order === 'oldest'}, 'oldest first'));
-  // Times are typed in the browser's zone and sent in UTC.
+  // Times are typed in the zone the header chose, and sent in UTC.
   const localInput = (id, value, key) => {
-    const el = h('input', {type: 'datetime-local', id, step: 1, onchange: () => go({[key]: el.value ? new Date(el.value).toISOString() : ''})});
-    if (value) {
-      const d = new Date(value);
-      el.value = new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
-    }
+    const el = h('input', {type: 'datetime-local', id, step: 1, onchange: () => go({[key]: inputTime(el.value)})});
+    if (value) el.value = inputValue(value);
     return el;
   };
   const fromInput = localInput('filter-from', from, 'from');
@@ -75,6 +74,9 @@ export function listView(params) {
   const status = h('div', {id: 'list-status', class: 'muted small'});
   const errors = h('div', {id: 'list-error'});
   const pager = h('div', {class: 'pager'});
+  const bulk = bulkPanel({definition, state: stateFilter, key: keyFilter, only, from, before, order, cursor});
+  const defPanel = definition ? definitionPanel(definition, () => load()) : null;
+  const bulkBtn = h('button', {type: 'button', id: 'bulk-open', title: 'Apply one repair to the sagas of this definition and state, after a dry run', onclick: bulk.toggle}, 'Repair these…');
 
   show(
     h('section', {class: 'card'},
@@ -86,10 +88,14 @@ export function listView(params) {
           h('label', null, 'Only ', onlySelect),
           h('label', null, 'Created from ', fromInput),
           h('label', null, 'before ', beforeInput),
+          h('span', {class: 'muted small', id: 'filter-zone'}, 'times in ' + zoneLabel()),
           h('label', null, 'Order ', orderSelect),
           filtered ? h('button', {type: 'button', class: 'link', id: 'filter-clear', onclick: () => go({definition: '', state: '', key: '', only: '', from: '', before: ''})}, 'clear filters') : null),
         findForm),
-      counts),
+      counts,
+      defPanel ? defPanel.el : null,
+      h('div', {class: 'row list-actions'}, bulkBtn)),
+    bulk.el,
     errors,
     h('section', {class: 'card'},
       h('table', {class: 'grid', id: 'sagas'},
@@ -109,6 +115,7 @@ export function listView(params) {
     if (cursor) q.set('cursor', cursor);
     const data = await viewGet('v1/sagas?' + q, seq, errors);
     if (data === null) return;
+    if (defPanel) defPanel.refresh();
     renderCounts(counts, data.counts || {}, stateFilter, go, definition);
     table.replaceChildren(...data.sagas.map(sagaRow));
     if (data.sagas.length === 0) {
@@ -117,7 +124,7 @@ export function listView(params) {
     pager.replaceChildren(...[
       cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, only, order, from, before})), class: 'button'}, order === 'oldest' ? '⇤ oldest' : '⇤ newest') : null,
       data.next_cursor ? h('a', {href: listHash(new URLSearchParams({definition, state: stateFilter, key: keyFilter, only, order, from, before, cursor: data.next_cursor})), class: 'button', id: 'older'}, order === 'oldest' ? 'newer →' : 'older →') : null].filter(Boolean));
-    status.textContent = data.sagas.length + ' shown' + (cursor ? '' : ', refreshed every ' + LIST_REFRESH_MS / 1000 + ' s') + ' · ' + new Date().toLocaleTimeString();
+    status.textContent = data.sagas.length + ' shown' + (cursor ? '' : ', refreshed every ' + LIST_REFRESH_MS / 1000 + ' s') + ' · ' + fmtClock(new Date());
   };
   load();
   // A later page does not move under the reader.

@@ -1,7 +1,7 @@
 // The schedules (saga.WithSchedule): each one's cron, last tick, last
 // saga started, next tick and pause, with the Pause and Resume buttons
 // of POST /v1/schedules/{definition}/pause|resume.
-import {api, every, fmtTime, h, newKey, problemText, show, view, viewGet} from './common.js';
+import {api, every, fmtClock, fmtTime, h, newKey, problemText, show, view, viewGet, zoneLabel} from './common.js';
 
 const SCHEDULES_REFRESH_MS = 5000;
 
@@ -23,7 +23,7 @@ export function schedulesView() {
     h('section', {class: 'card'},
       h('div', {class: 'row'},
         h('h1', null, 'Schedules'),
-        h('span', {class: 'muted small'}, 'A schedule is recorded when the first worker that runs it starts. Times are the database\'s, in UTC.')),
+        h('span', {class: 'muted small'}, 'A schedule is recorded when the first worker that runs it starts. A cron is read in UTC unless it starts with CRON_TZ=. Times are shown in ' + zoneLabel() + '.')),
       h('table', {class: 'grid', id: 'schedules'},
         h('thead', null, h('tr', null, ['Definition', 'Cron', 'Last tick', 'Last started', 'Next tick', 'Paused', ''].map(c => h('th', null, c)))),
         rows),
@@ -35,7 +35,7 @@ export function schedulesView() {
     const data = await viewGet('v1/schedules', seq, errors);
     if (data === null) return;
     status.textContent = data.schedules.length + (data.schedules.length === 1 ? ' schedule' : ' schedules') +
-      ', refreshed every ' + SCHEDULES_REFRESH_MS / 1000 + ' s · ' + new Date().toLocaleTimeString();
+      ', refreshed every ' + SCHEDULES_REFRESH_MS / 1000 + ' s · ' + fmtClock(new Date());
     const text = JSON.stringify(data);
     if (text === last) return;
     last = text;
