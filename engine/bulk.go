@@ -118,7 +118,7 @@ func (cl *Client) bulk(ctx context.Context, tx pgx.Tx, b BulkRepair) (BulkResult
 		return BulkResult{}, fmt.Errorf("%w: limit %d must be from 1 to %d; continue with the cursor", ErrInvalidFilter, b.Filter.Limit, BulkLimitMax)
 	}
 	if b.Operation == "skip" {
-		if err := orchestrate.CheckSkip(orchestrate.Skip(b.Skip)); err != nil {
+		if err := cl.c.CheckSkip(orchestrate.Skip(b.Skip)); err != nil {
 			return BulkResult{}, err
 		}
 	}

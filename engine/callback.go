@@ -129,6 +129,9 @@ func (cl *Client) complete(ctx context.Context, tx pgx.Tx, cb Callback) (Callbac
 		if result, err = saga.CanonicalInput(cb.Result); err != nil {
 			return CallbackResult{}, fmt.Errorf("%w: result: %w", ErrInvalidCallback, err)
 		}
+		if max := cl.c.MaxResult(); max > 0 && len(result) > max {
+			return CallbackResult{}, orchestrate.TooLarge("the callback's result", len(result), max)
+		}
 	}
 	def, err := cl.resolveSaga(ctx, tx, id)
 	if err != nil {

@@ -46,6 +46,7 @@ const (
 	ReapBatchDefault        = 100
 	AckWaitDefault          = 60 * time.Second
 	MaxInputBytesDefault    = 256 << 10
+	MaxResultBytesDefault   = 256 << 10
 )
 
 // ReconcileIntervalDefault is Config.ReconcileInterval's default.
@@ -128,6 +129,17 @@ type Config struct {
 	// the input and earlier results and must fit the broker's max payload
 	// (1 MiB by default). Defaults to MaxInputBytesDefault.
 	MaxInputBytes int
+	// MaxResultBytes bounds a step's result, in canonical JSON, and a
+	// skip's or a callback's: commands carry the results of the steps
+	// before theirs, and the saga's row keeps them all. A handler's result
+	// over it fails the attempt, with an error saying so: a database
+	// step's transaction is rolled back (it failed for good, with no
+	// effect), an external step's call may have taken effect (its attempt
+	// counts as unknown: tried again under its key, and compensated if it
+	// never fits). A skip or callback over it is refused
+	// (ErrResultTooLarge) and nothing is written. Defaults to
+	// MaxResultBytesDefault.
+	MaxResultBytes int
 	// RelayBatch is the outbox relay's batch size. Defaults to
 	// outbox.BatchSizeDefault.
 	RelayBatch int
@@ -236,6 +248,9 @@ func (c *Config) WithDefaults() *Config {
 	if d.MaxInputBytes == 0 {
 		d.MaxInputBytes = MaxInputBytesDefault
 	}
+	if d.MaxResultBytes == 0 {
+		d.MaxResultBytes = MaxResultBytesDefault
+	}
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -300,8 +315,8 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.ShedStreamMessages must not be negative; 0 puts no bound on the count")
 	case c.ReconcileInterval < 0 && c.ReconcileInterval != NoReconcile:
 		return fmt.Errorf("idemsaga: Config.ReconcileInterval is %s; use a positive duration, 0 for %s, or NoReconcile", c.ReconcileInterval, ReconcileIntervalDefault)
-	case c.MaxInputBytes < 0:
-		return errors.New("idemsaga: Config.MaxInputBytes must not be negative")
+	case c.MaxInputBytes < 0 || c.MaxResultBytes < 0:
+		return errors.New("idemsaga: Config.MaxInputBytes and MaxResultBytes must not be negative; leave them 0 for the defaults")
 	}
 	seen := map[string]bool{}
 	for _, d := range c.Definitions {
@@ -343,7 +358,7 @@ func newCore(cfg *Config, out orchestrate.HandOff) (*orchestrate.Core, error) {
 func newCoreWith(cfg *Config, m *metrics.Metrics, out orchestrate.HandOff) *orchestrate.Core {
 	return orchestrate.New(orchestrate.Config{
 		Pool: cfg.Pool, Schema: cfg.schema(), Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
-		MaxInputBytes: cfg.MaxInputBytes, Metrics: m, Logger: cfg.Logger, Tracer: tracing.New(cfg.TracerProvider),
+		MaxInputBytes: cfg.MaxInputBytes, MaxResultBytes: cfg.MaxResultBytes, Metrics: m, Logger: cfg.Logger, Tracer: tracing.New(cfg.TracerProvider),
 		HandOff: out, OnFinished: cfg.OnFinishedFunc,
 	})
 }
@@ -494,7 +509,7 @@ func New(cfg Config) (*Engine, error) {
 	// The engine's own step workers share its database: an outcome moves
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
-		Pool: cfg.Pool, Schema: c.Schema(), Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m,
+		Pool: cfg.Pool, Schema: c.Schema(), Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m, MaxResultBytes: cfg.MaxResultBytes,
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.Tracer(),
 		Children: children{cl: e.client},

@@ -25,6 +25,10 @@ type SkipStep struct {
 // value. Nothing is written.
 var ErrInvalidResult = orchestrate.ErrInvalidResult
 
+// ErrResultTooLarge is returned by Skip and Complete for a result over
+// Config.MaxResultBytes. Nothing is written.
+var ErrResultTooLarge = orchestrate.ErrResultTooLarge
+
 // Skip marks a step succeeded with the result an operator gives, and the
 // saga goes on from it: the next step is dispatched, or the saga
 // completes. For a compensation, the undo is taken as done (a person

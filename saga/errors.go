@@ -132,3 +132,9 @@ func (e *DefinitionError) Error() string {
 
 // Unwrap lets errors.Is(err, ErrInvalidDefinition) match.
 func (e *DefinitionError) Unwrap() error { return ErrInvalidDefinition }
+
+// ErrResultTooLarge is a step's, a skip's or a callback's result over the
+// deployment's bound (the engine's Config.MaxResultBytes): commands carry
+// the results of the steps before theirs, and the saga's row keeps them
+// all. Keep large data in a table of your own and return its id.
+var ErrResultTooLarge = errors.New("idemsaga: step result too large")

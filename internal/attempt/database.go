@@ -159,7 +159,18 @@ func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]by
 	if a.handler == nil {
 		return nil, saga.Permanent(fmt.Errorf("step %q may have taken effect and has no compensation; undo its effect by hand", a.cmd.Step))
 	}
-	return invoke(ctx, a.handler, a.context(tx, fwd))
+	result, err := invoke(ctx, a.handler, a.context(tx, fwd))
+	if max := a.r.cfg.MaxResultBytes; err == nil && max > 0 && len(result) > max {
+		err = fmt.Errorf("%w: the result of step %q (%s) is %d bytes, over the %d-byte bound (Config.MaxResultBytes); return less: keep large data in your own table and return its id",
+			saga.ErrResultTooLarge, a.cmd.Step, a.cmd.Phase, len(result), max)
+		if a.step.Kind == saga.DatabaseStep {
+			// Its writes are rolled back with the attempt: no effect.
+			err = saga.Permanent(err)
+		}
+		// Another step's call may have taken effect: its outcome is
+		// unknown, tried again under its key.
+	}
+	return result, err
 }
 
 // commitSuccess records a success with COMMIT: applied to the saga in the

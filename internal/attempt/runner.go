@@ -72,6 +72,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Schema is the deployment's schema; nil for pgschema.SchemaDefault.
 	Schema *pgschema.Schema
+	// MaxResultBytes, if positive, bounds a handler's result: one over it
+	// fails the attempt (engine.Config.MaxResultBytes).
+	MaxResultBytes int
 	// Definitions the runner can run. Required.
 	Definitions []*saga.Definition
 	// Subjects names reply subjects. Required.

@@ -49,7 +49,8 @@ type Core struct {
 	subjects wire.Subjects
 	// plan decides the moves.
 	plan     plan.Planner
-	maxInput int
+	maxInput  int
+	maxResult int
 	metrics  *metrics.Metrics
 	log      *slog.Logger
 	// tracer is Config.TracerProvider's; nil traces nothing.
@@ -75,6 +76,8 @@ type Config struct {
 	SubjectPrefix string
 	LeaseGrace    time.Duration
 	MaxInputBytes int
+	// MaxResultBytes bounds a step's result (engine.Config.MaxResultBytes).
+	MaxResultBytes int
 	Metrics       *metrics.Metrics
 	Logger        *slog.Logger
 	// Tracer, if enabled, traces repairs, callbacks and the reaper.
@@ -103,7 +106,7 @@ func New(cfg Config) *Core {
 	}
 	return &Core{all: all, children: children, childEnds: make(chan uuid.UUID, childEndsQueue), names: slices.Sorted(maps.Keys(defs)),
 		pool: cfg.Pool, schema: cfg.Schema, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
-		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes,
+		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes, maxResult: cfg.MaxResultBytes,
 		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
 	}
 }

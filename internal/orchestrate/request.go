@@ -61,7 +61,7 @@ func (c *Core) Repair(ctx context.Context, in pgx.Tx, id uuid.UUID, op string, s
 		fn, after = c.cancelFn(ctx, operatorCancel(r), &fx, rop.notDone), func() { c.emit(fx) }
 	case "skip":
 		var err error
-		if rop, err = skipOp(s, r); err != nil {
+		if rop, err = skipOp(s, r, c.maxResult); err != nil {
 			return Result{}, err
 		}
 		rop.dryRun = dryRun

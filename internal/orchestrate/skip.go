@@ -19,12 +19,23 @@ import (
 // strict JSON value. Nothing is written.
 var ErrInvalidResult = errors.New("idemsaga: invalid step result")
 
+// ErrResultTooLarge is returned for a step result, a skip's or a
+// callback's, over the deployment's bound (engine.Config.MaxResultBytes).
+// Nothing is written.
+var ErrResultTooLarge = saga.ErrResultTooLarge
+
+// TooLarge is the error for a result of n bytes over max bytes, for what
+// (a step, a skip, a callback).
+func TooLarge(what string, n, max int) error {
+	return fmt.Errorf("%w: %s is %d bytes, over the %d-byte bound (Config.MaxResultBytes, which commands and the saga's row carry); keep large data in your own table and return its id", ErrResultTooLarge, what, n, max)
+}
+
 // skipOp checks a skip's request and returns it as recorded.
-func skipOp(s Skip, r Request) (repairOp, error) {
+func skipOp(s Skip, r Request, max int) (repairOp, error) {
 	if s.Step == "" {
 		return repairOp{}, fmt.Errorf("%w: name the step to skip (`show` lists the saga's steps)", ErrStateForbids)
 	}
-	res, err := checkResult(s.Result)
+	res, err := checkResult(s.Result, max)
 	if err != nil {
 		return repairOp{}, err
 	}
@@ -32,7 +43,7 @@ func skipOp(s Skip, r Request) (repairOp, error) {
 }
 
 // checkResult decodes a step result strictly and returns it canonical.
-func checkResult(raw json.RawMessage) (json.RawMessage, error) {
+func checkResult(raw json.RawMessage, max int) (json.RawMessage, error) {
 	if len(raw) == 0 {
 		return json.RawMessage("null"), nil
 	}
@@ -44,13 +55,16 @@ func checkResult(raw json.RawMessage) (json.RawMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidResult, err)
 	}
+	if max > 0 && len(out) > max {
+		return nil, TooLarge("the skip's result", len(out), max)
+	}
 	return out, nil
 }
 
 // skipFn is Skip's work on a saga locked in tx. *fx is replaced on every
 // try, so that only the committed one's effects are emitted.
 func (c *Core) skipFn(ctx context.Context, s Skip, r Request, skipped *saga.Phase, fx **effects) func(tx *store.Tx, sg *saga.Instance) error {
-	result, _ := checkResult(s.Result)
+	result, _ := checkResult(s.Result, c.maxResult)
 	note := "skipped by an operator"
 	if r.By != "" {
 		note += " (" + r.By + ")"
@@ -199,8 +213,11 @@ func closeFn(ctx context.Context, closed *store.Move) func(tx *store.Tx, sg *sag
 }
 
 // CheckSkip refuses a skip without a step or with a result that is not one
-// JSON value, before anything is read or written.
-func CheckSkip(s Skip) error {
-	_, err := skipOp(s, Request{})
+// JSON value or is over the bound, before anything is read or written.
+func (c *Core) CheckSkip(s Skip) error {
+	_, err := skipOp(s, Request{}, c.maxResult)
 	return err
 }
+
+// MaxResult is the bound of a step result, in bytes.
+func (c *Core) MaxResult() int { return c.maxResult }

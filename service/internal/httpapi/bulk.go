@@ -115,7 +115,7 @@ func (a *api) bulk(w http.ResponseWriter, r *http.Request) {
 	res, err := a.cfg.Client.Bulk(ctx, b)
 	switch {
 	case errors.Is(err, engine.ErrUnknownRepair), errors.Is(err, engine.ErrInvalidFilter), errors.Is(err, engine.ErrInvalidCursor),
-		errors.Is(err, engine.ErrInvalidResult):
+		errors.Is(err, engine.ErrInvalidResult), errors.Is(err, engine.ErrResultTooLarge):
 		malformed(trimPrefix(err.Error()))
 		return
 	case errors.Is(err, engine.ErrStateForbids):

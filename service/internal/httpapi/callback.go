@@ -114,6 +114,9 @@ func (a *api) callback(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, newProblem(http.StatusUnprocessableEntity, ProblemCallbackReused, "Callback event id reused",
 			trimPrefix(err.Error())+"; nothing was written. Send the event's first body again, or give another event its own id"))
 		return
+	case errors.Is(err, engine.ErrResultTooLarge):
+		writeProblem(w, newProblem(http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Result too large", trimPrefix(err.Error())+"; nothing was written"))
+		return
 	case errors.Is(err, engine.ErrInvalidCallback):
 		writeProblem(w, newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid callback", trimPrefix(err.Error())))
 		return

@@ -142,6 +142,8 @@ func repairProblem(err error, id uuid.UUID, key string) (*Problem, int) {
 			fmt.Sprintf("Idempotency-Key %q already names another request on saga %s (another operation, reason or result); resend that request to get its answer, or use a new key", key, id)), 0
 	case errors.Is(err, engine.ErrInvalidResult):
 		return newProblem(http.StatusBadRequest, ProblemMalformedRequest, "Invalid step result", trimPrefix(err.Error())), 0
+	case errors.Is(err, engine.ErrResultTooLarge):
+		return newProblem(http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Result too large", trimPrefix(err.Error())+"; nothing was written"), 0
 	case errors.Is(err, saga.ErrInvalidKey):
 		return invalidKey(trimPrefix(err.Error())), 0
 	case errors.Is(err, engine.ErrDeploymentMismatch):
