@@ -47,6 +47,10 @@ type Saga struct {
 	Key        string     `json:"key"`
 	State      saga.State `json:"state"`
 	Version    int64      `json:"version"`
+	// PayloadsRedacted is set when the token may read sagas but not their
+	// data (scope read): the input, the results, the steps' results and
+	// callback tokens, and the callbacks' results are null.
+	PayloadsRedacted bool `json:"payloads_redacted,omitempty"`
 	// Input is the saga's input as stored (canonical JSON).
 	Input json.RawMessage `json:"input"`
 	// Results holds each completed forward step's result by step name.
@@ -248,6 +252,9 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := sagaOf(sg)
+	if !seesPayloads(r) {
+		out.redact()
+	}
 	if def, err := a.cfg.Client.DefinitionAt(ctx, sg.Definition, sg.DefinitionVersion); err == nil {
 		out.Plan = planview.Of(def.Describe(), sg.Steps, sg.Skipped)
 	} else {
@@ -350,4 +357,17 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 		out.NextCursor = &c
 	}
 	a.encode(w, r, http.StatusOK, out)
+}
+
+// redact leaves out the saga's data: what its callers gave it and what
+// the other systems answered.
+func (s *Saga) redact() {
+	s.PayloadsRedacted = true
+	s.Input, s.Results = nil, nil
+	for i := range s.Steps {
+		s.Steps[i].Result, s.Steps[i].CallbackToken = nil, nil
+	}
+	for i := range s.Callbacks {
+		s.Callbacks[i].Result = nil
+	}
 }

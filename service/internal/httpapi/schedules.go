@@ -140,5 +140,10 @@ func (a *api) eventDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if dls == nil {
 		dls = []engine.EventDeadLetter{}
 	}
+	if !seesPayloads(r) {
+		for i := range dls {
+			dls[i].Body, dls[i].Headers = nil, nil
+		}
+	}
 	a.encode(w, r, http.StatusOK, EventDeadLetters{EventDeadLetters: dls})
 }

@@ -26,7 +26,8 @@ type Scope int
 
 const (
 	// ScopeRead reads sagas, definitions, schedules, figures and the
-	// OpenAPI document.
+	// OpenAPI document, without the sagas' data: inputs, results and
+	// message bodies are redacted.
 	ScopeRead Scope = iota + 1
 	// ScopeStart also starts sagas, issues submit tokens and answers
 	// callback steps: a web tier's or another system's token.
@@ -313,4 +314,12 @@ func (a *api) coversSaga(w http.ResponseWriter, r *http.Request, id uuid.UUID) b
 		return false
 	}
 	return covers(w, r, sg.Definition)
+}
+
+// seesPayloads reports whether r's token may read sagas' data (inputs,
+// results, message bodies): scope start or operator, or no tokens at all.
+// A read token sees what happened, not what it carried.
+func seesPayloads(r *http.Request) bool {
+	who := caller(r)
+	return who == nil || who.Scope >= ScopeStart
 }

@@ -208,4 +208,15 @@ func TestTokenScopes(t *testing.T) {
 	require.NoError(t, json.Unmarshal(grafana.do(t, http.MethodGet, sagaPath, nil, "").body, &got))
 	require.Len(t, got.Repairs, 2)
 	require.Equal(t, "http:alice", *got.Repairs[0].By)
+
+	// A read token sees what happened, not what the saga carried.
+	require.True(t, got.PayloadsRedacted)
+	require.Equal(t, "null", string(got.Input))
+	require.Nil(t, got.Results)
+	raw := string(grafana.do(t, http.MethodGet, sagaPath, nil, "").body)
+	require.NotContains(t, raw, `"amount"`, "no input member reaches a read token")
+	var full httpapi.Saga
+	require.NoError(t, json.Unmarshal(web.do(t, http.MethodGet, sagaPath, nil, "").body, &full))
+	require.False(t, full.PayloadsRedacted)
+	require.JSONEq(t, `{"account":4,"amount":40}`, string(full.Input), "a start token reads its sagas' data")
 }

@@ -99,10 +99,11 @@ function sagaBody(s) {
         h('td', null, c.step), h('td', {class: 'mono small'}, h('a', {href: '#/saga/' + c.id}, c.id)),
         h('td', null, c.definition), h('td', {class: 'mono'}, c.state)))))));
   }
-  out.push(section('Input and results', 'data',
+  out.push(section('Input and results', 'data', s.payloads_redacted ?
+    h('p', {class: 'muted', id: 'saga-redacted'}, 'Hidden: this token reads what happened, not what the saga carries (its scope is read). A token of scope start or operator shows the input and results.') :
     h('div', {class: 'cols'},
       h('div', null, h('h3', null, 'Input'), h('pre', {class: 'json'}, prettyJSON(s.input))),
-      h('div', null, h('h3', null, 'Results'), Object.keys(s.results).length ? h('pre', {class: 'json', id: 'saga-results'}, prettyJSON(s.results)) : h('p', {class: 'muted'}, 'No step completed yet.')))));
+      h('div', null, h('h3', null, 'Results'), Object.keys(s.results || {}).length ? h('pre', {class: 'json', id: 'saga-results'}, prettyJSON(s.results)) : h('p', {class: 'muted'}, 'No step completed yet.')))));
   out.push(section('Repairs', 'repairs', s.repairs.length === 0 ? h('p', {class: 'muted'}, 'No repair yet.') :
     h('table', {class: 'grid'},
       h('thead', null, h('tr', null, ['At', 'Operation', 'Step', 'State after', 'By', 'Reason', 'Idempotency-Key'].map(c => h('th', null, c)))),
