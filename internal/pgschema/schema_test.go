@@ -17,9 +17,9 @@ func TestSQL(t *testing.T) {
 	require.NoError(t, err)
 	for in, want := range map[string]string{
 		`select idemsaga.now(), x from idemsaga.sagas s join idemsaga.steps st on true`: `select tenant_a.now(), x from tenant_a.sagas s join tenant_a.steps st on true`,
-		`select 'idemsaga.outbox'::regclass`:                                           `select 'tenant_a.outbox'::regclass`,
-		`select my_idemsaga.t, xidemsaga.u, idemsaga_x.v`:                             `select my_idemsaga.t, xidemsaga.u, idemsaga_x.v`,
-		`select 'idemsaga: invariant broken'`:                                          `select 'idemsaga: invariant broken'`,
+		`select 'idemsaga.outbox'::regclass`:                                            `select 'tenant_a.outbox'::regclass`,
+		`select my_idemsaga.t, xidemsaga.u, idemsaga_x.v`:                               `select my_idemsaga.t, xidemsaga.u, idemsaga_x.v`,
+		`select 'idemsaga: invariant broken'`:                                           `select 'idemsaga: invariant broken'`,
 	} {
 		require.Equal(t, want, s.SQL(in))
 		require.Equal(t, want, s.SQL(in), "again, from the cache")
