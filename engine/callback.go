@@ -146,6 +146,10 @@ func (cl *Client) complete(ctx context.Context, tx pgx.Tx, cb Callback) (Callbac
 	h.Write(result)
 	hash := h.Sum(nil)
 
+	// Hashed as sent (a repeat compares so); kept sealed.
+	if result, err = cl.c.Sealer().Seal(id, result); err != nil {
+		return CallbackResult{}, err
+	}
 	res, err := cl.c.Complete(ctx, tx, id, step, orchestrate.Callback{EventID: cb.EventID, Error: cb.Error}, result, hash)
 	if err != nil {
 		return CallbackResult{}, err

@@ -183,7 +183,13 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 	if err != nil {
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga: new id: %w", err)
 	}
-	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: canonical}
+	// The input is hashed as sent, and kept (and carried by commands)
+	// sealed, with a Codec.
+	stored, err := cl.c.Sealer().Seal(id, canonical)
+	if err != nil {
+		return StartResult{}, nil, err
+	}
+	sg := &saga.Instance{ID: id, Definition: def.Name(), DefinitionVersion: registered.Version(), Key: key, State: saga.StateInit, Version: 1, Input: stored}
 	subject, msgID, payload, err := cl.c.Plan().Command(sg, registered, 0, saga.PhaseForward, 1, false)
 	if err != nil {
 		return StartResult{}, nil, err
@@ -208,7 +214,7 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
 		}
 		defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
-		res, sent, err := cl.insertSaga(ctx, own, stmt, def, registered, sg, key, sum[:], canonical, subject, msgID, payload, handOff, trace)
+		res, sent, err := cl.insertSaga(ctx, own, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, handOff, trace)
 		if err != nil {
 			return res, nil, err
 		}
@@ -217,13 +223,13 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		}
 		return res, sent, nil
 	}
-	return cl.insertSaga(ctx, q, stmt, def, registered, sg, key, sum[:], canonical, subject, msgID, payload, handOff, trace)
+	return cl.insertSaga(ctx, q, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, handOff, trace)
 }
 
 // insertSaga runs the start statement stmt on q for saga sg and
 // adjudicates a duplicate; a saga that starts with a parallel group also
 // dispatches the group's other branches, on q, a transaction.
-func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def, registered *saga.Definition, sg *saga.Instance, key string, sum, canonical []byte,
+func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
 	subject, msgID string, payload []byte, handOff any, trace map[string]string) (StartResult, []outbox.Committed, error) {
 	id, first := sg.ID, registered.Step(0)
 	var inserted int
@@ -234,7 +240,7 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 		hash     []byte
 		state    *string
 	)
-	err := q.QueryRow(ctx, cl.c.Schema().SQL(stmt), pguuid.Of(id), def.Name(), key, sum, string(canonical),
+	err := q.QueryRow(ctx, cl.c.Schema().SQL(stmt), pguuid.Of(id), def.Name(), key, sum, string(input),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
 		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
 	var pgErr *pgconn.PgError
@@ -306,7 +312,7 @@ func (cl *Client) Get(ctx context.Context, id uuid.UUID) (*saga.Instance, error)
 	if err != nil {
 		return nil, err
 	}
-	return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
+	return sg, cl.full(ctx, sg)
 }
 
 // GetByKey returns the saga of def started with key, with its steps.
@@ -315,7 +321,7 @@ func (cl *Client) GetByKey(ctx context.Context, definition, key string) (*saga.I
 	if err != nil {
 		return nil, err
 	}
-	return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
+	return sg, cl.full(ctx, sg)
 }
 
 // Lookup finds a saga by ID, or by idempotency key across definitions. A
@@ -347,7 +353,7 @@ func (cl *Client) Lookup(ctx context.Context, idOrKey string) (*saga.Instance, e
 	case 0:
 		return nil, fmt.Errorf("%w: no saga has ID or key %q", saga.ErrNotFound, idOrKey)
 	case 1:
-		return found[0], cl.loadSteps(ctx, cl.c.Pool(), found[0])
+		return found[0], cl.full(ctx, found[0])
 	default:
 		names := make([]string, len(found))
 		for i, f := range found {
@@ -637,10 +643,26 @@ func (cl *Client) List(ctx context.Context, opts ListOptions) ([]*saga.Instance,
 		if err != nil {
 			return nil, err
 		}
+		if err := cl.open(sg); err != nil {
+			return nil, err
+		}
 		out = append(out, sg)
 	}
 	return out, rows.Err()
 }
+
+// full reads the rest of sg (loadSteps) and opens its data.
+func (cl *Client) full(ctx context.Context, sg *saga.Instance) error {
+	if err := cl.loadSteps(ctx, cl.c.Pool(), sg); err != nil {
+		return err
+	}
+	return cl.open(sg)
+}
+
+// open opens sg's data, sealed at rest with a Codec: its input, its
+// results, its steps' and callbacks' results. A client without a Codec
+// (an admin tool) leaves them sealed.
+func (cl *Client) open(sg *saga.Instance) error { return cl.c.Sealer().OpenInstance(sg) }
 
 // Wait polls the saga until it reaches a terminal state or ctx ends.
 func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error) {
@@ -651,7 +673,7 @@ func (cl *Client) Wait(ctx context.Context, id uuid.UUID) (*saga.Instance, error
 			return nil, err
 		}
 		if sg.Finished() {
-			return sg, cl.loadSteps(ctx, cl.c.Pool(), sg)
+			return sg, cl.full(ctx, sg)
 		}
 		select {
 		case <-ctx.Done():

@@ -25,6 +25,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/pgschema"
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/internal/testhook"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -129,6 +130,15 @@ type Config struct {
 	// the input and earlier results and must fit the broker's max payload
 	// (1 MiB by default). Defaults to MaxInputBytesDefault.
 	MaxInputBytes int
+	// Codec, if set, seals the sagas' data at rest: inputs, step results
+	// (in the tables, the outbox and the stream's messages) and callback
+	// results are kept sealed, and opened where a handler, a condition or
+	// a reader (Get, List, the HTTP API, show) needs them. Every process
+	// of the deployment needs it (or a keyring that opens what it sealed);
+	// one without it refuses to start a handler on sealed data, and says
+	// so. Data kept before a Codec was set is read as it is. NewAESGCM is
+	// one. Defaults to none: data is kept as given.
+	Codec saga.Codec
 	// MaxResultBytes bounds a step's result, in canonical JSON, and a
 	// skip's or a callback's: commands carry the results of the steps
 	// before theirs, and the saga's row keeps them all. A handler's result
@@ -357,7 +367,7 @@ func newCore(cfg *Config, out orchestrate.HandOff) (*orchestrate.Core, error) {
 // newCoreWith is newCore with the metrics already registered.
 func newCoreWith(cfg *Config, m *metrics.Metrics, out orchestrate.HandOff) *orchestrate.Core {
 	return orchestrate.New(orchestrate.Config{
-		Pool: cfg.Pool, Schema: cfg.schema(), Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
+		Pool: cfg.Pool, Schema: cfg.schema(), Sealer: seal.New(cfg.Codec), Definitions: cfg.Definitions, SubjectPrefix: cfg.SubjectPrefix, LeaseGrace: cfg.LeaseGrace,
 		MaxInputBytes: cfg.MaxInputBytes, MaxResultBytes: cfg.MaxResultBytes, Metrics: m, Logger: cfg.Logger, Tracer: tracing.New(cfg.TracerProvider),
 		HandOff: out, OnFinished: cfg.OnFinishedFunc,
 	})
@@ -510,6 +520,7 @@ func New(cfg Config) (*Engine, error) {
 	// its saga on in the step's own transaction.
 	acfg := attempt.Config{
 		Pool: cfg.Pool, Schema: c.Schema(), Definitions: cfg.Definitions, Subjects: e.subjects, Logger: cfg.Logger, Metrics: m, MaxResultBytes: cfg.MaxResultBytes,
+		Sealer:    c.Sealer(),
 		Publisher: out, Recent: steps.RecentDefault, Mover: c, Eager: true, LeaseGrace: cfg.LeaseGrace,
 		Slots: cfg.StepConcurrency, DeadLetters: cfg.deadLetters, Tracer: c.Tracer(),
 		Children: children{cl: e.client},

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/service/internal/planview"
 )
@@ -17,6 +18,13 @@ import (
 func (s *showCmd) showArchived(f *Flags) error {
 	a, err := findArchived(s.Archive, s.IDOrKey)
 	if err != nil {
+		return err
+	}
+	// Archived as kept: sealed, with --payload-keys-file opened here.
+	if err := f.loadPayloadKeys(); err != nil {
+		return err
+	}
+	if err := seal.New(f.codec).OpenInstance(&a.Saga); err != nil {
 		return err
 	}
 	if s.JSON {

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/migrations"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -51,11 +52,14 @@ type Flags struct {
 	StreamMaxAge          time.Duration `name:"stream-max-age" env:"IDEMSAGA_STREAM_MAX_AGE" help:"Drop stream messages older than this (PostgreSQL drives a lost command again at its lease). Unset: none for a new stream; an existing one keeps its own."`
 	StreamDuplicateWindow time.Duration `name:"stream-duplicate-window" env:"IDEMSAGA_STREAM_DUPLICATE_WINDOW" help:"Nats-Msg-Id dedup window of the stream (a fast path only; default 2m for a new stream). Unset: an existing stream keeps its own."`
 	LeaseGrace            time.Duration `name:"lease-grace" env:"IDEMSAGA_LEASE_GRACE" default:"30s" help:"Added to a step's timeout to make its lease (shared)."`
+	PayloadKeysFile       string        `name:"payload-keys-file" env:"IDEMSAGA_PAYLOAD_KEYS_FILE" type:"path" help:"Seal sagas' inputs and results at rest with AES-256-GCM: a file of keys, one a line as <id> <base64 of 32 random bytes>; the first seals, every one opens (rotate by putting a new key first). Every process of the deployment needs it to run steps; without it a process shows sealed data as it is."`
 	LogLevel              string        `name:"log-level" env:"LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
 	LogFormat             string        `name:"log-format" env:"LOG_FORMAT" default:"text" enum:"text,json" help:"Log format (text or json)."`
 
-	cfg         *Config
-	defs        []*saga.Definition
+	cfg  *Config
+	defs []*saga.Definition
+	// codec is --payload-keys-file's keyring, read by OpenDB.
+	codec       saga.Codec
 	out, errOut io.Writer
 }
 
@@ -83,7 +87,7 @@ func (f *Flags) Logger() *slog.Logger {
 // EngineConfig returns the engine settings of the flags: the shared ones
 // and the service's definitions, on pool.
 func (f *Flags) EngineConfig(pool *pgxpool.Pool) engine.Config {
-	return engine.Config{Pool: pool, Schema: f.Schema, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger(),
+	return engine.Config{Pool: pool, Schema: f.Schema, Codec: f.codec, Definitions: f.defs, Stream: f.Stream, SubjectPrefix: f.SubjectPrefix, LeaseGrace: f.LeaseGrace, Logger: f.Logger(),
 		StreamReplicas: f.StreamReplicas, StreamStorage: f.StreamStorage, StreamMaxAge: f.StreamMaxAge, StreamDuplicateWindow: f.StreamDuplicateWindow}
 }
 
@@ -96,6 +100,9 @@ func (f *Flags) Client(pool *pgxpool.Pool) (*engine.Client, error) {
 // and checks the database answers, with an error that says what to do
 // when it does not. The error never holds the password.
 func (f *Flags) OpenDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	if err := f.loadPayloadKeys(); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
 	if err != nil {
 		return nil, errors.New("DATABASE_URL is not a valid PostgreSQL connection string (postgres://user@host:5432/db?sslmode=…): check its form")
@@ -266,4 +273,26 @@ func (f *Flags) migrateHint(err error) error {
 func hostPID(what string) string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%s-%d", what, host, os.Getpid())
+}
+
+// loadPayloadKeys reads --payload-keys-file into the codec, once. Its
+// errors name the file, never a key.
+func (f *Flags) loadPayloadKeys() error {
+	if f.PayloadKeysFile == "" || f.codec != nil {
+		return nil
+	}
+	b, err := os.ReadFile(f.PayloadKeysFile)
+	if err != nil {
+		return fmt.Errorf("cannot read the payload keys file %s (%v): create it with one key a line, `echo k1 $(openssl rand -base64 32) > %s`, or point --payload-keys-file at it", f.PayloadKeysFile, errors.Unwrap(err), f.PayloadKeysFile)
+	}
+	keys, err := seal.ParseKeys(string(b))
+	if err != nil {
+		return fmt.Errorf("%w (file %s)", err, f.PayloadKeysFile)
+	}
+	pk := make([]engine.PayloadKey, len(keys))
+	for i, k := range keys {
+		pk[i] = engine.PayloadKey{ID: k.ID, Secret: k.Secret}
+	}
+	f.codec, err = engine.NewAESGCM(pk...)
+	return err
 }

@@ -159,7 +159,11 @@ func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]by
 	if a.handler == nil {
 		return nil, saga.Permanent(fmt.Errorf("step %q may have taken effect and has no compensation; undo its effect by hand", a.cmd.Step))
 	}
-	result, err := invoke(ctx, a.handler, a.context(tx, fwd))
+	sc, err := a.context(tx, fwd)
+	if err != nil {
+		return nil, err // the keyring lacks a key: tried again, once it has it
+	}
+	result, err := invoke(ctx, a.handler, sc)
 	if max := a.r.cfg.MaxResultBytes; err == nil && max > 0 && len(result) > max {
 		err = fmt.Errorf("%w: the result of step %q (%s) is %d bytes, over the %d-byte bound (Config.MaxResultBytes); return less: keep large data in your own table and return its id",
 			saga.ErrResultTooLarge, a.cmd.Step, a.cmd.Phase, len(result), max)
@@ -179,6 +183,10 @@ func (a *attempt) runHandler(ctx context.Context, tx saga.Tx, fwd *stored) ([]by
 // the inbox row).
 func (a *attempt) commitSuccess(ctx context.Context, tx *store.Tx, result []byte) (wire.Reply, error) {
 	reply := a.replyBase()
+	result, err := a.r.cfg.Sealer.Seal(a.cmd.SagaID, result)
+	if err != nil {
+		return reply, err
+	}
 	reply.Outcome, reply.Result = wire.OutcomeSucceeded, result
 	w := store.Record{Lead: store.LeadNone, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt,
 		Result: result, HandOff: a.handOff(), Proof: "succeeded"}

@@ -2,6 +2,7 @@ package attempt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -190,7 +191,11 @@ func (a *attempt) verify(ctx context.Context, herr error) (result []byte, note s
 	vctx, cancel := withStretch(context.WithoutCancel(ctx), a.policy.Timeout)
 	defer cancel()
 	a.stretch.Store(vctx)
-	got, verr := invoke(vctx, a.step.Verify, a.context(nil, nil))
+	vsc, verr := a.context(nil, nil)
+	var got json.RawMessage
+	if verr == nil {
+		got, verr = invoke(vctx, a.step.Verify, vsc)
+	}
 	answer := "unknown"
 	switch {
 	case verr == nil:
@@ -215,6 +220,13 @@ func (a *attempt) verify(ctx context.Context, herr error) (result []byte, note s
 // unknown. An attempt given up or taken over meanwhile records nothing.
 func (a *attempt) recordCall(ctx context.Context, result []byte, herr error, note string) (wire.Reply, error) {
 	reply := a.replyBase()
+	if herr == nil && a.step.Kind != saga.ChildStep {
+		// (A child step's answer is the engine's, about its child.)
+		var err error
+		if result, err = a.r.cfg.Sealer.Seal(a.cmd.SagaID, result); err != nil {
+			return reply, err
+		}
+	}
 	w := store.Record{Lead: store.LeadExternal, Saga: a.cmd.SagaID, Key: a.cmd.Key, Step: a.cmd.Step, Phase: a.cmd.Phase, Attempt: a.cmd.Attempt, HandOff: a.handOff()}
 	var m *store.Move
 	switch {

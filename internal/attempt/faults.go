@@ -120,7 +120,10 @@ func (r *Runner) lateForward(ctx context.Context, a *attempt) {
 	cctx, cancel := context.WithTimeout(ctx, a.step.Retry.Timeout)
 	defer cancel()
 	late := &attempt{r: r, cmd: fwd, def: a.def, step: a.step}
-	_, err := invoke(cctx, a.step.Forward, late.context(nil, nil))
+	sc, err := late.context(nil, nil)
+	if err == nil {
+		_, err = invoke(cctx, a.step.Forward, sc)
+	}
 	r.cfg.Logger.Info("test kit: a late forward request was made", "saga_id", fwd.SagaID, "step", fwd.Step, "error", err)
 }
 

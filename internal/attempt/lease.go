@@ -109,7 +109,13 @@ func (a *attempt) limitKey() (key string) {
 			key = ""
 		}
 	}()
-	return fn(a.context(nil, nil))
+	sc, err := a.context(nil, nil)
+	if err != nil {
+		a.r.cfg.Logger.Error("step worker: a limit's KeyFunc cannot read the saga's input; the call counts against no per-key bound", "limit", a.step.Limit.Name,
+			"saga_id", a.cmd.SagaID, "step", a.cmd.Step, "error", err)
+		return ""
+	}
+	return fn(sc)
 }
 
 // keepWaiting pushes the lease of an attempt that waits for its turn,

@@ -22,6 +22,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -75,6 +76,9 @@ type Config struct {
 	// MaxResultBytes, if positive, bounds a handler's result: one over it
 	// fails the attempt (engine.Config.MaxResultBytes).
 	MaxResultBytes int
+	// Sealer opens the input and results a handler reads, and seals the
+	// results it returns (engine.Config.Codec). Nil: none.
+	Sealer *seal.Sealer
 	// Definitions the runner can run. Required.
 	Definitions []*saga.Definition
 	// Subjects names reply subjects. Required.

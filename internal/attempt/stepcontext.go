@@ -9,14 +9,26 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// context builds the handler's StepContext. The input and results are
-// copies: the command's own may become the next command's, whatever the
-// handler does to them.
-func (a *attempt) context(tx saga.Tx, fwd *stored) *saga.StepContext {
+// context builds the handler's StepContext, its input and results
+// opened (Config.Sealer). They are copies: the command's own may become
+// the next command's, whatever the handler does to them.
+func (a *attempt) context(tx saga.Tx, fwd *stored) (*saga.StepContext, error) {
 	c := a.cmd
+	sealer := a.r.cfg.Sealer
+	input, err := sealer.Open(c.SagaID, c.Input)
+	if err != nil {
+		return nil, fmt.Errorf("the input of step %q: %w", c.Step, err)
+	}
+	results, err := sealer.OpenAll(c.SagaID, c.Results)
+	if err != nil {
+		return nil, err
+	}
+	if !sealer.On() {
+		results = cloneResults(results)
+	}
 	sc := &saga.StepContext{
 		SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt,
-		Input: bytes.Clone(c.Input), Results: cloneResults(c.Results), Tx: tx,
+		Input: bytes.Clone(input), Results: results, Tx: tx,
 	}
 	if a.plan.Kind != saga.DatabaseStep {
 		sc.Lease = beat{a}
@@ -28,14 +40,18 @@ func (a *attempt) context(tx saga.Tx, fwd *stored) *saga.StepContext {
 		}
 		if fwd.outcome == "succeeded" {
 			if fwd.result != nil || sc.Results[c.Step] == nil {
-				sc.Results[c.Step] = fwd.result
+				r, err := sealer.Open(c.SagaID, fwd.result)
+				if err != nil {
+					return nil, fmt.Errorf("the forward result of step %q: %w", c.Step, err)
+				}
+				sc.Results[c.Step] = r
 			}
 		} else {
 			sc.ForwardUnknown = true
 			delete(sc.Results, c.Step)
 		}
 	}
-	return sc
+	return sc, nil
 }
 
 // invoke runs the handler, turning a panic into a retryable error.

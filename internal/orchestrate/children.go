@@ -109,9 +109,21 @@ func (c *Core) applyChild(ctx context.Context, tx *store.Tx, sg *saga.Instance, 
 	if err != nil {
 		return false, err
 	}
+	if found && c.sealer.On() {
+		// The child's results are sealed for the child; the step's
+		// result, made of them, is sealed for the parent.
+		if ch.results, err = c.sealer.OpenAll(ch.id, ch.results); err != nil {
+			return false, err
+		}
+	}
 	end, err := ch.decide(phase, found)
 	if err != nil || !end.decided {
 		return false, err
+	}
+	if end.success && len(end.result) > 0 {
+		if end.result, err = c.sealer.Seal(sg.ID, end.result); err != nil {
+			return false, err
+		}
 	}
 	var m *store.Move
 	if end.success {

@@ -21,6 +21,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/pgschema"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/internal/wire"
@@ -35,6 +36,7 @@ import (
 type Core struct {
 	pool   *pgxpool.Pool
 	schema *pgschema.Schema
+	sealer *seal.Sealer
 	// defs are this process's definitions, the newest version of each
 	// name; versions all of them, by name and version; remote those known
 	// only by the deployment's record (Client.Definition); refs names
@@ -48,11 +50,11 @@ type Core struct {
 	remote   described
 	subjects wire.Subjects
 	// plan decides the moves.
-	plan     plan.Planner
+	plan      plan.Planner
 	maxInput  int
 	maxResult int
-	metrics  *metrics.Metrics
-	log      *slog.Logger
+	metrics   *metrics.Metrics
+	log       *slog.Logger
 	// tracer is Config.TracerProvider's; nil traces nothing.
 	tracer *tracing.Tracer
 	// out takes the outbox rows the core's transactions commit; nil for a
@@ -70,7 +72,9 @@ type Core struct {
 type Config struct {
 	Pool *pgxpool.Pool
 	// Schema is the deployment's schema; nil for pgschema.SchemaDefault.
-	Schema      *pgschema.Schema
+	Schema *pgschema.Schema
+	// Sealer seals and opens the sagas' data (engine.Config.Codec).
+	Sealer      *seal.Sealer
 	Definitions []*saga.Definition
 	// SubjectPrefix and LeaseGrace are the deployment's.
 	SubjectPrefix string
@@ -78,8 +82,8 @@ type Config struct {
 	MaxInputBytes int
 	// MaxResultBytes bounds a step's result (engine.Config.MaxResultBytes).
 	MaxResultBytes int
-	Metrics       *metrics.Metrics
-	Logger        *slog.Logger
+	Metrics        *metrics.Metrics
+	Logger         *slog.Logger
 	// Tracer, if enabled, traces repairs, callbacks and the reaper.
 	Tracer *tracing.Tracer
 	// HandOff takes the rows the core's transactions commit; nil for a
@@ -105,8 +109,8 @@ func New(cfg Config) *Core {
 		}
 	}
 	return &Core{all: all, children: children, childEnds: make(chan uuid.UUID, childEndsQueue), names: slices.Sorted(maps.Keys(defs)),
-		pool: cfg.Pool, schema: cfg.Schema, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
-		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace}, maxInput: cfg.MaxInputBytes, maxResult: cfg.MaxResultBytes,
+		pool: cfg.Pool, schema: cfg.Schema, sealer: cfg.Sealer, defs: defs, versions: versions, refs: refsOf(versions), subjects: subjects,
+		plan: plan.Planner{Subjects: subjects, LeaseGrace: cfg.LeaseGrace, Sealer: cfg.Sealer}, maxInput: cfg.MaxInputBytes, maxResult: cfg.MaxResultBytes,
 		metrics: cfg.Metrics, log: cfg.Logger, onFinished: cfg.OnFinished, tracer: cfg.Tracer, out: cfg.HandOff,
 	}
 }
@@ -121,6 +125,9 @@ func (c *Core) Pool() *pgxpool.Pool { return c.pool }
 // Schema is the deployment's schema, which every statement of the core
 // runs in (Schema.Q, and store.Begin's).
 func (c *Core) Schema() *pgschema.Schema { return c.schema }
+
+// Sealer seals and opens the sagas' data.
+func (c *Core) Sealer() *seal.Sealer { return c.sealer }
 
 // DB is the core's database in its schema.
 func (c *Core) DB() pgschema.Executor { return c.schema.Q(c.pool) }

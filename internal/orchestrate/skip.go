@@ -170,7 +170,11 @@ where saga_id = $1 and phase = $2 and status = 'failed' order by step = $3 desc,
 		if err := c.schema.Q(tx.Conn()).QueryRow(ctx, store.SkipAttempt, pguuid.Of(id), step, phase, attemptNo, note).Scan(&next); err != nil {
 			return fmt.Errorf("idemsaga: skip step %q of saga %s: %w", step, id, err)
 		}
-		m, err := c.plan.Success(&resumed, def, idx, ph, next, result)
+		sealed, err := c.sealer.Seal(id, result)
+		if err != nil {
+			return err
+		}
+		m, err := c.plan.Success(&resumed, def, idx, ph, next, sealed)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrStateForbids, err)
 		}

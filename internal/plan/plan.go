@@ -18,7 +18,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/idemsaga/idemsaga/compensation"
+	"github.com/idemsaga/idemsaga/internal/seal"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/wire"
 	"github.com/idemsaga/idemsaga/saga"
@@ -30,6 +33,8 @@ type Planner struct {
 	Subjects wire.Subjects
 	// LeaseGrace is added to a step's timeout for its lease.
 	LeaseGrace time.Duration
+	// Sealer opens the input and results a condition reads.
+	Sealer *seal.Sealer
 }
 
 // LeaseMillis is the lease of an attempt under policy, in milliseconds.
@@ -150,7 +155,7 @@ func (p Planner) forward(m *store.Move, sg, after *saga.Instance, def *saga.Defi
 	for next < def.Len() && len(run) == 0 {
 		first, end := def.Group(next)
 		for b := first; b < end; b++ {
-			runs, err := def.Runs(b, sg.ID, sg.Input, after.Results)
+			runs, err := p.runs(def, b, sg.ID, sg.Input, after.Results)
 			if err != nil {
 				return nil, err
 			}
@@ -283,4 +288,20 @@ func cannotUndo(sg *saga.Instance, step, reason string) string {
 		"or, if it did take effect, go on with `skip %s --step %s --result JSON` (its result), "+
 		"or, if it did not, compensate the steps before it with `cancel %s`, or close the saga as handled with `close %s`",
 		step, saga.StepKey(sg.ID, step, saga.PhaseForward), reason, sg.ID, sg.ID, step, sg.ID, sg.ID)
+}
+
+// runs decides step i's condition on the saga's data, opened.
+func (p Planner) runs(def *saga.Definition, i int, id uuid.UUID, input json.RawMessage, results map[string]json.RawMessage) (bool, error) {
+	if def.Step(i).When.IsZero() || !p.Sealer.On() {
+		return def.Runs(i, id, input, results)
+	}
+	in, err := p.Sealer.Open(id, input)
+	if err != nil {
+		return false, err
+	}
+	res, err := p.Sealer.OpenAll(id, results)
+	if err != nil {
+		return false, err
+	}
+	return def.Runs(i, id, in, res)
 }
