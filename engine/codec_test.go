@@ -192,4 +192,24 @@ func TestCodecSealsAtRest(t *testing.T) {
 	require.NoError(t, err, "a process without keys (an admin tool) reads the sagas")
 	require.True(t, strings.HasPrefix(string(sg.Input), `"idemsaga:sealed:`), "with their data sealed: %s", sg.Input)
 	require.NotContains(t, string(sg.Results["open"]), "MARKER")
+
+	// The retention archive keeps them as kept: sealed.
+	execSQL(t, pool, `update idemsaga.sagas set finished_at = finished_at - interval '30 days'`)
+	dir := t.TempDir()
+	var archived int64
+	for pass := 0; pass < 3 && archived < 2*n; pass++ {
+		// (A child is kept while its parent is: it goes a pass later.)
+		res, err := archiveCleaner(t, pool, dir, 0).CleanOnce(ctx)
+		require.NoError(t, err)
+		archived += res.Archived
+	}
+	require.Equal(t, int64(2*n), archived, "every saga, parents and children")
+	_, lines := readArchives(t, dir)
+	require.Len(t, lines, 2*n)
+	for _, l := range lines {
+		b, err := json.Marshal(l)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), "MARKER", "archived sealed")
+	}
+	require.Zero(t, countRows(t, ctx, pool, `select count(*) from idemsaga.sagas`))
 }
