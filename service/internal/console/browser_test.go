@@ -408,6 +408,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, 6, b.count(t, "#saga-rows tr[data-id]"))
 	require.Contains(t, b.text(t, "#attention"), "1 saga needs a person")
 	b.waitJS(t, "the token kept for this tab", fmt.Sprintf(`sessionStorage.getItem('idemsaga.console.token') === %q`, apiToken))
+	b.waitJS(t, "the token's name and scope in the header", `document.querySelector('#session-state').textContent === 'signed in as console (operator)'`)
 	b.screenshot(t, shots, "1-sagas-list")
 
 	// A reload keeps the tab signed in.

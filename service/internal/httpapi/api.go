@@ -197,6 +197,7 @@ func (a *api) routes() []route {
 		{"POST /v1/schedules/{definition}/pause", ScopeOperator, a.pauseSchedule, opDoc{"Pause a schedule: no tick starts a saga until it is resumed.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
 		{"POST /v1/schedules/{definition}/resume", ScopeOperator, a.resumeSchedule, opDoc{"Resume a schedule.", reason, engine.ScheduleRepair{}, http.StatusOK, true, nil}},
 		{"GET /v1/event-dead-letters", ScopeRead, a.eventDeadLetters, opDoc{"List the events that could not start a saga, with why.", nil, EventDeadLetters{}, http.StatusOK, false, nil}},
+		{"GET /v1/whoami", ScopeRead, a.whoami, opDoc{"Who the bearer token is: its name (repairs are recorded under it), scope and definitions.", nil, Caller{}, http.StatusOK, false, nil}},
 		{"GET /v1/openapi.json", ScopeRead, a.openAPIDocument, opDoc{"This document.", nil, nil, http.StatusOK, false, nil}},
 	}
 }

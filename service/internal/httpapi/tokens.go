@@ -323,3 +323,29 @@ func seesPayloads(r *http.Request) bool {
 	who := caller(r)
 	return who == nil || who.Scope >= ScopeStart
 }
+
+// Caller is who the request's bearer token is (GET /v1/whoami).
+type Caller struct {
+	// Authenticated is false when the API has no tokens (a loopback
+	// server): every request may do everything, recorded as by "http".
+	Authenticated bool `json:"authenticated"`
+	// Name is the token's name; repairs made with it are recorded as by
+	// "http:" and the name.
+	Name string `json:"name"`
+	// Scope is read, start or operator.
+	Scope string `json:"scope"`
+	// Definitions are the definitions the token covers; null for all.
+	Definitions []string `json:"definitions"`
+	// SeesPayloads is false for a read token: sagas' data is redacted.
+	SeesPayloads bool `json:"sees_payloads"`
+}
+
+// whoami handles GET /v1/whoami.
+func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
+	who := caller(r)
+	out := Caller{Scope: ScopeOperator.String(), SeesPayloads: true}
+	if who != nil {
+		out = Caller{Authenticated: true, Name: who.Name, Scope: who.Scope.String(), Definitions: who.Definitions, SeesPayloads: seesPayloads(r)}
+	}
+	a.encode(w, r, http.StatusOK, out)
+}

@@ -209,6 +209,13 @@ func TestTokenScopes(t *testing.T) {
 	require.Len(t, got.Repairs, 2)
 	require.Equal(t, "http:alice", *got.Repairs[0].By)
 
+	// Each token can ask who it is.
+	var me httpapi.Caller
+	require.NoError(t, json.Unmarshal(refunds.do(t, http.MethodGet, "/v1/whoami", nil, "").body, &me))
+	require.Equal(t, httpapi.Caller{Authenticated: true, Name: "refunds", Scope: "operator", Definitions: []string{"refund"}, SeesPayloads: true}, me)
+	require.NoError(t, json.Unmarshal(grafana.do(t, http.MethodGet, "/v1/whoami", nil, "").body, &me))
+	require.Equal(t, httpapi.Caller{Authenticated: true, Name: "grafana", Scope: "read", SeesPayloads: false}, me)
+
 	// A read token sees what happened, not what the saga carried.
 	require.True(t, got.PayloadsRedacted)
 	require.Equal(t, "null", string(got.Input))

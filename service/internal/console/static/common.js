@@ -15,6 +15,8 @@ export const session = {
   // authRequired is learnt from the server's first answer.
   authRequired: false,
   definitions: [],
+  // who is GET /v1/whoami's answer: the token's name and scope.
+  who: null,
 };
 
 // The current view: its timers, cleared when the view changes, and a

@@ -11,6 +11,7 @@ import {schedulesView} from './schedules.js';
 
 function setToken(tok) {
   session.token = tok;
+  if (!tok) session.who = null;
   if (tok) sessionStorage.setItem(TOKEN_KEY, tok);
   else sessionStorage.removeItem(TOKEN_KEY);
   renderSession();
@@ -20,7 +21,10 @@ function renderSession() {
   const st = document.getElementById('session-state');
   const out = document.getElementById('sign-out');
   if (session.token) {
-    st.textContent = 'signed in with a token';
+    const who = session.who;
+    st.textContent = who && who.authenticated ?
+      'signed in as ' + who.name + ' (' + who.scope + (who.definitions ? ', ' + who.definitions.join(', ') + ' only' : '') + (who.sees_payloads ? '' : ', data hidden') + ')' :
+      'signed in with a token';
     out.hidden = false;
   } else {
     st.textContent = session.authRequired ? 'not signed in' : 'no token needed';
@@ -76,6 +80,12 @@ function renderZone() {
 async function loadDefinitions(signingIn) {
   const {data} = await api('GET', 'v1/definitions', {signingIn});
   session.definitions = data.definitions || [];
+  try {
+    session.who = (await api('GET', 'v1/whoami', {signingIn})).data;
+  } catch (e) {
+    session.who = null; // an older server: the header says less
+  }
+  renderSession();
 }
 
 function setNav(view) {
