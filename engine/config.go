@@ -164,8 +164,11 @@ type Config struct {
 	// stream has waited longer than it. Defaults to LeaseGrace, the time a
 	// command is meant to wait in the queue at most: past it every new
 	// saga waits longer than the deployment was sized for and the backlog
-	// only grows, so clients are told to come back instead. NoShedding (a
-	// negative value) sheds nothing by age.
+	// only grows, so clients are told to come back instead. The same bound
+	// sheds starts while the queued messages are predicted to wait longer
+	// than it at the pace the workers were measured to take them
+	// (Engine.ShedStart). NoShedding (a negative value) sheds nothing by
+	// age or predicted wait.
 	ShedOldestAge time.Duration
 	// ShedStreamMessages, if positive, also sheds starts while more
 	// messages than it wait in the stream. Defaults to 0: no bound on the

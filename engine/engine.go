@@ -180,6 +180,7 @@ func New(cfg Config) (*Engine, error) {
 			{"the paused sagas", maintenance.NewPausedCollector(cfg.Pool, c.Schema())},
 			{"the dead-letter", maintenance.NewDeadLetterCollector(cfg.Pool, c.Schema())},
 			{"the stream backlog", maintenance.NewStreamCollector(e.js, cfg.Stream, e.backlog)},
+			{"the stream's drain", maintenance.NewDrainCollector(e.backlog)},
 		} {
 			if err := cfg.Registerer.Register(col.c); err != nil {
 				return nil, fmt.Errorf("idemsaga: register %s metric: %w", col.what, err)

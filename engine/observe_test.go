@@ -40,6 +40,7 @@ func TestStreamBacklogMetrics(t *testing.T) {
 	startEngine(t, pool, nc, stream, []*saga.Definition{transferDef(t)}, func(c *engine.Config) { c.Registerer = reg })
 	require.Zero(t, unlabelled(t, reg, "idemsaga_stream_messages"))
 	require.Zero(t, unlabelled(t, reg, "idemsaga_stream_oldest_message_seconds"))
+	require.Zero(t, unlabelled(t, reg, "idemsaga_stream_drain_seconds"), "registered, and nothing predicted while idle")
 
 	// Three messages under the stream's subjects that no consumer takes.
 	for range 3 {

@@ -78,6 +78,8 @@ func run(urls []string, db string, n, conc int, accounts int64, timeout time.Dur
 	defer pool.Close()
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	var shed, failed atomic.Int64
+	// firstShed is when the first 503 came, in ns after begin (0: none).
+	var firstShed atomic.Int64
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	begin := time.Now()
@@ -95,6 +97,7 @@ func run(urls []string, db string, n, conc int, accounts int64, timeout time.Dur
 					}
 					if status == http.StatusServiceUnavailable && after > 0 {
 						shed.Add(1)
+						firstShed.CompareAndSwap(0, int64(time.Since(begin)))
 						sleep(ctx, after)
 						continue
 					}
@@ -111,6 +114,9 @@ func run(urls []string, db string, n, conc int, accounts int64, timeout time.Dur
 	wg.Wait()
 	submitted := time.Since(begin)
 	fmt.Printf("submitted %d transfers in %s (%d answered 503 and sent again after Retry-After, %d other failures)\n", n, submitted.Round(time.Millisecond), shed.Load(), failed.Load())
+	if f := firstShed.Load(); f > 0 {
+		fmt.Printf("first 503 %s after the first request\n", time.Duration(f).Round(time.Millisecond))
+	}
 	for {
 		var running int
 		if err := pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is null`).Scan(&running); err != nil {

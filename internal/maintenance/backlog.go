@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -18,9 +19,42 @@ import (
 type Backlog struct {
 	Msgs   uint64
 	Oldest time.Time
+	// Drain is the wait the consumers' queues predict at the pace their
+	// workers took messages lately: the longest of them.
+	Drain Drain
 	// At is when it was read; zero when no reading succeeded.
 	At time.Time
 }
+
+// Drain is the time one consumer's queue takes to reach a worker at the
+// pace the workers took its messages over the last drainWindow, counting
+// only the spans in which the queue never ran dry (the workers, not the
+// arrivals, set the pace then). Zero (Measured 0) when no consumer has
+// messages waiting and such a pace: at start-up, after an idle spell, or
+// while the workers keep up, nothing is predicted.
+type Drain struct {
+	// Consumer is the consumer whose queue takes longest; Queued its
+	// messages no worker was given yet.
+	Consumer string
+	Queued   uint64
+	// Rate is the messages a second its workers took, over Measured of
+	// busy time (at least drainMeasuredMin).
+	Rate     float64
+	Measured time.Duration
+	// Wait is Queued / Rate: DrainStalled when the workers took none.
+	Wait time.Duration
+}
+
+// DrainStalled is a Drain's Wait when the workers took none of a queue's
+// messages over the time measured.
+const DrainStalled = time.Duration(math.MaxInt64)
+
+// drainWindow is how far back the workers' pace is measured.
+const drainWindow = 10 * time.Second
+
+// drainMeasuredMin is the busy time a pace must be measured over before
+// it predicts a wait: one reading's interval is too noisy to refuse work.
+const drainMeasuredMin = 3 * time.Second
 
 // OldestAge is the age of the oldest message at now, 0 when empty.
 func (b Backlog) OldestAge(now time.Time) time.Duration {
@@ -46,14 +80,16 @@ type StreamBacklog struct {
 	// reading is held by the one caller that reads the stream; others
 	// take the last reading meanwhile.
 	reading sync.Mutex
-	mu      sync.Mutex
-	last    Backlog
-	tried   time.Time
+	// meters are the consumers' paces, by name; only the reader uses them.
+	meters map[string]*drainMeter
+	mu     sync.Mutex
+	last   Backlog
+	tried  time.Time
 }
 
 // NewStreamBacklog reads stream name's backlog on the given consumers.
 func NewStreamBacklog(js jetstream.JetStream, name string, consumers ...string) *StreamBacklog {
-	return &StreamBacklog{js: js, name: name, consumers: consumers}
+	return &StreamBacklog{js: js, name: name, consumers: consumers, meters: map[string]*drainMeter{}}
 }
 
 // Get returns the latest reading, reading the stream first if the last
@@ -87,7 +123,8 @@ func (s *StreamBacklog) Get(ctx context.Context) (b Backlog, ok bool) {
 // read asks each consumer how many messages it has not delivered yet and
 // from which stream sequence on, then reads the first of them for its
 // time: a work queue keeps delivered messages until they are acknowledged,
-// so the stream's own first message may be one a dead worker held.
+// so the stream's own first message may be one a dead worker held. Each
+// consumer's delivered count feeds its pace (Drain).
 func (s *StreamBacklog) read(ctx context.Context) (Backlog, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -106,6 +143,15 @@ func (s *StreamBacklog) read(ctx context.Context) (Backlog, error) {
 			return Backlog{}, err
 		}
 		infoAt := time.Now()
+		meter := s.meters[name]
+		if meter == nil {
+			meter = &drainMeter{}
+			s.meters[name] = meter
+		}
+		meter.observe(meterReading{delivered: info.Delivered.Consumer, queued: info.NumPending, at: infoAt})
+		if d := meter.drain(name, info.NumPending); d.Wait > b.Drain.Wait {
+			b.Drain = d
+		}
 		if info.NumPending == 0 {
 			continue
 		}
