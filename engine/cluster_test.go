@@ -44,18 +44,68 @@ func clusterKnob[T int | time.Duration](t *testing.T, name string, def T) T {
 	return out
 }
 
+// clusterLayout places the leaders of the engine's consumers relative to
+// the stream's leader on a 3-node cluster, and names the node that dies
+// and how: each node is an offset from the stream leader's (0 is that
+// node).
+type clusterLayout struct {
+	steps, replies, kill int
+	// crash cuts the node off before it stops (testenv's Crash): it
+	// hands no leadership over, and the others elect new leaders only
+	// when they stop hearing from it. Otherwise it shuts down, stepping
+	// its leaders down first.
+	crash bool
+}
+
 // TestClusterStreamLeaderFailover runs transfers on a 3-node JetStream
 // cluster with a 3-replica stream, shuts the stream's leader down mid-run
 // and brings it back on its store. Every saga ends, nothing is applied
 // twice or lost (reconcile and the transfer audit), the work queue is
 // empty at the end, and no lease runs out: what the lost leader held is
 // driven again promptly, not when leases expire (the engine's record, not
-// the wall clock, says so).
+// the wall clock, says so). The node killed leads the stream and both
+// consumers, so pull requests, deliveries awaiting acks and the stream's
+// writes are all lost with it.
 //
 // IDEMSAGA_CLUSTER_SAGAS (300) and IDEMSAGA_CLUSTER_LEASE_GRACE (10s, on
 // top of a 10s step timeout) size a larger run by hand.
 func TestClusterStreamLeaderFailover(t *testing.T) {
 	t.Parallel()
+	clusterFailover(t, clusterLayout{})
+}
+
+// TestClusterSpreadLeadersFailover is the common case: the consumers'
+// leaders are on the two nodes that do not lead the stream, and the
+// stream's leader shuts down, or crashes. The consumers keep their
+// leaders, and with them the pull requests the workers on the lost node
+// made before their connections moved; what is delivered meanwhile, and
+// what the relay published during the election, is still driven within
+// seconds.
+func TestClusterSpreadLeadersFailover(t *testing.T) {
+	t.Parallel()
+	for _, crash := range []bool{false, true} {
+		name := "shutdown"
+		if crash {
+			name = "crash"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			clusterFailover(t, clusterLayout{steps: 1, replies: 2, crash: crash})
+		})
+	}
+}
+
+// TestClusterConsumerLeaderFailover: the node that leads the commands'
+// consumer crashes while the stream's leader, and the replies' consumer's,
+// live on.
+func TestClusterConsumerLeaderFailover(t *testing.T) {
+	t.Parallel()
+	clusterFailover(t, clusterLayout{steps: 1, replies: 2, kill: 1, crash: true})
+}
+
+// clusterFailover runs the failover of layout; see
+// TestClusterStreamLeaderFailover.
+func clusterFailover(t *testing.T, layout clusterLayout) {
 	ctx := context.Background()
 	n := clusterKnob(t, "IDEMSAGA_CLUSTER_SAGAS", 300)
 	grace := clusterKnob(t, "IDEMSAGA_CLUSTER_LEASE_GRACE", 10*time.Second)
@@ -131,24 +181,29 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
 		return c
 	}
 	require.Eventually(t, func() bool { return finished() >= n/3 }, time.Minute, 10*time.Millisecond, "a third of the sagas finish before the kill")
-	// The worst case: the node killed leads the stream and both
-	// consumers, so pull requests, deliveries awaiting acks and the
-	// stream's writes are all lost with it.
 	leader := cluster.WaitStreamLeader(stream, 10*time.Second)
 	admin := cluster.Connect(t)
-	for _, c := range []string{"_steps_transfer", "_orchestrator_transfer"} {
-		cluster.GatherConsumer(admin, stream, stream+c, leader, 10*time.Second)
-	}
+	steps, replies := (leader+layout.steps)%3, (leader+layout.replies)%3
+	cluster.GatherConsumer(admin, stream, stream+"_steps_transfer", steps, 10*time.Second)
+	cluster.GatherConsumer(admin, stream, stream+"_orchestrator_transfer", replies, 10*time.Second)
+	require.Equal(t, leader, cluster.StreamLeader(stream), "moving the consumers' leaders keeps the stream's")
+	killed := (leader + layout.kill) % 3
 	var killedAt time.Time
 	require.NoError(t, pool.QueryRow(ctx, `select idemsaga.now()`).Scan(&killedAt))
-	cluster.Kill(leader)
+	if layout.crash {
+		cluster.Crash(killed)
+	} else {
+		cluster.Kill(killed)
+	}
 	before := finished()
 	newLeader := cluster.WaitStreamLeader(stream, 30*time.Second)
-	require.NotEqual(t, leader, newLeader)
+	if killed == leader {
+		require.NotEqual(t, leader, newLeader)
+	}
 	// Sagas go on with two nodes of three.
 	require.Eventually(t, func() bool { return finished() > before || finished() == n }, lease, 10*time.Millisecond, "sagas finish while a node is down")
 	time.Sleep(time.Second)
-	cluster.Restart(leader)
+	cluster.Restart(killed)
 
 	submitted.Wait()
 	for err := range startErrs {
@@ -174,11 +229,28 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
   select finished_at - lag(finished_at) over (order by finished_at) d from idemsaga.sagas where finished_at >= $1) x`, killedAt).Scan(&gapS))
 	seconds := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 	longest, median, gap := seconds(longestS), seconds(medianS), seconds(gapS)
-	var takeovers int
+	var takeovers, overTimeout int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where attempt > 1`).Scan(&takeovers))
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at - created_at > $1::interval`, policy.Timeout.String()).Scan(&overTimeout))
+	// What the lost leader held was driven again promptly, not when its
+	// lease ran out: the engine records a lease it acted on as an attempt
+	// taken over or a command found lost and sent again (in its tables),
+	// or as a command kept at its attempt, still queued or running (in its
+	// counters).
+	runOut, err := testenv.LeasesRunOut(ctx, pool)
+	require.NoError(t, err)
+	var requeued, takenOver float64
+	for _, reg := range regs {
+		requeued += metricSum(t, reg, "idemsaga_commands_requeued_total", nil)
+		takenOver += metricSum(t, reg, "idemsaga_lease_takeovers_total", nil)
+	}
 	require.NotEmpty(t, engines)
-	t.Logf("cluster failover: %d sagas, lease %s, leader %s killed after %d finished; longest saga %s (median %s), %d over 5s, longest gap in completions after the kill %s, %d steps past attempt 1",
-		n, lease, cluster.Name(leader), before, longest.Round(time.Millisecond), median.Round(time.Millisecond), slow, gap.Round(time.Millisecond), takeovers)
+	t.Logf("cluster failover: %d sagas, lease %s; stream led by %s, steps' consumer by %s, replies' by %s; %s %s after %d finished; %d leases ran out (%v requeued, %v taken over); longest saga %s (median %s), %d over 5s, %d over the step timeout (%s), longest gap in completions after the kill %s, %d steps past attempt 1",
+		n, lease, cluster.Name(leader), cluster.Name(steps), cluster.Name(replies), cluster.Name(killed), map[bool]string{false: "shut down", true: "crashed"}[layout.crash], before,
+		len(runOut), requeued, takenOver, longest.Round(time.Millisecond), median.Round(time.Millisecond), slow, overTimeout, policy.Timeout, gap.Round(time.Millisecond), takeovers)
+	require.Empty(t, runOut, "leases that ran out: something the lost leader held waited for its lease")
+	require.Zero(t, requeued+takenOver, "commands kept or taken over when their lease ran out (%v requeued, %v taken over)", requeued, takenOver)
+
 	// Every command and reply was acked or removed: nothing stays in the
 	// work queue.
 	js := mustJS(t, admin)
@@ -189,21 +261,6 @@ func TestClusterStreamLeaderFailover(t *testing.T) {
 		logQueue(t, js, stream)
 		t.FailNow()
 	}
-
-	// What the lost leader held was driven again promptly, not when its
-	// lease ran out: the engine records a lease it acted on as an attempt
-	// taken over or a command found lost and sent again (in its tables),
-	// or as a command kept at its attempt, still queued or running (in its
-	// counters).
-	runOut, err := testenv.LeasesRunOut(ctx, pool)
-	require.NoError(t, err)
-	require.Empty(t, runOut, "leases that ran out: something the lost leader held waited for its lease")
-	var requeued, takenOver float64
-	for _, reg := range regs {
-		requeued += metricSum(t, reg, "idemsaga_commands_requeued_total", nil)
-		takenOver += metricSum(t, reg, "idemsaga_lease_takeovers_total", nil)
-	}
-	require.Zero(t, requeued+takenOver, "commands kept or taken over when their lease ran out (%v requeued, %v taken over)", requeued, takenOver)
 }
 
 func mustJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {

@@ -48,10 +48,17 @@ type FailoverConfig struct {
 // what they already did (inbox, fenced attempts) and ack it. The same
 // reset follows this connection's own reconnection to a clustered server,
 // since it may have missed the advisories meanwhile (not to a lone server,
-// which elects no leaders). It returns once subscribed; the
-// subscription ends with ctx. Without permission to subscribe to the
-// advisories it returns an error, and failovers fall back to AckWait and
-// leases.
+// which elects no leaders), and any message a subscription of this
+// connection dropped as a slow consumer: after a reconnection the client
+// asks anew without counting what it had asked for before (still in its
+// buffer, or held for it by a consumer leader that lives on), and what it
+// is then sent beyond its buffer is dropped and held as delivered until
+// AckWait. To see the
+// drops it chains a handler before the connection's error handler
+// (nats.Conn.SetErrorHandler), which it still calls. It returns once
+// subscribed; the subscription ends with ctx. Without permission to
+// subscribe to the advisories it returns an error, and failovers fall
+// back to AckWait and leases.
 func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg FailoverConfig) error {
 	log := cfg.Logger
 	if log == nil {
@@ -90,6 +97,8 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 		unsubscribe()
 		return fmt.Errorf("subscribe to JetStream leader advisories: %w", err)
 	}
+	dropped := make(chan struct{}, 1)
+	watchDrops(ctx, nc, dropped)
 	go func() {
 		defer unsubscribe()
 		// This connection's own loss of its server is a failover it may
@@ -104,6 +113,8 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 				return
 			case subj := <-elected:
 				why = strings.TrimPrefix(subj, "$JS.EVENT.ADVISORY.")
+			case <-dropped:
+				why = "a subscription of this connection dropped messages (slow consumer)"
 			case <-tick.C:
 				n := nc.Stats().Reconnects
 				if n == reconnects || !nc.IsConnected() {
@@ -129,11 +140,34 @@ func RedeliverOnFailover(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 			case <-elected:
 			default:
 			}
-			log.Info("JetStream leader elected; redelivering what the work queue still holds", "stream", cfg.Stream, "cause", why)
+			select {
+			case <-dropped:
+			default:
+			}
+			log.Info("JetStream failover: redelivering what the work queue still holds", "stream", cfg.Stream, "cause", why)
 			redeliver(ctx, js, cfg.Stream, cfg.ConsumerPrefixes, log)
 		}
 	}()
 	return nil
+}
+
+// watchDrops chains a handler before nc's error handler that signals
+// dropped (without blocking) each time one of nc's subscriptions starts
+// dropping messages, until ctx ends; the handler before it is called as
+// it was.
+func watchDrops(ctx context.Context, nc *nats.Conn, dropped chan<- struct{}) {
+	next := nc.ErrorHandler()
+	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrSlowConsumer) && ctx.Err() == nil {
+			select {
+			case dropped <- struct{}{}:
+			default: // a reset is already due; it covers this one
+			}
+		}
+		if next != nil {
+			next(c, sub, err)
+		}
+	})
 }
 
 // failoverSettle is how long a reset waits for the other elections of

@@ -3,12 +3,16 @@ package broker_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -154,4 +158,61 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestDroppedDeliveriesAreRedelivered: messages a subscription of the
+// connection dropped for want of room ("slow consumer"), as a client
+// that reconnected and asked anew for what it had asked before does,
+// are held by the server as delivered until AckWait; they are delivered
+// again within seconds of the drop.
+func TestDroppedDeliveriesAreRedelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.StartNATS(t, t.TempDir(), -1)
+	var drops atomic.Int64
+	nc, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrSlowConsumer) {
+			drops.Add(1)
+		}
+	}))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	require.NoError(t, err)
+	const ackWait = 2 * time.Minute
+	c, err := broker.EnsureConsumer(ctx, s, broker.ConsumerConfig{Durable: "work", Filter: "s.>", AckWait: ackWait, MaxAckPending: 100})
+	require.NoError(t, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	require.NoError(t, broker.RedeliverOnFailover(watchCtx, nc, js, broker.FailoverConfig{
+		Stream: "S", ConsumerPrefixes: []string{"work"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}))
+
+	// A pull for five messages into a buffer of one that nobody reads.
+	const n = 5
+	inbox := nc.NewInbox()
+	sub, err := nc.ChanSubscribe(inbox, make(chan *nats.Msg, 1))
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.S.work", inbox, fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, n, int64(5*time.Second))))
+	for i := range n {
+		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "m-%d", i))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return drops.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "the client drops what its buffer cannot hold")
+
+	got := map[string]bool{}
+	require.Eventually(t, func() bool {
+		b, err := c.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return false
+		}
+		for m := range b.Messages() {
+			got[string(m.Data())] = true
+			_ = m.Ack()
+		}
+		return len(got) == n
+	}, 20*time.Second, 10*time.Millisecond, "what was dropped is delivered again well before AckWait (%s): %d of %d", ackWait, len(got), n)
 }

@@ -16,11 +16,14 @@ import (
 // Cluster is a JetStream cluster of in-process servers on loopback, each
 // with its own store folder and fixed client and route ports, so that a
 // node shut down can come back as itself (same name, store and address).
+// Routes go through a proxy, so that a node can also die as in a crash
+// (Crash), not only shut down (Kill).
 type Cluster struct {
 	t     testing.TB
 	mu    sync.Mutex
 	opts  []*natsserver.Options
 	nodes []*natsserver.Server // nil while a node is down
+	proxy *routeProxy
 }
 
 // NATSCluster starts n JetStream servers clustered over loopback routes,
@@ -29,17 +32,26 @@ type Cluster struct {
 func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	clientPorts, routePorts := freePorts(t, n), freePorts(t, n)
-	routes := make([]string, n)
+	c := &Cluster{t: t, nodes: make([]*natsserver.Server, n)}
+	targets := make([]string, n)
 	for i, p := range routePorts {
+		targets[i] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	// Every node dials, and advertises, the proxy's ports, never its
+	// peers' own: no route bypasses the proxy.
+	proxy, proxyPorts := newRouteProxy(t, targets, c.nodeOf)
+	c.proxy = proxy
+	routes := make([]string, n)
+	for i, p := range proxyPorts {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
 	}
-	c := &Cluster{t: t, nodes: make([]*natsserver.Server, n)}
 	for i := range n {
 		c.opts = append(c.opts, &natsserver.Options{
 			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: clientPorts[i],
 			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-			Cluster: natsserver.ClusterOpts{Name: "idemsaga-test", Host: "127.0.0.1", Port: routePorts[i]},
-			Routes:  natsserver.RoutesFromStr(strings.Join(routes, ",")),
+			Cluster: natsserver.ClusterOpts{Name: "idemsaga-test", Host: "127.0.0.1", Port: routePorts[i],
+				Advertise: fmt.Sprintf("127.0.0.1:%d", proxyPorts[i])},
+			Routes: natsserver.RoutesFromStr(strings.Join(routes, ",")),
 		})
 	}
 	t.Cleanup(func() {
@@ -123,6 +135,32 @@ func (c *Cluster) Kill(i int) {
 	}
 }
 
+// Crash ends node i as a crash or a power loss does: its routes to the
+// other nodes are cut before it stops, so it hands no leadership over
+// and says nothing more to them (a shutdown, Kill, steps its leaders
+// down first); the other nodes elect new leaders when they stop hearing
+// from it. Its clients move to the other nodes. A node already down is
+// left alone.
+func (c *Cluster) Crash(i int) {
+	if c.Server(i) == nil {
+		return
+	}
+	c.proxy.isolate(i)
+	c.Kill(i)
+}
+
+// nodeOf returns the running node whose server ID is id, or -1.
+func (c *Cluster) nodeOf(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, srv := range c.nodes {
+		if srv != nil && srv.ID() == id {
+			return i
+		}
+	}
+	return -1
+}
+
 // Restart brings node i back on its store folder and ports, and waits
 // until the cluster counts it again (WaitReady).
 func (c *Cluster) Restart(i int) {
@@ -130,6 +168,7 @@ func (c *Cluster) Restart(i int) {
 	if c.Server(i) != nil {
 		c.t.Fatalf("testenv: nats cluster node %s is running", c.Name(i))
 	}
+	c.proxy.rejoin(i)
 	c.start(i)
 	c.WaitReady(30 * time.Second)
 }
