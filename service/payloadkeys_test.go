@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -46,6 +47,21 @@ func TestPayloadKeysFromTheCLI(t *testing.T) {
 	out, _, err = runIn(t, admin, "show", "p-1")
 	require.NoError(t, err)
 	require.NotContains(t, out, "MARKER-ann", "without the keys, shown sealed")
+
+	// An archived saga is kept sealed; show --archive opens it with the
+	// keys.
+	js, _, err := runIn(t, admin, "show", "p-1", "--json")
+	require.NoError(t, err)
+	var sealed saga.Instance
+	require.NoError(t, json.Unmarshal([]byte(js), &sealed))
+	require.NotContains(t, string(sealed.Input), "MARKER")
+	file := writeArchiveFile(t, dir, "sagas-1.jsonl.gz", saga.ArchivedSaga{Format: saga.ArchiveFormat, Saga: sealed})
+	out, _, err = runIn(t, admin, "--payload-keys-file", keys, "show", "--archive", file, "p-1")
+	require.NoError(t, err)
+	require.Contains(t, out, "MARKER-ann")
+	out, _, err = runIn(t, admin, "show", "--archive", file, "p-1")
+	require.NoError(t, err)
+	require.NotContains(t, out, "MARKER-ann")
 
 	_, _, err = runIn(t, admin, "--payload-keys-file", filepath.Join(dir, "nope"), "show", "p-1")
 	require.ErrorContains(t, err, filepath.Join(dir, "nope"))
