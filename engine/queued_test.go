@@ -96,7 +96,13 @@ from idemsaga.steps st left join idemsaga.step_attempts a using (saga_id, step, 
 	require.Zero(t, ended, "no attempt ended other than by its outcome")
 	var marked int
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from idemsaga.steps where step = 'deduct' and claimed_attempt = 1`).Scan(&marked))
-	require.Equal(t, n, marked, "every first command, delivered late, restarted its lease at its claim")
+	// Every first command delivered late restarted its lease at its
+	// claim. A copy the reaper sent again (of a command held in a
+	// worker's buffer, below) may be delivered fresh, before the original:
+	// its lease was just restarted by the send, and it claims unmarked.
+	resent := int(sum("idemsaga_commands_requeued_total", map[string]string{"how": "resent"}))
+	require.GreaterOrEqual(t, marked, n-resent, "every first command delivered late restarted its lease at its claim (%d resent)", resent)
+	require.LessOrEqual(t, marked, n)
 	require.Zero(t, sum("idemsaga_lease_takeovers_total", nil), "no lease taken over")
 	// A command a worker already pulled into its buffer (twice its step
 	// concurrency) or handed to a handler waiting for a slot is no longer
