@@ -69,6 +69,10 @@ func screenshotDir(t *testing.T) string {
 
 const apiToken = "console-e2e-token-7f3a9c1d2b"
 
+// viewerToken is a token of scope read (named viewer) the console's
+// server also takes.
+const viewerToken = "console-viewer-token-5e1b8d2c"
+
 // consoleSaga is a payout of two database steps: book refuses amounts
 // over 1000 for good, and reserve's compensation fails while refundDown
 // is set, so such a saga ends failed until someone fixes the refunds and
@@ -147,7 +151,7 @@ func newConsoleEnvOf(t *testing.T, token string, before func(nc *nats.Conn), def
 	})
 	var tokens *httpapi.Tokens
 	if token != "" {
-		tokens, err = httpapi.ParseTokens("console operator * " + token)
+		tokens, err = httpapi.ParseTokens("console operator * " + token + "\nviewer read * " + viewerToken)
 		require.NoError(t, err)
 	}
 	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
@@ -880,5 +884,26 @@ func TestConsoleSchedules(t *testing.T) {
 	require.Zero(t, pausedDefs)
 
 	b.waitJS(t, "nothing the page was sent ran", `window.pwned === undefined`)
+	b.noPageErrors(t)
+}
+
+// TestConsoleReadToken: signed in with a token of scope read, the console
+// says who it is, shows a saga without its data, and offers no repair:
+// the page says which scope repairs need.
+func TestConsoleReadToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	viewed := saga.MustNew("viewed", saga.Step{Name: "note", Reaches: "noted", Kind: saga.DatabaseStep, Forward: noop})
+	env := newConsoleEnvOf(t, apiToken, func(*nats.Conn) {}, viewed)
+	res, err := env.client.Start(ctx, viewed, "viewed-1", map[string]string{"note": "MARKER-viewer"})
+	require.NoError(t, err)
+	b := newBrowser(t)
+	b.do(t, "open the saga", chromedp.Navigate(env.srv.URL+"/ui/#/saga/"+res.ID.String()), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.do(t, "sign in as the viewer", chromedp.SetValue(chromedp.CSS("#token"), viewerToken), chromedp.Click(chromedp.CSS("#login-btn")))
+	b.waitJS(t, "who is signed in", `document.querySelector('#session-state').textContent === 'signed in as viewer (read, data hidden)'`)
+	b.waitJS(t, "the saga, its data hidden", `document.querySelector('#saga-redacted') !== null`)
+	require.Contains(t, b.text(t, "#repair-not-allowed"), "scope operator")
+	require.Equal(t, 0, b.count(t, "#repair button"), "no repair offered")
+	require.NotContains(t, b.text(t, "body"), "MARKER-viewer", "no data shown")
 	b.noPageErrors(t)
 }

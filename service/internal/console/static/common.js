@@ -19,6 +19,12 @@ export const session = {
   who: null,
 };
 
+// canRepair reports whether the signed-in token may repair (scope
+// operator); unknown (an older server, no tokens): yes, and the API decides.
+export function canRepair() {
+  return !session.who || session.who.scope === 'operator';
+}
+
 // The current view: its timers, cleared when the view changes, and a
 // sequence number an answer compares against to know it is still wanted.
 export const view = {seq: 0, timers: []};

@@ -1,7 +1,7 @@
 // A definition's pause, on the sagas list filtered by it: whether it is
 // paused (GET /v1/definitions), and its Pause definition / Resume
 // definition (POST /v1/definitions/{definition}/pause|resume).
-import {api, append, fmtTime, h, newKey, problemText, session} from './common.js';
+import {api, append, canRepair, fmtTime, h, newKey, problemText, session} from './common.js';
 
 const OPS = {
   pause: {label: 'Pause definition…', help: 'Hold every saga of this definition, in every worker: no attempt starts until the definition is resumed. Attempts already running finish; new sagas are accepted and wait.'},
@@ -14,7 +14,7 @@ const OPS = {
 // intent.
 export function definitionPanel(definition, onChange) {
   const status = h('span', {id: 'definition-status'});
-  const button = h('button', {type: 'button', id: 'definition-op'});
+  const button = h('button', {type: 'button', id: 'definition-op', hidden: !canRepair()});
   const form = h('form', {id: 'definition-form', class: 'repair-form', hidden: true});
   const result = h('div', {id: 'definition-result', 'aria-live': 'polite'});
   const el = h('div', {class: 'definition-bar', id: 'definition-bar'}, h('div', {class: 'row'}, status, button), form, result);
@@ -36,7 +36,7 @@ export function definitionPanel(definition, onChange) {
         paused.reason ? [': ', h('span', {id: 'definition-reason'}, paused.reason)] : ' (no reason given)', '. Its sagas are held.'] :
       [h('span', {class: 'badge ok'}, 'running'), ' Definition ', h('b', null, definition), ' runs.']);
     const op = paused ? 'resume' : 'pause';
-    button.hidden = false;
+    button.hidden = !canRepair();
     button.textContent = OPS[op].label;
     button.title = OPS[op].help;
     button.dataset.op = op;

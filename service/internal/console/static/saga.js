@@ -1,7 +1,7 @@
 // One saga: its facts, the repair buttons, the timeline of its attempts,
 // repairs and callbacks, its steps, input and results.
 import {NEEDS_PERSON, api, compactJSON, every, fmtDuration, fmtTime, fmtAgo, h, newKey, outcomeClass, prettyJSON,
-  problemText, show, stateBadge, stateInfo, statusClass, stopTimers, view, viewGet} from './common.js';
+  problemText, show, stateBadge, stateInfo, statusClass, stopTimers, view, viewGet, canRepair, session} from './common.js';
 
 const SAGA_REFRESH_MS = 1000;
 
@@ -235,6 +235,12 @@ function stuckStep(s) {
 }
 
 function repairPanel(id, reload) {
+  if (!canRepair()) {
+    const el = h('section', {class: 'card', id: 'repair'}, h('h2', null, 'Repair'),
+      h('p', {class: 'muted', id: 'repair-not-allowed'}, 'The token ' + session.who.name + ' has scope ' + session.who.scope +
+        ': it cannot repair sagas. Sign in with a token of scope operator to retry, cancel, skip, close, pause or resume.'));
+    return {el, update() {}};
+  }
   let current = null; // {op, key}
   let saga = null;
   const buttons = h('div', {class: 'buttons'}, REPAIRS.map(r => h('button', {type: 'button', id: 'repair-' + r.op, class: r.danger ? 'danger' : '', title: r.help,

@@ -1,5 +1,5 @@
 // The sagas list: filters, counts by state, one page of sagas.
-import {NEEDS_PERSON, every, fmtAgo, fmtClock, fmtNum, fmtTime, h, inputTime, inputValue, session, show, stateBadge, view, viewGet, zoneLabel} from './common.js';
+import {NEEDS_PERSON, canRepair, every, fmtAgo, fmtClock, fmtNum, fmtTime, h, inputTime, inputValue, session, show, stateBadge, view, viewGet, zoneLabel} from './common.js';
 import {bulkPanel} from './bulk.js';
 import {definitionPanel} from './definitions.js';
 
@@ -76,7 +76,7 @@ export function listView(params) {
   const pager = h('div', {class: 'pager'});
   const bulk = bulkPanel({definition, state: stateFilter, key: keyFilter, only, from, before, order, cursor});
   const defPanel = definition ? definitionPanel(definition, () => load()) : null;
-  const bulkBtn = h('button', {type: 'button', id: 'bulk-open', title: 'Apply one repair to the sagas of this definition and state, after a dry run', onclick: bulk.toggle}, 'Repair these…');
+  const bulkBtn = h('button', {type: 'button', id: 'bulk-open', title: 'Apply one repair to the sagas of this definition and state, after a dry run', onclick: bulk.toggle, hidden: !canRepair()}, 'Repair these…');
 
   show(
     h('section', {class: 'card'},
