@@ -1,13 +1,11 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +17,6 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
-
-// syncBuffer is a log written by one goroutine while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // runEmbedded runs `run --embedded-nats dir` until the returned function
 // is called, which drains it and returns its log; it returns once the

@@ -25,7 +25,7 @@ import (
 func runInBackground(t *testing.T, cfg Config, ready string, started func(log string), args ...string) (stop func() string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var log syncBuffer
+	var log testenv.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		var out bytes.Buffer

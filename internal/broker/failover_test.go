@@ -1,13 +1,11 @@
 package broker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,7 +30,7 @@ func TestFailoverRedeliversWhatTheLostLeaderHeld(t *testing.T) {
 	nc := cluster.Connect(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: "F", Subjects: []string{"f.>"}, Replicas: 3, Logger: logger})
 	require.NoError(t, err)
@@ -140,24 +138,6 @@ func TestNoResetAfterALoneServerRestarts(t *testing.T) {
 	for m := range batch.Messages() {
 		t.Fatalf("message %q delivered again after a lone server's restart", m.Data())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestDroppedDeliveriesAreRedelivered: messages a subscription of the
