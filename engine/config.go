@@ -281,6 +281,7 @@ func longestTimeout(defs []*saga.Definition) time.Duration {
 // validate checks c, defaults applied (WithDefaults); needNATS for an
 // engine, which runs steps.
 func (c *Config) validate(needNATS bool) error {
+	schemaErr := pgschema.Check(c.Schema)
 	switch {
 	case c.Pool == nil:
 		return errors.New("idemsaga: Config.Pool is required: open one with pgxpool.New(ctx, DATABASE_URL)")
@@ -300,8 +301,8 @@ func (c *Config) validate(needNATS bool) error {
 		return errors.New("idemsaga: Config.StreamMaxAge and StreamDuplicateWindow must not be negative")
 	case c.StreamMaxAge > 0 && c.StreamDuplicateWindow > c.StreamMaxAge:
 		return fmt.Errorf("idemsaga: Config.StreamDuplicateWindow (--stream-duplicate-window) %s must not exceed StreamMaxAge (--stream-max-age) %s: JetStream refuses it; give a shorter window or a longer max age", c.StreamDuplicateWindow, c.StreamMaxAge)
-	case pgschema.Check(c.Schema) != nil:
-		return fmt.Errorf("idemsaga: Config.Schema: %w", pgschema.Check(c.Schema))
+	case schemaErr != nil:
+		return fmt.Errorf("idemsaga: Config.Schema: %w", schemaErr)
 	case !streamName.MatchString(c.Stream):
 		return fmt.Errorf("idemsaga: Config.Stream %q must be letters, digits, '_' or '-'", c.Stream)
 	case !subjectToken.MatchString(c.SubjectPrefix):

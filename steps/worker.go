@@ -89,6 +89,7 @@ type Worker struct {
 	subjects wire.Subjects
 	metrics  *metrics.Metrics
 	runner   *attempt.Runner
+	schema   *pgschema.Schema
 	life     lifecycle.Runner
 }
 
@@ -151,7 +152,7 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("steps: %w", err)
 	}
-	return &Worker{cfg: cfg, subjects: subjects, metrics: m, runner: r}, nil
+	return &Worker{cfg: cfg, subjects: subjects, metrics: m, runner: r, schema: schema}, nil
 }
 
 // Start checks the database and runs the worker in the background until
@@ -176,7 +177,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	var consumers []broker.ConsumerFunc
 	for _, dc := range broker.DefinitionConsumers(w.cfg.Stream+"_steps", names, w.subjects.Commands) {
 		consumers = append(consumers, func(ctx context.Context) (jetstream.Consumer, error) {
-			s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Owner: schemaName(w.cfg.Schema), Subjects: []string{w.subjects.All()}})
+			s, err := broker.EnsureStream(ctx, js, broker.StreamConfig{Name: w.cfg.Stream, Owner: w.schema.Name(), Subjects: []string{w.subjects.All()}})
 			if err != nil {
 				return nil, fmt.Errorf("steps: %w (check NATS_URL and that nats-server runs with -js)", err)
 			}
@@ -233,11 +234,3 @@ const (
 	streamDefault        = "IDEMSAGA"
 	subjectPrefixDefault = "idemsaga"
 )
-
-// schemaName is the name of schema ("" for the default).
-func schemaName(schema string) string {
-	if schema == "" {
-		return pgschema.SchemaDefault
-	}
-	return schema
-}

@@ -23,9 +23,7 @@ func (a *attempt) context(tx saga.Tx, fwd *stored) (*saga.StepContext, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !sealer.On() {
-		results = cloneResults(results)
-	}
+	results = cloneResults(results)
 	sc := &saga.StepContext{
 		SagaID: c.SagaID, Definition: c.Definition, Step: c.Step, Phase: c.Phase, Key: c.Key, Attempt: c.Attempt,
 		Input: bytes.Clone(input), Results: results, Tx: tx,

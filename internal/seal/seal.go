@@ -75,10 +75,11 @@ func (s *Sealer) Open(id uuid.UUID, v json.RawMessage) (json.RawMessage, error) 
 	return plain, nil
 }
 
-// OpenAll returns a copy of m with each value opened for saga id.
+// OpenAll returns a copy of m with each value opened for saga id; m
+// itself without a codec.
 func (s *Sealer) OpenAll(id uuid.UUID, m map[string]json.RawMessage) (map[string]json.RawMessage, error) {
-	if m == nil {
-		return nil, nil
+	if m == nil || !s.On() {
+		return m, nil // nothing sealed can open: m as it is, not a copy
 	}
 	out := make(map[string]json.RawMessage, len(m))
 	for k, v := range m {
