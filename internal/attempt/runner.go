@@ -466,14 +466,8 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 		a.next, a.pre = nil, nil
 		return reply, a, ErrCrashed
 	}
-	if a.after != nil {
-		a.after()
-	}
-	r.remember(cmd, reply, a.stored)
-	r.publish(a.sent...)
-	if cmd.Phase == saga.PhaseCompensate && reply.Outcome == wire.OutcomeSucceeded && !reply.Duplicate {
-		r.lateForward(ctx, a)
-	}
+	// The attempt is counted before the move it committed is reported,
+	// so a saga counted finished has its attempts counted.
 	m.Deliveries.WithLabelValues(metrics.LayerInbox).Inc()
 	outcome := string(reply.Outcome)
 	switch {
@@ -488,6 +482,14 @@ func (r *Runner) runAttempt(ctx context.Context, cmd wire.Command, redelivered b
 	}
 	m.StepAttempts.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase), outcome).Inc()
 	m.StepHandler.WithLabelValues(cmd.Definition, cmd.Step, string(cmd.Phase)).Observe(time.Since(start).Seconds())
+	if a.after != nil {
+		a.after()
+	}
+	r.remember(cmd, reply, a.stored)
+	r.publish(a.sent...)
+	if cmd.Phase == saga.PhaseCompensate && reply.Outcome == wire.OutcomeSucceeded && !reply.Duplicate {
+		r.lateForward(ctx, a)
+	}
 	return reply, a, nil
 }
 
