@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemsaga/idemsaga/internal/attempt"
 	"github.com/idemsaga/idemsaga/internal/failpoint"
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
@@ -32,6 +34,9 @@ import (
 type Client struct {
 	c   *orchestrate.Core
 	cfg Config
+	// steps, if set, are the engine's step workers: Start runs a saga's
+	// first database step in the transaction that starts it.
+	steps *attempt.Runner
 
 	mu      sync.Mutex
 	checked bool
@@ -74,7 +79,13 @@ type StartResult struct {
 }
 
 // Start creates a saga of def for the business intent key, with input
-// encoded as JSON, and enqueues its first step, in one transaction.
+// encoded as JSON, and enqueues its first step, in one transaction. When
+// the client is an engine's that runs def and the first step is a
+// database step, that transaction also runs the step's first attempt
+// (one commit for both, no message): Start then returns once the step's
+// outcome committed, and its time includes the handler's. A caller whose
+// ctx ends first gets an error at once; the saga may still start, and
+// the same key tells.
 //
 // Same key and same input: the existing saga is returned with Duplicate
 // set, and nothing is written. Same key, different input:
@@ -223,7 +234,45 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		}
 		return res, sent, nil
 	}
+	if _, own := q.(*pgxpool.Pool); own && cl.steps != nil {
+		res, ok, err := cl.carry(ctx, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, trace)
+		if err != nil {
+			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w; it may have started: start it again with the same key", def.Name(), key, err)
+		}
+		if ok {
+			return res, nil, nil
+		}
+	}
 	return cl.insertSaga(ctx, q, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, handOff, trace)
+}
+
+// carry starts sg in the transaction of its first step's first attempt,
+// run here (attempt.Runner.Carry): one commit for both, and no command
+// row. ok is false when that left nothing committed (or cannot tell):
+// the start then goes on alone, and a saga it finds under the key with
+// sg's ID is this start's.
+func (cl *Client) carry(ctx context.Context, stmt string, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
+	subject, msgID string, payload []byte, trace map[string]string) (StartResult, bool, error) {
+	id, first := sg.ID, registered.Step(0)
+	var inserted int
+	ok, err := cl.steps.Carry(ctx, outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
+		tx.Queue(stmt, func(row pgx.Row) error {
+			var outboxID *int64
+			var existing *uuid.UUID
+			var hash []byte
+			var state *string
+			return row.Scan(&inserted, &outboxID, &existing, &hash, &state)
+		}, pguuid.Of(id), def.Name(), key, sum, string(input),
+			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
+			nil, nil, nil, nil, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace))
+		return func() bool { return inserted == 1 }
+	})
+	if err != nil || !ok {
+		return StartResult{}, false, err
+	}
+	cl.c.Metrics().Deliveries.WithLabelValues(metrics.LayerStart).Inc()
+	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
+	return StartResult{ID: id, State: saga.StateInit}, true, nil
 }
 
 // insertSaga runs the start statement stmt on q for saga sg and
@@ -267,6 +316,12 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 			if err != nil {
 				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 			}
+		}
+		if *existing == id {
+			// This start's own saga: it committed with its first step
+			// (carry), whose commit's answer was lost.
+			cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
+			return StartResult{ID: id, State: saga.State(*state)}, nil, nil
 		}
 		cl.c.Metrics().UniqueConflicts.WithLabelValues("sagas").Inc()
 		if !bytes.Equal(hash, sum[:]) {

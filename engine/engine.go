@@ -204,6 +204,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("idemsaga: %w", err)
 	}
 	out.steps = e.steps
+	e.client.steps = e.steps
 	return e, nil
 }
 

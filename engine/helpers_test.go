@@ -137,3 +137,20 @@ func waitState(t testing.TB, cl *engine.Client, id uuid.UUID, want saga.State) *
 	require.Equal(t, want, sg.State)
 	return sg
 }
+
+// startAlone starts a saga in a transaction of its own (StartTx), which
+// never runs its first step: the saga is there, for a pause or a look,
+// while that step runs, where Start would commit it with the step's
+// outcome.
+func startAlone(t testing.TB, pool *pgxpool.Pool, cl *engine.Client, def *saga.Definition, key string, input any) (engine.StartResult, error) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err := cl.StartTx(ctx, tx, def, key, input)
+	if err != nil {
+		return res, err
+	}
+	return res, tx.Commit(ctx)
+}

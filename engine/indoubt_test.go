@@ -17,7 +17,8 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// TestCommitWhoseAnswerIsLost: a step's COMMIT waits for a synchronous
+// TestCommitWhoseAnswerIsLost: a step's COMMIT (the start's too: the
+// first step commits with it) waits for a synchronous
 // standby that never answers, and its connection is cut there, as a
 // primary that crashes after its commit reached the standby would cut it:
 // PostgreSQL keeps the commit, the step worker sees its connection break.
@@ -68,8 +69,14 @@ func TestCommitWhoseAnswerIsLost(t *testing.T) {
 	stream := testenv.Name("INDOUBT")
 	e := startEngine(t, pool, nc, stream, []*saga.Definition{def}, func(c *engine.Config) { c.LeaseGrace = time.Hour })
 
-	res, err := e.Client().Start(ctx, def, "in-doubt-1", map[string]int{"n": 1})
-	require.NoError(t, err)
+	// The first step commits with the start (Start returns after both),
+	// so the start's answer is in doubt too.
+	started := make(chan engine.StartResult, 1)
+	go func() {
+		res, err := e.Client().Start(ctx, def, "in-doubt-1", map[string]int{"n": 1})
+		require.NoError(t, err)
+		started <- res
+	}()
 	// Cut the step's connection while its COMMIT waits for the standby.
 	admin, err := pgx.Connect(ctx, srv.URL("postgres"))
 	require.NoError(t, err)
@@ -80,6 +87,8 @@ func TestCommitWhoseAnswerIsLost(t *testing.T) {
 where datname = 'indoubt' and wait_event = 'SyncRep'`).Scan(&cut)
 		return err == nil && cut
 	}, 30*time.Second, 5*time.Millisecond, "the step's COMMIT waits for the standby")
+	res := <-started
+	require.False(t, res.Duplicate, "the start whose answer was lost finds its own saga")
 
 	var state string
 	require.Eventually(t, func() bool {

@@ -92,7 +92,8 @@ func TestPauseAcrossALeaseExpiryAndRetries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	env := sagatest.New(t, sagatest.Config{Definitions: []*saga.Definition{def}, Registerer: reg})
 	cl := env.Client
-	res, err := cl.Start(ctx, def, "p-1", map[string]int{})
+	// Started alone, so the saga is there while its first step runs.
+	res, err := startAlone(t, env.Pool, cl, def, "p-1", map[string]int{})
 	require.NoError(t, err)
 	<-entered
 
@@ -212,7 +213,7 @@ func TestPauseDefinition(t *testing.T) {
 	cl := env.Client
 	var ids []uuid.UUID
 	for i := range inFlight {
-		res, err := cl.Start(ctx, def, fmt.Sprintf("f-%d", i), i)
+		res, err := startAlone(t, env.Pool, cl, def, fmt.Sprintf("f-%d", i), i)
 		require.NoError(t, err)
 		ids = append(ids, res.ID)
 	}

@@ -211,7 +211,8 @@ func TestSkipRacesTheWorkersAttempt(t *testing.T) {
 					Forward: func(context.Context, *saga.StepContext) (json.RawMessage, error) { return nil, nil }},
 			)
 			env := payEnv(t, def)
-			res, err := env.Client.Start(ctx, def, "r-1", map[string]int{})
+			// Started alone, so the saga is there while its first step runs.
+			res, err := startAlone(t, env.Pool, env.Client, def, "r-1", map[string]int{})
 			require.NoError(t, err)
 			<-entered
 			skipped := make(chan error, 1)
@@ -330,7 +331,8 @@ func TestRetryRefusals(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrStateForbids)
 	require.ErrorContains(t, err, "start a new saga with a new key")
 
-	res, err := env.Client.Start(ctx, def, "c-2", map[string]int{"wait": 1})
+	// Started alone, so the saga is there while its first step runs.
+	res, err := startAlone(t, env.Pool, env.Client, def, "c-2", map[string]int{"wait": 1})
 	require.NoError(t, err)
 	<-calling
 	short, stop := context.WithTimeout(ctx, 2*time.Second)

@@ -59,7 +59,9 @@ const SelectStep = `select step_index, phase::text, status::text, attempt, possi
 // the index. $13 is the definition's deadline in milliseconds, NULL
 // for none; $14 the version of the definition the saga runs; $15 the
 // start's trace context, for the saga and its first command's
-// headers, NULL when the start is not traced.
+// headers, NULL when the start is not traced. A NULL subject ($9)
+// writes no command: the first step runs in the start's transaction
+// (attempt.Runner.Carry).
 var StartSaga = `with s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
   values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14, $15::jsonb)
@@ -75,7 +77,7 @@ var StartSagaRest = `, st as (
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
 ), o as (
-  ` + outboxInsert(`select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st`) + `
+  ` + outboxInsert(`select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st where $9::text is not null`) + `
   returning id
 )
 select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
@@ -235,19 +237,20 @@ select got from l`, LockClass)
 // step_attempts, and each step's current attempt from its own row when
 // step_attempts has none for it (the happy path).
 const SelectAttempts = `select step, phase, attempt, dispatched_at, finished_at, outcome, error from (
-  select step, phase::text, attempt, dispatched_at, finished_at, coalesce(outcome::text, '') as outcome, coalesce(error, '') as error
-  from idemsaga.step_attempts where saga_id = $1
+  select x.step, x.phase::text, x.attempt, x.dispatched_at, x.finished_at, coalesce(x.outcome::text, '') as outcome, coalesce(x.error, '') as error, st.step_index
+  from idemsaga.step_attempts x join idemsaga.steps st using (saga_id, step, phase) where x.saga_id = $1
   union all
   select st.step, st.phase::text, st.attempt, coalesce(st.dispatched_at, st.created_at),
     case when st.status in ('succeeded', 'failed') then st.updated_at end,
     case when st.status in ('succeeded', 'failed') then st.status::text else '' end,
-    case when st.status = 'failed' then coalesce(st.last_error, '') else '' end
+    case when st.status = 'failed' then coalesce(st.last_error, '') else '' end,
+    st.step_index
   from idemsaga.steps st
   where st.saga_id = $1 and not exists (
     select 1 from idemsaga.step_attempts x
     where x.saga_id = st.saga_id and x.step = st.step and x.phase = st.phase and x.attempt = st.attempt)
 ) t
-order by dispatched_at, attempt`
+order by dispatched_at, finished_at nulls last, step_index, attempt`
 
 // ListSagas filters by definition ($1), state ($2), age ($3 seconds),
 // stuckness ($4, with margin $5 seconds), parked commands ($9),

@@ -39,10 +39,11 @@ type Tx struct {
 	nested bool
 	// begun is set once BEGIN is queued (it goes with the first batch).
 	begun bool
-	// done is set once the transaction committed or rolled back.
-	done  bool
-	batch *pgx.Batch
-	sent  []outbox.Committed
+	// done is set once the transaction committed or rolled back;
+	// committed once PostgreSQL answered its COMMIT.
+	done, committed bool
+	batch           *pgx.Batch
+	sent            []outbox.Committed
 	// trace is the trace context the commands of moves queued on the
 	// transaction carry (SetTrace).
 	trace map[string]string
@@ -184,9 +185,14 @@ func (t *Tx) Commit(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write and commit: %w", err)
 	}
-	t.done = true
+	t.done, t.committed = true, true
 	return nil
 }
+
+// Committed reports whether the transaction is known to have committed:
+// its COMMIT (or, implicit, its batch) was answered. An error on the way
+// leaves it false, committed or not.
+func (t *Tx) Committed() bool { return t.committed }
 
 // CommitAndBegin commits as Commit does and, in the same round trip, begins
 // the next transaction on the connection with the statements then queues
@@ -203,6 +209,7 @@ func (t *Tx) CommitAndBegin(ctx context.Context, then func(next *Tx)) (next *Tx,
 			return errors.New("the transaction had failed; COMMIT rolled it back")
 		}
 		committed = true
+		t.committed = true
 		return nil
 	})
 	next = &Tx{conn: t.conn, schema: t.schema, batch: b, begun: true}
