@@ -52,6 +52,7 @@ type benchCmd struct {
 	Prefill        int           `default:"0" help:"Finished transfer sagas (with their steps, inbox rows and ledger) written before the run, to measure how latency grows with the tables."`
 	ReusePrefill   bool          `name:"reuse-prefill" help:"Run on the database --db-name left by an earlier run with the same --prefill, deleting that run's own sagas first, instead of creating and prefilling it afresh (ten million take a quarter of an hour); it is then kept. Without an earlier one, prefill and keep it."`
 	Redeliver      float64       `default:"0" help:"Fraction of the commands crossing the broker delivered a second time under a new message id (1: every one twice); the inbox absorbs them."`
+	RemoteStart    bool          `name:"remote-start" help:"Start sagas from a client without step workers, as a web tier or an admin tool does: every first command crosses the broker (the pools' relays poll every 5ms); the steps those dispatch still run at once. --lost-acks and --redeliver imply it."`
 	LostAcks       float64       `name:"lost-acks" default:"0" help:"Fraction of first deliveries of commands not acknowledged after their commit (1: every command delivered twice; copies from --redeliver are first deliveries too): JetStream delivers them again at once, as after a lost ack, to either pool; the step workers' memory or inbox absorbs them. With it or --redeliver, sagas start from a client without step workers, so that every first command crosses the broker (the pools' relays poll every 5ms); the steps those dispatch still run at once."`
 	Rate           float64       `default:"0" help:"Start this many sagas per second (an open loop, at most --concurrency in flight) instead of a closed loop; use half of the closed loop's throughput to measure latency at half of peak."`
 	NATSURL        string        `name:"nats-url" help:"Use this NATS server (with JetStream) instead of one embedded in this process, so that the process holds only the workers; the broker's CPU is then counted apart (processes named nats-server). The benchmark uses a stream of its own there, IDEMSAGA_BENCH, deleted at the end."`
@@ -125,7 +126,7 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 	}
 	defer pool.Close()
 
-	viaBroker := b.LostAcks > 0 || b.Redeliver > 0
+	viaBroker := b.RemoteStart || b.LostAcks > 0 || b.Redeliver > 0
 	natsURL, stream, prefix := b.NATSURL, engine.StreamDefault, engine.SubjectPrefixDefault
 	if natsURL == "" {
 		ns, _, stopNATS, err := embeddedNATS("idemsaga-bench-")
@@ -208,9 +209,10 @@ func (b *benchCmd) Run(ctx context.Context, f *service.Flags) error {
 		return err
 	}
 	defer stopPools()
-	// A pool's own client runs the first step in the pool's process; with
-	// the broker's faults, sagas start from a client without step
-	// workers, so that every first command crosses the broker.
+	// A pool's own client runs the first step in the pool's process, in
+	// the start's transaction; remote, or with the broker's faults, sagas
+	// start from a client without step workers, so that every first
+	// command crosses the broker.
 	clients := make([]*engine.Client, len(engines))
 	for i, e := range engines {
 		clients[i] = e.Client()
