@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,7 +191,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		if driven {
 			err = driver.drive(ctx, pool, workers, c.Workers)
 		} else {
-			err = submitChaos(ctx, client, def, work.jobs(total, c.Seed), &submitted, &startDups)
+			err = submitChaos(ctx, client, workers, def, work.jobs(total, c.Seed), &submitted, &startDups)
 		}
 		if err != nil {
 			submitErr <- err
@@ -339,18 +341,72 @@ func (f *chaosFigures) print() {
 	fmt.Println("  (broker, inbox, orchestrator, takeover and retry counts come from the workers' last metric snapshots, so killed workers' last half second is missing)")
 }
 
+// shedError is a start a worker refused for now, to be sent again after.
+type shedError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *shedError) Error() string { return e.err.Error() }
+func (e *shedError) Unwrap() error { return e.err }
+
 // chaosJob is one saga to start, under its key: by the client, or by
 // start when set (an event published).
 type chaosJob struct {
 	key   string
 	in    any
 	start func(ctx context.Context) error
+	// web starts it through a worker's HTTP API (submitChaos).
+	web bool
 }
 
 // submitChaos starts the jobs while the chaos runs: 10% again at once,
 // racing the first, and 10% again later; a client that gets an error
-// retries with the same key.
-func submitChaos(ctx context.Context, cl *engine.Client, def *saga.Definition, jobs []chaosJob, submitted, dups *atomic.Int64) error {
+// retries with the same key, and waits out a Retry-After. Every other
+// job is started through a worker's HTTP API, so that the workers being
+// killed take starts too; the rest through cl, a client without step
+// workers, as a separate web tier would.
+func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def *saga.Definition, jobs []chaosJob, submitted, dups *atomic.Int64) error {
+	web := &http.Client{Timeout: 10 * time.Second}
+	var rng sync.Mutex
+	pick := rand.New(rand.NewPCG(7, uint64(len(jobs))))
+	viaWorker := func(j chaosJob) (duplicate bool, err error) {
+		rng.Lock()
+		addr := workers.addr(pick)
+		rng.Unlock()
+		if addr == "" {
+			return false, errors.New("no worker is running")
+		}
+		body, err := json.Marshal(j.in)
+		if err != nil {
+			return false, err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/sagas/"+def.Name(), bytes.NewReader(body))
+		if err != nil {
+			return false, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", j.key)
+		resp, err := web.Do(req)
+		if err != nil {
+			return false, err
+		}
+		defer resp.Body.Close()
+		text, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<12))
+		switch resp.StatusCode {
+		case http.StatusCreated:
+			return false, nil
+		case http.StatusOK:
+			return true, nil
+		}
+		err = fmt.Errorf("worker %s answered %s: %s", addr, resp.Status, text)
+		if secs, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && secs > 0 {
+			// Shed: as a client would, it waits as asked, at no cost to
+			// its attempts.
+			return false, &shedError{err: err, after: time.Duration(secs) * time.Second}
+		}
+		return false, err
+	}
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
@@ -366,14 +422,27 @@ func submitChaos(ctx context.Context, cl *engine.Client, def *saga.Definition, j
 					return
 				}
 			} else {
-				var res engine.StartResult
-				if res, err = cl.Start(ctx, def, j.key, j.in); err == nil {
+				var dup bool
+				if j.web {
+					dup, err = viaWorker(j)
+				} else {
+					var res engine.StartResult
+					res, err = cl.Start(ctx, def, j.key, j.in)
+					dup = res.Duplicate
+				}
+				if err == nil {
 					submitted.Add(1)
-					if res.Duplicate {
+					if dup {
 						dups.Add(1)
 					}
 					return
 				}
+			}
+			var shed *shedError
+			if errors.As(err, &shed) && ctx.Err() == nil {
+				attempt--
+				time.Sleep(shed.after)
+				continue
 			}
 			if attempt == 20 || ctx.Err() != nil {
 				select {
@@ -384,6 +453,9 @@ func submitChaos(ctx context.Context, cl *engine.Client, def *saga.Definition, j
 			}
 			time.Sleep(100 * time.Millisecond) // a client retries with the same key
 		}
+	}
+	for i := range jobs {
+		jobs[i].web = i%2 == 0
 	}
 	for i, j := range jobs {
 		wg.Add(1)
@@ -439,6 +511,8 @@ type workerSet struct {
 	mu    sync.Mutex
 	n     int
 	procs map[int]*exec.Cmd
+	// addrs are the running workers' HTTP addresses, by pid.
+	addrs map[int]string
 	files []string
 	// held: start starts nothing (every worker is kept down).
 	held bool
@@ -462,22 +536,51 @@ func (w *workerSet) start() error {
 	}
 	w.n++
 	metrics := filepath.Join(w.dir, fmt.Sprintf("worker-%d.json", w.n))
-	cmd := exec.Command(w.self, append([]string{"run", "--ack-wait", "8s", "--max-conns", "6", "--metrics-file", metrics}, w.args...)...)
+	addr, err := freeLoopback()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(w.self, append([]string{"run", "--ack-wait", "8s", "--max-conns", "6", "--metrics-file", metrics, "--http-addr", addr}, w.args...)...)
 	cmd.Env = append(os.Environ(), w.env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}
+	if w.addrs == nil {
+		w.addrs = map[int]string{}
+	}
 	w.procs[cmd.Process.Pid] = cmd
+	w.addrs[cmd.Process.Pid] = addr
 	w.files = append(w.files, metrics)
 	go func() {
 		_ = cmd.Wait()
 		w.mu.Lock()
 		delete(w.procs, cmd.Process.Pid)
+		delete(w.addrs, cmd.Process.Pid)
 		w.mu.Unlock()
 	}()
 	return nil
+}
+
+// addr is a running worker's HTTP address, "" when none runs.
+func (w *workerSet) addr(rng *rand.Rand) string {
+	if cmd := w.pick(rng); cmd != nil {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.addrs[cmd.Process.Pid]
+	}
+	return ""
+}
+
+// freeLoopback is a loopback address whose port was free a moment ago.
+func freeLoopback() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port for a worker's HTTP API: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 func (w *workerSet) pick(rng *rand.Rand) *exec.Cmd {
