@@ -350,6 +350,12 @@ type shedError struct {
 func (e *shedError) Error() string { return e.err.Error() }
 func (e *shedError) Unwrap() error { return e.err }
 
+// unreachableError is a start no worker's HTTP API answered.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
 // chaosJob is one saga to start, under its key: by the client, or by
 // start when set (an event published).
 type chaosJob struct {
@@ -389,7 +395,7 @@ func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def
 		req.Header.Set("Idempotency-Key", j.key)
 		resp, err := web.Do(req)
 		if err != nil {
-			return false, err
+			return false, &unreachableError{err}
 		}
 		defer resp.Body.Close()
 		text, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<12))
@@ -423,9 +429,14 @@ func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def
 				}
 			} else {
 				var dup bool
+				var unreachable *unreachableError
 				if j.web {
 					dup, err = viaWorker(j)
-				} else {
+				}
+				if !j.web || errors.As(err, &unreachable) {
+					// The client's job, or one no worker answered
+					// (killed, stopped or still starting), as a web
+					// tier with another route would.
 					var res engine.StartResult
 					res, err = cl.Start(ctx, def, j.key, j.in)
 					dup = res.Duplicate
