@@ -42,6 +42,7 @@ type chaosCmd struct {
 	Orders      int           `default:"2000" help:"Orders to submit (--saga order); some declined, out of stock or undeliverable, 20% submitted twice with the same key."`
 	Nights      int           `default:"60" help:"Nights the settlement's schedule runs through (--saga settlement), one a second on the database's clock; every worker is down for 5 of them."`
 	Workers     int           `default:"3" help:"Worker processes kept running."`
+	HTTPStarts  bool          `name:"http-starts" help:"Start every other saga through a worker's HTTP API, so that the workers being killed take starts too (a start no worker answers goes to the client)."`
 	Attempts    int           `default:"10" help:"Attempts of each forward step, the first included: fewer make the last attempt's outcome decide more often (compensations keep 10)."`
 	KillEvery   time.Duration `name:"kill-every" default:"1s" help:"Mean time between SIGKILLs of a random worker (0: none)."`
 	MaxKills    int           `name:"max-kills" default:"0" help:"Stop killing after this many kills (0: no limit)."`
@@ -191,7 +192,7 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		if driven {
 			err = driver.drive(ctx, pool, workers, c.Workers)
 		} else {
-			err = submitChaos(ctx, client, workers, def, work.jobs(total, c.Seed), &submitted, &startDups)
+			err = submitChaos(ctx, client, workers, def, work.jobs(total, c.Seed), c.HTTPStarts, &submitted, &startDups)
 		}
 		if err != nil {
 			submitErr <- err
@@ -368,11 +369,11 @@ type chaosJob struct {
 
 // submitChaos starts the jobs while the chaos runs: 10% again at once,
 // racing the first, and 10% again later; a client that gets an error
-// retries with the same key, and waits out a Retry-After. Every other
-// job is started through a worker's HTTP API, so that the workers being
-// killed take starts too; the rest through cl, a client without step
-// workers, as a separate web tier would.
-func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def *saga.Definition, jobs []chaosJob, submitted, dups *atomic.Int64) error {
+// retries with the same key, and waits out a Retry-After. With viaHTTP,
+// every other job is started through a worker's HTTP API, so that the
+// workers being killed take starts too; the rest through cl, a client
+// without step workers, as a separate web tier would.
+func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def *saga.Definition, jobs []chaosJob, viaHTTP bool, submitted, dups *atomic.Int64) error {
 	web := &http.Client{Timeout: 10 * time.Second}
 	var rng sync.Mutex
 	pick := rand.New(rand.NewPCG(7, uint64(len(jobs))))
@@ -466,7 +467,7 @@ func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def
 		}
 	}
 	for i := range jobs {
-		jobs[i].web = i%2 == 0
+		jobs[i].web = viaHTTP && i%2 == 0
 	}
 	for i, j := range jobs {
 		wg.Add(1)
