@@ -319,7 +319,12 @@ func TestGiveUpRule(t *testing.T) {
 			require.Contains(t, sg.Error, charge.Key.String(), "the error names the key to check")
 			refund := v.step(sg, order.StepCharge, saga.PhaseCompensate)
 			require.Equal(t, saga.StepSucceeded, refund.Status, "the possibly-done charge was refunded first")
-			require.Equal(t, saga.StepSucceeded, v.step(sg, order.StepReserve, saga.PhaseCompensate).Status, "then the stock released")
+			// The reservation runs beside the charge: on a busy machine
+			// the charge can be given up before it ran, and then there
+			// is nothing to release (the audit checks the stock).
+			if v.step(sg, order.StepReserve, saga.PhaseForward).Status == saga.StepSucceeded {
+				require.Equal(t, saga.StepSucceeded, v.step(sg, order.StepReserve, saga.PhaseCompensate).Status, "then the stock released")
+			}
 			state, _ := v.charge(sg.ID)
 			if tc.charged {
 				require.Equal(t, "refunded", state, "the charge that went through is refunded")
