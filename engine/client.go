@@ -22,6 +22,7 @@ import (
 	"github.com/idemsaga/idemsaga/internal/metrics"
 	"github.com/idemsaga/idemsaga/internal/orchestrate"
 	"github.com/idemsaga/idemsaga/internal/pguuid"
+	"github.com/idemsaga/idemsaga/internal/startlock"
 	"github.com/idemsaga/idemsaga/internal/store"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/outbox"
@@ -261,10 +262,11 @@ func (cl *Client) carry(ctx context.Context, stmt string, def, registered *saga.
 			var existing *uuid.UUID
 			var hash []byte
 			var state *string
-			return row.Scan(&inserted, &outboxID, &existing, &hash, &state)
+			var got bool
+			return row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 		}, pguuid.Of(id), def.Name(), key, sum, string(input),
 			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
-			nil, nil, nil, nil, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace))
+			nil, nil, nil, nil, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), startlock.Arg(ctx, def.Name(), key))
 		return func() bool { return inserted == 1 }
 	})
 	if err != nil || !ok {
@@ -288,16 +290,21 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 		existing *uuid.UUID
 		hash     []byte
 		state    *string
+		got      bool
 	)
 	err := q.QueryRow(ctx, cl.c.Schema().SQL(stmt), pguuid.Of(id), def.Name(), key, sum, string(input),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
-		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace)).Scan(&inserted, &outboxID, &existing, &hash, &state)
+		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace),
+		startlock.Arg(ctx, def.Name(), key)).Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)
 	}
 	if err != nil {
 		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, err)
+	}
+	if !got {
+		return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, startlock.ErrHeld)
 	}
 	cl.c.Metrics().Deliveries.WithLabelValues(metrics.LayerStart).Inc()
 	if inserted == 0 {

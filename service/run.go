@@ -160,7 +160,7 @@ func (r *runCmd) Run(ctx context.Context, f *Flags, kctx *kong.Context) error {
 	}
 	var ops *opsServer
 	if r.HTTPAddr != "" {
-		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Pool: pool, Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg,
+		api, err := httpapi.New(httpapi.Config{Client: e.Client(), Tokens: tokens, Logger: log, SubmitTokenTTL: r.SubmitTokenTTL, Gatherer: reg,
 			TraceRequests: tp != nil, ShedFunc: e.ShedStart})
 		if err != nil {
 			_ = e.Stop(context.Background())

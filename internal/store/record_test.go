@@ -32,11 +32,13 @@ func newFixture(t testing.TB, pool *pgxpool.Pool) fixture {
 	var existing *uuid.UUID
 	var hash []byte
 	var state *string
+	var got bool
 	err := pool.QueryRow(context.Background(), store.StartSaga, pguuid.Of(id), "fixture", id.String(), []byte("h"), "{}",
-		"a", pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward)), int64(60000), "cmd.a", id.String()+"-a-1", []byte("a"), nil, nil, 1, nil,
-	).Scan(&n, &outboxID, &existing, &hash, &state)
+		"a", pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward)), int64(60000), "cmd.a", id.String()+"-a-1", []byte("a"), nil, nil, 1, nil, nil,
+	).Scan(&n, &outboxID, &existing, &hash, &state, &got)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	require.True(t, got)
 	f := fixture{pool: pool, id: id}
 	_, f.version, _ = f.state(t)
 	return f

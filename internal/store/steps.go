@@ -61,13 +61,21 @@ const SelectStep = `select step_index, phase::text, status::text, attempt, possi
 // start's trace context, for the saga and its first command's
 // headers, NULL when the start is not traced. A NULL subject ($9)
 // writes no command: the first step runs in the start's transaction
-// (attempt.Runner.Carry).
-var StartSaga = `with s as (
+// (attempt.Runner.Carry). $16, when not NULL, is an advisory lock
+// (package startlock) tried first, without waiting: not got, the
+// statement writes nothing and its last column is false.
+var StartSaga = `with ` + startLock + `, s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
-  values ($1, $2, $3, $4, $5, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14, $15::jsonb)
+  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int, $15::jsonb
+  from l where l.got
   on conflict (definition, idem_key) do nothing
   returning id
 )` + StartSagaRest
+
+// startLock is the start statements' try of their lock ($16).
+const startLock = `l as (
+  select case when $16::bigint is null then true else pg_try_advisory_xact_lock($16::bigint) end as got
+)`
 
 // StartSagaRest is what StartSaga and StartSagaWithToken do once their
 // saga (s) is inserted: its first step and command, and the saga
@@ -80,7 +88,7 @@ var StartSagaRest = `, st as (
   ` + outboxInsert(`select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st where $9::text is not null`) + `
   returning id
 )
-select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text
+select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text, (select got from l)
 from (select 1) one left join lateral (
   select id, input_hash, state from idemsaga.sagas
   where definition = $2 and idem_key = $3 and not exists (select 1 from s)

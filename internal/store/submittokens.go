@@ -16,9 +16,9 @@ returning expires_at`
 // matches (consumed), so it inserts nothing and adjudicates from the
 // saga as a duplicate. A token that did not match and names no saga is
 // invalid (explainSubmitToken).
-var StartSagaWithToken = `with t as (
+var StartSagaWithToken = `with ` + startLock + `, t as (
   update idemsaga.submit_tokens set saga_id = $1, consumed_at = idemsaga.now()
-  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now()
+  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now() and (select got from l)
   returning token
 ), s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)

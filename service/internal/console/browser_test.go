@@ -154,7 +154,7 @@ func newConsoleEnvOf(t *testing.T, token string, before func(nc *nats.Conn), def
 		tokens, err = httpapi.ParseTokens("console operator * " + token + "\nviewer read * " + viewerToken)
 		require.NoError(t, err)
 	}
-	api, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
+	api, err := httpapi.New(httpapi.Config{Client: e.Client(), Tokens: tokens, Logger: quiet, Gatherer: reg})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)

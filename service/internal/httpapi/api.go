@@ -13,7 +13,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -28,12 +27,8 @@ const (
 	RequestTimeoutDefault = 10 * time.Second
 )
 
-// Config configures the handler New returns. Pool and Client are
-// required.
+// Config configures the handler New returns. Client is required.
 type Config struct {
-	// Pool is the database of the engine's tables, the one Client uses.
-	// A start runs in a transaction of it. Required.
-	Pool *pgxpool.Pool
 	// Client starts, reads and repairs sagas. Required.
 	Client *engine.Client
 	// Tokens are the bearer tokens /v1 requires. Nil or empty: no
@@ -74,8 +69,6 @@ type Config struct {
 
 func (c *Config) validate() error {
 	switch {
-	case c.Pool == nil:
-		return errors.New("httpapi: Config.Pool is required: pass the pool the engine's client uses")
 	case c.Client == nil:
 		return errors.New("httpapi: Config.Client is required: use Engine.Client or engine.NewClient")
 	case c.MaxBodyBytes < 0:

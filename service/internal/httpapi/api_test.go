@@ -40,11 +40,9 @@ func TestRoutingProblems(t *testing.T) {
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	_, err := httpapi.New(httpapi.Config{})
-	require.ErrorContains(t, err, "Config.Pool")
-	e := newEnv(t)
-	_, err = httpapi.New(httpapi.Config{Pool: e.pool})
 	require.ErrorContains(t, err, "Config.Client")
-	_, err = httpapi.New(httpapi.Config{Pool: e.pool, Client: e.client, RequestTimeout: -1})
+	e := newEnv(t)
+	_, err = httpapi.New(httpapi.Config{Client: e.client, RequestTimeout: -1})
 	require.ErrorContains(t, err, "Config.RequestTimeout")
 }
 

@@ -4,7 +4,7 @@
 // (draft-ietf-httpapi-idempotency-key-header). The runtime's run command
 // mounts it:
 //
-//	h, err := httpapi.New(httpapi.Config{Pool: pool, Client: e.Client(), Tokens: tokens})
+//	h, err := httpapi.New(httpapi.Config{Client: e.Client(), Tokens: tokens})
 //	if err != nil { ... }
 //	mux.Handle("/v1/", h)
 //
@@ -120,9 +120,12 @@
 //     definition and key only.
 //   - 409 only while another request holds the key: a start takes
 //     pg_try_advisory_xact_lock on a 64-bit hash of definition and key,
-//     without waiting, in the transaction that starts the saga. The lock
-//     lives exactly as long as that transaction, which Config.RequestTimeout
-//     bounds; if its process dies, PostgreSQL ends the transaction and
+//     without waiting, in the statement that inserts the saga. The lock
+//     lives exactly as long as that transaction: the statement alone, or,
+//     when this process runs the saga's first step and it is a database
+//     step, that step's first attempt too, which commits with the saga
+//     (no message crosses the broker), bounded by the step's timeout. If
+//     its process dies, PostgreSQL ends the transaction and
 //     releases the lock at once, so no claim is ever left behind and no
 //     table of claims needs cleaning. A start whose answer was lost (a
 //     crash after the commit) is answered by its retry with 200.

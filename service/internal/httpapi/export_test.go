@@ -1,8 +1,10 @@
 package httpapi
 
+import "github.com/idemsaga/idemsaga/internal/startlock"
+
 // LockKey is the advisory lock a start holds on (definition, key), for
 // tests that hold it themselves.
-var LockKey = lockKey
+var LockKey = startlock.ID
 
 // UnquoteKey exposes the Idempotency-Key unquoting to the fuzz test.
 var UnquoteKey = unquoteKey

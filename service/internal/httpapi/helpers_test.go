@@ -86,7 +86,7 @@ type envOpt func(*httpapi.Config)
 
 func serve(t testing.TB, pool *pgxpool.Pool, client *engine.Client, opts ...envOpt) *env {
 	t.Helper()
-	cfg := httpapi.Config{Pool: pool, Client: client, Logger: quietLogger()}
+	cfg := httpapi.Config{Client: client, Logger: quietLogger()}
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"net/http"
 	"strings"
 
@@ -72,13 +70,6 @@ func unquoteKey(v string) (string, bool) {
 		}
 	}
 	return "", false // no closing quote
-}
-
-// lockKey is the 64-bit advisory lock a start holds on (definition, key)
-// until its transaction ends.
-func lockKey(definition, key string) int64 {
-	sum := sha256.Sum256([]byte(definition + "\x00" + key))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
 // trimPrefix drops the "idemsaga: " of the engine's messages, which reads

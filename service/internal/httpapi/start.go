@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/startlock"
 	"github.com/idemsaga/idemsaga/internal/tracing"
 	"github.com/idemsaga/idemsaga/saga"
 )
@@ -35,9 +35,9 @@ type Started struct {
 }
 
 // start handles POST /v1/sagas/{definition}. Every check that can refuse
-// the request runs before the transaction; in it, the key's advisory lock
-// tells a concurrent request apart, and the engine's unique (definition,
-// key) adjudicates the start.
+// the request runs before the start; in its transaction, the key's
+// advisory lock tells a concurrent request apart, and the engine's unique
+// (definition, key) adjudicates the start.
 func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	key, p := requestKey(r)
 	if p != nil {
@@ -117,30 +117,16 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, out)
 }
 
-// startTx starts the saga in a transaction that first takes the key's
-// advisory lock without waiting. held reports that another transaction
-// has it: nothing was done.
+// startTx starts the saga with the key's advisory lock tried first,
+// without waiting, in the transaction that inserts it (and, when this
+// process runs the saga's first step, runs that step's first attempt).
+// held reports that another transaction has it: nothing was done.
 func (a *api) startTx(ctx context.Context, def *saga.Definition, key string, input json.RawMessage) (res engine.StartResult, held bool, err error) {
-	tx, err := a.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return res, false, fmt.Errorf("begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var got bool
-	if err := tx.QueryRow(ctx, `select pg_try_advisory_xact_lock($1)`, lockKey(def.Name(), key)).Scan(&got); err != nil {
-		return res, false, fmt.Errorf("lock the key: %w", err)
-	}
-	if !got {
+	res, err = a.cfg.Client.Start(startlock.With(ctx), def, key, input)
+	if errors.Is(err, startlock.ErrHeld) {
 		return res, true, nil
 	}
-	res, err = a.cfg.Client.StartTx(ctx, tx, def, key, input)
-	if err != nil {
-		return res, false, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return res, false, fmt.Errorf("commit: %w", err)
-	}
-	return res, false, nil
+	return res, false, err
 }
 
 // startFailed answers a start the engine refused or failed.

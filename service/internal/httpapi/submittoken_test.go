@@ -143,7 +143,7 @@ func TestSubmitTokenIssue(t *testing.T) {
 		{MaxSubmitTokenTTL: 25 * time.Hour},
 		{SubmitTokenTTL: 90500 * time.Millisecond},
 	} {
-		cfg.Pool, cfg.Client = e.pool, e.client
+		cfg.Client = e.client
 		_, err := httpapi.New(cfg)
 		require.ErrorContains(t, err, "SubmitTokenTTL", "%+v", cfg)
 	}
