@@ -363,7 +363,12 @@ func (c *Core) settleBranches(ctx context.Context, tx *store.Tx, sg *saga.Instan
 		if s.outcome == "started" {
 			return fmt.Errorf("settle branch %q of saga %s: its attempt %d is under way: %w", st.Step, sg.ID, st.Attempt, store.ErrBusy)
 		}
-		status, possibly := saga.StepFailed, s.effect(st.PossiblyDone) == compensation.PossiblyDone
+		// A branch whose Verify found its key took no effect is undone
+		// too when it has a compensation, as the step given up is
+		// (plan.groupFailure): the compensation voids the key against a
+		// request still on its way.
+		effect := s.effect(st.PossiblyDone)
+		status, possibly := saga.StepFailed, effect == compensation.PossiblyDone || effect == compensation.VerifiedNotDone && def.Step(b).Compensate != nil
 		var result any
 		if s.outcome == "succeeded" && len(s.result) > 0 {
 			result = string(s.result)
