@@ -29,7 +29,8 @@ var fullChaos = flag.Bool("chaos.full", false, "run the full chaos runs (5,000 t
 // currency across accounts and the FX desk; no order charged twice,
 // every charge shipped or refunded, stock conserved; each night settled
 // and reported once, or compensated when its books are closed, and no
-// night missed but those the catch-up skips after the outage). The
+// night missed but those the catch-up skips after the outage). Every
+// other transfer and order starts through a worker's HTTP API. The
 // small versions run in the normal suite; -chaos.full runs the full ones.
 func TestChaos(t *testing.T) {
 	t.Parallel()
@@ -53,6 +54,12 @@ func chaos(t *testing.T, sagaKind string) {
 	args := []string{"chaos", "--saga", sagaKind, "--db-name", name, "--transfers", "500", "--orders", "300", "--nights", "20", "--max-kills", "4", "--kill-every", "700ms"}
 	if *fullChaos {
 		args = []string{"chaos", "--saga", sagaKind, "--db-name", name}
+	}
+	if sagaKind == "transfer" || sagaKind == "order" {
+		// Every other saga through a worker's HTTP API: a transfer's
+		// start then commits with its first step in the worker being
+		// killed.
+		args = append(args, "--http-starts")
 	}
 	raceLog := filepath.Join(t.TempDir(), "race")
 	r := worker(t, []string{"DATABASE_URL=" + testenv.AdminURL(), "GORACE=log_path=" + raceLog}, args...)
