@@ -236,7 +236,7 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		return res, sent, nil
 	}
 	if _, own := q.(*pgxpool.Pool); own && cl.steps != nil {
-		res, ok, err := cl.carry(ctx, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, trace)
+		res, ok, err := cl.carry(ctx, def, registered, sg, key, sum[:], stored, subject, msgID, payload, trace)
 		if err != nil {
 			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w; it may have started: start it again with the same key", def.Name(), key, err)
 		}
@@ -252,9 +252,13 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 // row. ok is false when that left nothing committed (or cannot tell):
 // the start then goes on alone, and a saga it finds under the key with
 // sg's ID is this start's.
-func (cl *Client) carry(ctx context.Context, stmt string, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
+func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
 	subject, msgID string, payload []byte, trace map[string]string) (StartResult, bool, error) {
 	id, first := sg.ID, registered.Step(0)
+	stmt := store.StartSagaCarried
+	if IsSubmitToken(key) {
+		stmt = store.StartSagaWithTokenCarried
+	}
 	var inserted int
 	ok, err := cl.steps.Carry(ctx, outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
 		tx.Queue(stmt, func(row pgx.Row) error {
@@ -266,7 +270,7 @@ func (cl *Client) carry(ctx context.Context, stmt string, def, registered *saga.
 			return row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 		}, pguuid.Of(id), def.Name(), key, sum, string(input),
 			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
-			nil, nil, nil, nil, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), startlock.Arg(ctx, def.Name(), key))
+			store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), startlock.Arg(ctx, def.Name(), key))
 		return func() bool { return inserted == 1 }
 	})
 	if err != nil || !ok {
@@ -294,8 +298,8 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 	)
 	err := q.QueryRow(ctx, cl.c.Schema().SQL(stmt), pguuid.Of(id), def.Name(), key, sum, string(input),
 		first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
-		subject, msgID, payload, handOff, store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace),
-		startlock.Arg(ctx, def.Name(), key)).Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
+		store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), startlock.Arg(ctx, def.Name(), key),
+		subject, msgID, payload, handOff).Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 		return StartResult{}, nil, fmt.Errorf("%w: start saga %q key %q collided with a concurrent start under REPEATABLE READ or SERIALIZABLE; run StartTx at READ COMMITTED, or retry the transaction", saga.ErrConflict, def.Name(), key)

@@ -34,7 +34,7 @@ func newFixture(t testing.TB, pool *pgxpool.Pool) fixture {
 	var state *string
 	var got bool
 	err := pool.QueryRow(context.Background(), store.StartSaga, pguuid.Of(id), "fixture", id.String(), []byte("h"), "{}",
-		"a", pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward)), int64(60000), "cmd.a", id.String()+"-a-1", []byte("a"), nil, nil, 1, nil, nil,
+		"a", pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward)), int64(60000), nil, 1, nil, nil, "cmd.a", id.String()+"-a-1", []byte("a"), nil,
 	).Scan(&n, &outboxID, &existing, &hash, &state, &got)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)

@@ -47,52 +47,70 @@ const SelectStep = `select step_index, phase::text, status::text, attempt, possi
 // StartSaga inserts a saga and dispatches its first step, in one
 // statement, so that Start costs one round trip. A saga already under
 // (definition, key) makes it write nothing and return 0. It also
-// returns the command's outbox id; $12 is its hand-off in milliseconds
-// (publish_after), NULL when the relay is to publish it. Last, when it
-// inserted nothing, it returns what a duplicate start needs to
-// adjudicate from the saga under the key, if the statement's snapshot
-// sees one: one committed before the statement began, the usual
-// duplicate, answered in the same round trip. A saga whose commit the
-// insert waited for is not in the snapshot: then the three are NULL
-// and the caller reads it (SelectSagaByKey). The look is gated on the
-// insert having written nothing, so a new saga's start never reads
-// the index. $13 is the definition's deadline in milliseconds, NULL
-// for none; $14 the version of the definition the saga runs; $15 the
-// start's trace context, for the saga and its first command's
-// headers, NULL when the start is not traced. A NULL subject ($9)
-// writes no command: the first step runs in the start's transaction
-// (attempt.Runner.Carry). $16, when not NULL, is an advisory lock
-// (package startlock) tried first, without waiting: not got, the
-// statement writes nothing and its last column is false.
-var StartSaga = `with ` + startLock + `, s as (
+// returns the command's outbox id. Last, when it inserted nothing, it
+// returns what a duplicate start needs to adjudicate from the saga
+// under the key, if the statement's snapshot sees one: one committed
+// before the statement began, the usual duplicate, answered in the same
+// round trip. A saga whose commit the insert waited for is not in the
+// snapshot: then the three are NULL and the caller reads it
+// (SelectSagaByKey). The look is gated on the insert having written
+// nothing, so a new saga's start never reads the index.
+//
+// $1-$5 are the saga's ID, definition, key, input hash and input; $6-$8
+// its first step's name, key and lease in milliseconds; $9 the
+// definition's deadline in milliseconds, NULL for none; $10 the version
+// of the definition the saga runs; $11 the start's trace context, for
+// the saga and its first command's headers, NULL when the start is not
+// traced; $12, when not NULL, an advisory lock (package startlock)
+// tried first, without waiting: not got, the statement writes nothing
+// and its last column is false. $13-$16 are the first command's
+// subject, message ID, payload and hand-off in milliseconds
+// (publish_after), NULL when the relay is to publish it.
+var StartSaga = `with ` + startLock + `, s as (` + startInsert + `)` + startRest(true)
+
+// StartSagaCarried is StartSaga without $13-$16: it writes no command,
+// since the first step runs in the start's transaction
+// (attempt.Runner.Carry), and leaves the outbox, which it would open
+// with its indexes for nothing, out of the statement.
+var StartSagaCarried = `with ` + startLock + `, s as (` + startInsert + `)` + startRest(false)
+
+// startInsert is the saga's insert, once the lock is got.
+const startInsert = `
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
-  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $13::bigint * interval '1 millisecond', $14::int, $15::jsonb
+  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $9::bigint * interval '1 millisecond', $10::int, $11::jsonb
   from l where l.got
   on conflict (definition, idem_key) do nothing
   returning id
-)` + StartSagaRest
+`
 
-// startLock is the start statements' try of their lock ($16).
+// startLock is the start statements' try of their lock ($12).
 const startLock = `l as (
-  select case when $16::bigint is null then true else pg_try_advisory_xact_lock($16::bigint) end as got
+  select case when $12::bigint is null then true else pg_try_advisory_xact_lock($12::bigint) end as got
 )`
 
-// StartSagaRest is what StartSaga and StartSagaWithToken do once their
-// saga (s) is inserted: its first step and command, and the saga
+// startRest is what the start statements do once their saga (s) is
+// inserted: its first step and, with command, its command; and the saga
 // already under the key when none was.
-var StartSagaRest = `, st as (
+func startRest(command bool) string {
+	cmd, id := "", "null::bigint"
+	if command {
+		cmd = `, o as (
+  ` + outboxInsert(`select $13::text, $14::text, $15::bytea, saga_id, clock_timestamp() + $16::bigint * interval '1 millisecond', $11::jsonb from st`) + `
+  returning id
+)`
+		id = "(select id from o)"
+	}
+	return `, st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
-), o as (
-  ` + outboxInsert(`select $9, $10, $11, saga_id, clock_timestamp() + $12 * interval '1 millisecond', $15::jsonb from st where $9::text is not null`) + `
-  returning id
-)
-select (select count(*) from s), (select id from o), e.id, e.input_hash, e.state::text, (select got from l)
+)` + cmd + `
+select (select count(*) from s), ` + id + `, e.id, e.input_hash, e.state::text, (select got from l)
 from (select 1) one left join lateral (
   select id, input_hash, state from idemsaga.sagas
   where definition = $2 and idem_key = $3 and not exists (select 1 from s)
 ) e on true`
+}
 
 // SelectSagaByKey reads what a duplicate start needs to adjudicate,
 // when StartSaga's snapshot did not see the saga under the key.
