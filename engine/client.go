@@ -206,10 +206,7 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 	if err != nil {
 		return StartResult{}, nil, err
 	}
-	stmt := store.StartSaga
-	if IsSubmitToken(key) {
-		stmt = store.StartSagaWithToken
-	}
+	stmt := store.StartStatement(IsSubmitToken(key), startlock.Arg(ctx, def.Name(), key) != nil, true)
 	_, firstEnd := registered.Group(0)
 	if _, inTx := q.(pgx.Tx); firstEnd > 1 && !inTx {
 		// The first group's branches are written with the saga: a
@@ -255,10 +252,8 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
 	subject, msgID string, payload []byte, trace map[string]string) (StartResult, bool, error) {
 	id, first := sg.ID, registered.Step(0)
-	stmt := store.StartSagaCarried
-	if IsSubmitToken(key) {
-		stmt = store.StartSagaWithTokenCarried
-	}
+	lock := startlock.Arg(ctx, def.Name(), key)
+	stmt := store.StartStatement(IsSubmitToken(key), lock != nil, false)
 	var inserted int
 	ok, err := cl.steps.Carry(ctx, outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
 		tx.Queue(stmt, func(row pgx.Row) error {
@@ -270,7 +265,7 @@ func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, s
 			return row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 		}, pguuid.Of(id), def.Name(), key, sum, string(input),
 			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
-			store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), startlock.Arg(ctx, def.Name(), key))
+			store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), lock)
 		return func() bool { return inserted == 1 }
 	})
 	if err != nil || !ok {

@@ -1,6 +1,9 @@
 package store
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // The statements of sagas and their steps: starting, reading and moving them.
 
@@ -66,46 +69,68 @@ const SelectStep = `select step_index, phase::text, status::text, attempt, possi
 // and its last column is false. $13-$16 are the first command's
 // subject, message ID, payload and hand-off in milliseconds
 // (publish_after), NULL when the relay is to publish it.
-var StartSaga = `with ` + startLock + `, s as (` + startInsert + `)` + startRest(true)
+var StartSaga = StartStatement(false, false, true)
 
-// StartSagaCarried is StartSaga without $13-$16: it writes no command,
-// since the first step runs in the start's transaction
-// (attempt.Runner.Carry), and leaves the outbox, which it would open
-// with its indexes for nothing, out of the statement.
-var StartSagaCarried = `with ` + startLock + `, s as (` + startInsert + `)` + startRest(false)
+// StartStatement returns the start statement (StartSaga's parameters and
+// answer) for a key that is a submit token (StartSagaWithToken) or not;
+// with the lock ($12) tried or not (then $12 is NULL); and with the first
+// command or, for a first step run in the start's transaction
+// (attempt.Runner.Carry), without it and without $13-$16. A part a start
+// lacks is left out of its statement, as in a Record's: the executor
+// would open its table and indexes for nothing.
+func StartStatement(token, locked, command bool) string {
+	return startStatements[startShape{token, locked, command}]
+}
 
-// startInsert is the saga's insert, once the lock is got.
-const startInsert = `
+type startShape struct{ token, locked, command bool }
+
+var startStatements = func() map[startShape]string {
+	all := map[startShape]string{}
+	for bits := range 8 {
+		sh := startShape{bits&1 != 0, bits&2 != 0, bits&4 != 0}
+		all[sh] = sh.text()
+	}
+	return all
+}()
+
+func (sh startShape) text() string {
+	var ctes []string
+	from, gate, got := "", "", "$12::bigint is null"
+	if sh.locked {
+		ctes = append(ctes, `l as (
+  select pg_try_advisory_xact_lock($12::bigint) as got
+)`)
+		from, gate, got = "\n  from l where l.got", " and (select got from l)", "(select got from l)"
+	}
+	if sh.token {
+		// The token is consumed first, and the saga inserted only then.
+		ctes = append(ctes, `t as (
+  update idemsaga.submit_tokens set saga_id = $1, consumed_at = idemsaga.now()
+  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now()`+gate+`
+  returning token
+)`)
+		from = "\n  from t"
+	}
+	ctes = append(ctes, `s as (
   insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
-  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $9::bigint * interval '1 millisecond', $10::int, $11::jsonb
-  from l where l.got
+  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $9::bigint * interval '1 millisecond', $10::int, $11::jsonb`+from+`
   on conflict (definition, idem_key) do nothing
   returning id
-`
-
-// startLock is the start statements' try of their lock ($12).
-const startLock = `l as (
-  select case when $12::bigint is null then true else pg_try_advisory_xact_lock($12::bigint) end as got
-)`
-
-// startRest is what the start statements do once their saga (s) is
-// inserted: its first step and, with command, its command; and the saga
-// already under the key when none was.
-func startRest(command bool) string {
-	cmd, id := "", "null::bigint"
-	if command {
-		cmd = `, o as (
-  ` + outboxInsert(`select $13::text, $14::text, $15::bytea, saga_id, clock_timestamp() + $16::bigint * interval '1 millisecond', $11::jsonb from st`) + `
-  returning id
-)`
-		id = "(select id from o)"
-	}
-	return `, st as (
+)`, `st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
-)` + cmd + `
-select (select count(*) from s), ` + id + `, e.id, e.input_hash, e.state::text, (select got from l)
+)`)
+	id := "null::bigint"
+	if sh.command {
+		ctes = append(ctes, `o as (
+  `+outboxInsert(`select $13::text, $14::text, $15::bytea, saga_id, clock_timestamp() + $16::bigint * interval '1 millisecond', $11::jsonb from st`)+`
+  returning id
+)`)
+		id = "(select id from o)"
+	}
+	return "with " + strings.Join(ctes, ", ") + `
+select (select count(*) from s), ` + id + `, e.id, e.input_hash, e.state::text, ` + got + `
 from (select 1) one left join lateral (
   select id, input_hash, state from idemsaga.sagas
   where definition = $2 and idem_key = $3 and not exists (select 1 from s)

@@ -16,24 +16,7 @@ returning expires_at`
 // matches (consumed), so it inserts nothing and adjudicates from the
 // saga as a duplicate. A token that did not match and names no saga is
 // invalid (explainSubmitToken).
-var StartSagaWithToken = startWithToken(true)
-
-// StartSagaWithTokenCarried is StartSagaWithToken as StartSagaCarried is
-// StartSaga: no command.
-var StartSagaWithTokenCarried = startWithToken(false)
-
-func startWithToken(command bool) string {
-	return `with ` + startLock + `, t as (
-  update idemsaga.submit_tokens set saga_id = $1, consumed_at = idemsaga.now()
-  where token = $3 and definition = $2 and consumed_at is null and expires_at > idemsaga.now() and (select got from l)
-  returning token
-), s as (
-  insert into idemsaga.sagas (id, definition, idem_key, input_hash, input, state, deadline_at, definition_version, trace_context)
-  select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $9::bigint * interval '1 millisecond', $10::int, $11::jsonb from t
-  on conflict (definition, idem_key) do nothing
-  returning id
-)` + startRest(command)
-}
+var StartSagaWithToken = StartStatement(true, false, true)
 
 // SelectSubmitToken reads why a token did not start a saga.
 const SelectSubmitToken = `select definition, expires_at, consumed_at is not null, expires_at <= idemsaga.now()
