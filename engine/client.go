@@ -233,12 +233,9 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 		return res, sent, nil
 	}
 	if _, own := q.(*pgxpool.Pool); own && cl.steps != nil {
-		res, ok, err := cl.carry(ctx, def, registered, sg, key, sum[:], stored, subject, msgID, payload, trace)
-		if err != nil {
-			return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: %w; it may have started: start it again with the same key", def.Name(), key, err)
-		}
-		if ok {
-			return res, nil, nil
+		res, answered, err := cl.carry(ctx, def, registered, sg, key, sum[:], stored, subject, msgID, payload, trace)
+		if answered || err != nil {
+			return res, nil, err
 		}
 	}
 	return cl.insertSaga(ctx, q, stmt, def, registered, sg, key, sum[:], stored, subject, msgID, payload, handOff, trace)
@@ -246,34 +243,55 @@ func (cl *Client) startTraced(ctx context.Context, q store.Row, def *saga.Defini
 
 // carry starts sg in the transaction of its first step's first attempt,
 // run here (attempt.Runner.Carry): one commit for both, and no command
-// row. ok is false when that left nothing committed (or cannot tell):
-// the start then goes on alone, and a saga it finds under the key with
-// sg's ID is this start's.
+// row. answered is false when that left nothing committed (or cannot
+// tell) and the start statement did not tell a duplicate: the start then
+// goes on alone, and a saga it finds under the key with sg's ID is this
+// start's. A duplicate, a key reused and a key held are answered from
+// what the start statement saw, without a second one.
 func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, sg *saga.Instance, key string, sum, input []byte,
-	subject, msgID string, payload []byte, trace map[string]string) (StartResult, bool, error) {
+	subject, msgID string, payload []byte, trace map[string]string) (res StartResult, answered bool, err error) {
 	id, first := sg.ID, registered.Step(0)
 	lock := startlock.Arg(ctx, def.Name(), key)
 	stmt := store.StartStatement(IsSubmitToken(key), lock != nil, false)
-	var inserted int
+	// What the start statement saw, once it ran (read only after Carry
+	// returned without ctx's end: its attempt has sent on then).
+	var (
+		ran, got bool
+		inserted int
+		existing *uuid.UUID
+		hash     []byte
+		state    *string
+	)
 	ok, err := cl.steps.Carry(ctx, outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
 		tx.Queue(stmt, func(row pgx.Row) error {
 			var outboxID *int64
-			var existing *uuid.UUID
-			var hash []byte
-			var state *string
-			var got bool
-			return row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
+			err := row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
+			ran = err == nil
+			return err
 		}, pguuid.Of(id), def.Name(), key, sum, string(input),
 			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
 			store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), lock)
 		return func() bool { return inserted == 1 }
 	})
-	if err != nil || !ok {
-		return StartResult{}, false, err
+	switch {
+	case err != nil:
+		return StartResult{}, false, fmt.Errorf("idemsaga: start saga %q key %q: %w; it may have started: start it again with the same key", def.Name(), key, err)
+	case ok:
+		cl.c.Metrics().Deliveries.WithLabelValues(metrics.LayerStart).Inc()
+		cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
+		return StartResult{ID: id, State: saga.StateInit}, true, nil
+	case !ran || inserted != 0:
+		return StartResult{}, false, nil
+	case !got:
+		return StartResult{}, true, fmt.Errorf("idemsaga: start saga %q key %q: %w", def.Name(), key, startlock.ErrHeld)
+	case existing == nil || state == nil:
+		// The saga under the key committed while the insert waited for
+		// it, or a token was not consumed: the start alone tells.
+		return StartResult{}, false, nil
 	}
 	cl.c.Metrics().Deliveries.WithLabelValues(metrics.LayerStart).Inc()
-	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
-	return StartResult{ID: id, State: saga.StateInit}, true, nil
+	res, err = cl.duplicate(def, key, id, sum, *existing, hash, saga.State(*state))
+	return res, true, err
 }
 
 // insertSaga runs the start statement stmt on q for saga sg and
@@ -323,19 +341,8 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 				return StartResult{}, nil, fmt.Errorf("idemsaga: start saga %q key %q: read existing saga: %w", def.Name(), key, err)
 			}
 		}
-		if *existing == id {
-			// This start's own saga: it committed with its first step
-			// (carry), whose commit's answer was lost.
-			cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
-			return StartResult{ID: id, State: saga.State(*state)}, nil, nil
-		}
-		cl.c.Metrics().UniqueConflicts.WithLabelValues("sagas").Inc()
-		if !bytes.Equal(hash, sum[:]) {
-			cl.c.Metrics().KeyReused.WithLabelValues(def.Name()).Inc()
-			return StartResult{ID: *existing}, nil, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, *existing)
-		}
-		cl.c.Metrics().Duplicates.WithLabelValues(metrics.LayerStart).Inc()
-		return StartResult{ID: *existing, State: saga.State(*state), Duplicate: true}, nil, nil
+		res, err := cl.duplicate(def, key, id, sum, *existing, hash, saga.State(*state))
+		return res, nil, err
 	}
 	var sent []outbox.Committed
 	if outboxID != nil {
@@ -365,6 +372,24 @@ func (cl *Client) insertSaga(ctx context.Context, q store.Row, stmt string, def,
 	}
 	cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
 	return StartResult{ID: id, State: saga.StateInit}, sent, nil
+}
+
+// duplicate adjudicates the start of saga id under key, which found the
+// saga existing (its input's hash and state) there instead.
+func (cl *Client) duplicate(def *saga.Definition, key string, id uuid.UUID, sum []byte, existing uuid.UUID, hash []byte, state saga.State) (StartResult, error) {
+	if existing == id {
+		// This start's own saga: it committed with its first step
+		// (carry), whose commit's answer was lost.
+		cl.c.Metrics().SagasStarted.WithLabelValues(def.Name()).Inc()
+		return StartResult{ID: id, State: state}, nil
+	}
+	cl.c.Metrics().UniqueConflicts.WithLabelValues("sagas").Inc()
+	if !bytes.Equal(hash, sum) {
+		cl.c.Metrics().KeyReused.WithLabelValues(def.Name()).Inc()
+		return StartResult{ID: existing}, fmt.Errorf("%w (definition %q, key %q, existing saga %s)", saga.ErrIdempotencyKeyReused, def.Name(), key, existing)
+	}
+	cl.c.Metrics().Duplicates.WithLabelValues(metrics.LayerStart).Inc()
+	return StartResult{ID: existing, State: state, Duplicate: true}, nil
 }
 
 // Get returns the saga with the given ID, with its step executions.
