@@ -292,10 +292,16 @@ func timeZone(tz string) chromedp.Action[chromedp.Void] {
 // do runs actions within a deadline, failing the test with what failed.
 func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, browserWait)
 	defer cancel()
-	require.NoError(t, chromedp.Do(ctx, actions...), what)
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		b.failed(t, fmt.Sprintf("%s: %v", what, err))
+	}
 }
+
+// browserWait bounds one step of a browser test: a cold Chromium beside a
+// loaded -race suite can take seconds to lay a page out.
+const browserWait = 30 * time.Second
 
 // text reads the text of the element sel.
 func (b *browser) text(t *testing.T, sel string) string {
@@ -310,7 +316,7 @@ func (b *browser) text(t *testing.T, sel string) string {
 // waitJS waits until the JavaScript expression is true.
 func (b *browser) waitJS(t *testing.T, what, expr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, browserWait)
 	defer cancel()
 	_, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(50*time.Millisecond)))
 	if err != nil {
