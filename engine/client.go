@@ -142,15 +142,18 @@ func (cl *Client) start(ctx context.Context, q store.Row, def *saga.Definition, 
 	if res.ID != uuid.Nil {
 		sp.SetAttributes(tracing.AttrSagaID.String(res.ID.String()))
 	}
-	outcome := "started"
+	outcome, spanErr := "started", err
 	switch {
+	case errors.Is(err, startlock.ErrHeld):
+		// The API's 409, a normal outcome.
+		outcome, spanErr = "held", nil
 	case err != nil:
 		outcome = "error"
 	case res.Duplicate:
 		outcome = "duplicate"
 	}
 	sp.SetAttributes(tracing.AttrDuplicate.Bool(res.Duplicate))
-	sp.End(outcome, err)
+	sp.End(outcome, spanErr)
 	return res, sent, err
 }
 
@@ -262,7 +265,9 @@ func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, s
 		hash     []byte
 		state    *string
 	)
-	ok, err := cl.steps.Carry(ctx, outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
+	// The attempt keeps ctx's values (its trace), but not the lock's
+	// mark: its handler's own starts try no lock.
+	ok, err := cl.steps.Carry(startlock.Without(ctx), outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
 		tx.Queue(stmt, func(row pgx.Row) error {
 			var outboxID *int64
 			err := row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)

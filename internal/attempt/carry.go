@@ -19,9 +19,10 @@ import (
 // It returns true once that transaction committed. False means it left
 // nothing committed, or cannot tell: the first step is not a database
 // step this runner would run at once, no slot is free, the start
-// inserted nothing (a duplicate, a paused definition), or the attempt
-// ended without its commit; the caller then starts the saga alone, and a
-// saga found under its key with its own ID is its own. The attempt runs
+// inserted nothing (a duplicate: the caller answers from what its
+// statement saw), the claim was not taken (a paused definition), or the
+// attempt ended without its commit; the caller then starts the saga
+// alone, and a saga found under its key with its own ID is its own. The attempt runs
 // under the runner's work, not ctx: a caller that gives up gets ctx's
 // error at once (the saga may still start), and spends no attempt. The
 // steps the attempt's move dispatched run on here, after Carry returns.

@@ -22,6 +22,15 @@ type ctxKey struct{}
 // With marks ctx: a start under it tries its key's lock.
 func With(ctx context.Context) context.Context { return context.WithValue(ctx, ctxKey{}, true) }
 
+// Without is ctx unmarked, for work a marked start goes on to (the first
+// step's handler) whose own starts must not try a lock.
+func Without(ctx context.Context) context.Context {
+	if marked, _ := ctx.Value(ctxKey{}).(bool); !marked {
+		return ctx
+	}
+	return context.WithValue(ctx, ctxKey{}, false)
+}
+
 // Arg returns the start statement's lock parameter for a start of
 // (definition, key) under ctx: the lock's ID when ctx is marked, else nil
 // (no lock).

@@ -95,7 +95,7 @@ var startStatements = func() map[startShape]string {
 
 func (sh startShape) text() string {
 	var ctes []string
-	from, gate, got := "", "", "$12::bigint is null"
+	from, gate, got := "", "", "($12::bigint is null or true)"
 	if sh.locked {
 		ctes = append(ctes, `l as (
   select pg_try_advisory_xact_lock($12::bigint) as got

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
+	"github.com/idemsaga/idemsaga/internal/startlock"
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 	"github.com/idemsaga/idemsaga/service/internal/httpapi"
@@ -132,11 +133,14 @@ func TestStartKeyHeldThroughCarriedStep(t *testing.T) {
 	pool := testenv.DB(t)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var runs sync.Map
+	var marked atomic.Bool
 	slow := saga.WithInput(saga.MustNew("slowpay",
 		saga.Step{Name: "reserve", Reaches: "reserved", Kind: saga.DatabaseStep, Retry: fastPolicy, CompensateRetry: fastPolicy, Compensate: ledgerStep,
 			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 				n, _ := runs.LoadOrStore(sc.SagaID, new(atomic.Int32))
 				n.(*atomic.Int32).Add(1)
+				// A start the handler makes with its ctx tries no lock.
+				marked.Store(startlock.Arg(ctx, "slowpay", "any") != nil)
 				entered <- struct{}{}
 				select {
 				case <-release:
@@ -179,5 +183,6 @@ func TestStartKeyHeldThroughCarriedStep(t *testing.T) {
 	n, ok := runs.Load(s.ID)
 	require.True(t, ok)
 	require.EqualValues(t, 1, n.(*atomic.Int32).Load(), "the first step ran once")
+	require.False(t, marked.Load(), "the HTTP start's lock mark does not reach the step's handler")
 	require.Equal(t, 1, e.count(t, `select count(*) from httpapi_test.ledger where step = 'reserve' and phase = 'forward'`))
 }

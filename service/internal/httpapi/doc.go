@@ -121,9 +121,11 @@
 //   - 409 only while another request holds the key: a start takes
 //     pg_try_advisory_xact_lock on a 64-bit hash of definition and key,
 //     without waiting, in the statement that inserts the saga. The lock
-//     lives exactly as long as that transaction: the statement alone, or,
-//     when this process runs the saga's first step and it is a database
-//     step, that step's first attempt too, which commits with the saga
+//     lives exactly as long as that transaction: the statement alone (or,
+//     for a saga that starts with a parallel group, the transaction that
+//     also dispatches the group's branches), or, when this process runs
+//     the saga's first step and it is a database step, that step's first
+//     attempt too, which commits with the saga
 //     (no message crosses the broker), bounded by the step's timeout. If
 //     its process dies, PostgreSQL ends the transaction and
 //     releases the lock at once, so no claim is ever left behind and no
