@@ -20,13 +20,6 @@ import (
 	"github.com/idemsaga/idemsaga/saga"
 )
 
-// carriedSQL counts the sagas whose start committed with the first
-// attempt of their first step: one transaction, so one transaction time
-// (idemsaga.now()) for the saga's creation and the step's outcome.
-const carriedSQL = `select count(*) from idemsaga.sagas s
-join idemsaga.steps st on st.saga_id = s.id and st.step_index = 0 and st.phase = 'forward'
-where st.updated_at = s.created_at and st.attempt = 1`
-
 // TestStartCarriesItsFirstStep: transfers started through the engine's own
 // client, 16 at once with every tenth submitted twice, each commit with
 // the first attempt of their first step, in one transaction, and cross no
@@ -49,7 +42,7 @@ func TestStartCarriesItsFirstStep(t *testing.T) {
 	credited, compensated := submitTransfers(t, def, n, e.Client())
 	waitAllFinished(t, pool, 2*time.Minute)
 	requireAudit(t, pool, seeded, credited, compensated)
-	require.Equal(t, n, countRows(t, ctx, pool, carriedSQL), "every start committed with its first step")
+	require.Equal(t, n, countRows(t, ctx, pool, testenv.CarriedSQL), "every start committed with its first step")
 	require.Equal(t, float64(n), metricSum(t, reg, "idemsaga_sagas_started_total", nil))
 	require.Equal(t, float64(n/10), metricSum(t, reg, "idemsaga_duplicates_absorbed_total", map[string]string{"layer": "start"}))
 	require.Zero(t, metricSum(t, reg, "idemsaga_outbox_published_total", nil), "no message crossed the broker")
@@ -98,7 +91,7 @@ func TestCarriedStartsOfOneKey(t *testing.T) {
 	requireConserved(t, pool, seeded)
 	require.Equal(t, 1, countRows(t, ctx, pool, `select count(*) from idemsaga.sagas`))
 	require.Equal(t, 1, countRows(t, ctx, pool, `select count(*) from fixture.ledger where step = 'deduct'`))
-	require.Equal(t, 1, countRows(t, ctx, pool, carriedSQL))
+	require.Equal(t, 1, countRows(t, ctx, pool, testenv.CarriedSQL))
 }
 
 // TestCarriedFirstStepFailsForGood: of 24 transfers started at once, the
@@ -140,8 +133,8 @@ func TestCarriedFirstStepFailsForGood(t *testing.T) {
 		}
 		require.Equal(t, saga.State("credited"), sg.State, "saga %d", i)
 	}
-	require.Equal(t, n, countRows(t, ctx, pool, carriedSQL), "each outcome, failure or success, committed with its start")
-	require.Equal(t, n/3, countRows(t, ctx, pool, carriedSQL+` and st.status = 'failed'`))
+	require.Equal(t, n, countRows(t, ctx, pool, testenv.CarriedSQL), "each outcome, failure or success, committed with its start")
+	require.Equal(t, n/3, countRows(t, ctx, pool, testenv.CarriedSQL+` and st.status = 'failed'`))
 	require.Zero(t, countRows(t, ctx, pool, `select count(*) from fixture.ledger l join idemsaga.sagas s on s.id = l.saga_id where s.state = 'failed'`),
 		"a failed deduction wrote nothing")
 	requireConserved(t, pool, seeded)
@@ -202,7 +195,7 @@ func TestCarriedStartCallerGivesUp(t *testing.T) {
 	require.Equal(t, saga.State("a_done"), sg.State)
 	require.Equal(t, 1, sg.Steps[0].Attempt, "the caller's end spent no attempt")
 	require.EqualValues(t, 1, calls.Load())
-	require.Equal(t, 1, countRows(t, ctx, pool, carriedSQL))
+	require.Equal(t, 1, countRows(t, ctx, pool, testenv.CarriedSQL))
 }
 
 // TestCarriedStartFailpoint: the first carried attempts fail after their
@@ -234,7 +227,7 @@ func TestCarriedStartFailpoint(t *testing.T) {
 	requireConserved(t, pool, seeded)
 	require.Equal(t, n, countRows(t, ctx, pool, `select count(*) from idemsaga.sagas where state = 'credited'`))
 	require.Equal(t, n, countRows(t, ctx, pool, `select count(*) from fixture.ledger where step = 'deduct'`))
-	carried := countRows(t, ctx, pool, carriedSQL)
+	carried := countRows(t, ctx, pool, testenv.CarriedSQL)
 	require.Less(t, carried, n, "a start whose carried attempt failed committed alone")
 	require.GreaterOrEqual(t, carried, n-4)
 }

@@ -19,12 +19,6 @@ import (
 	"github.com/idemsaga/idemsaga/service/internal/httpapi"
 )
 
-// carriedSQL counts the sagas whose creation committed with the first
-// attempt of their first step: one transaction, one transaction time.
-const carriedSQL = `select count(*) from idemsaga.sagas s
-join idemsaga.steps st on st.saga_id = s.id and st.step_index = 0 and st.phase = 'forward'
-where st.updated_at = s.created_at and st.attempt = 1`
-
 // counterSum sums every series of the counter family name in reg.
 func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
@@ -108,7 +102,7 @@ func TestStartCarriedOverHTTP(t *testing.T) {
 		return e.count(t, `select count(*) from idemsaga.sagas where state = 'booked'`) == keys
 	}, time.Minute, 20*time.Millisecond)
 	require.Equal(t, keys, e.sagaCount(t))
-	require.Equal(t, keys, e.count(t, carriedSQL), "every start committed with its first step")
+	require.Equal(t, keys, e.count(t, testenv.CarriedSQL), "every start committed with its first step")
 	require.Equal(t, 2*keys, e.count(t, `select count(*) from httpapi_test.ledger where phase = 'forward'`), "each step booked once")
 	require.Equal(t, keys, e.count(t, `select count(distinct (saga_id, step)) from httpapi_test.ledger where step = 'reserve'`))
 	require.Zero(t, counterSum(t, reg, "idemsaga_outbox_published_total"), "no message crossed the broker")
@@ -179,7 +173,7 @@ func TestStartKeyHeldThroughCarriedStep(t *testing.T) {
 	defer cancel()
 	_, err := e.client.Wait(wctx, s.ID)
 	require.NoError(t, err)
-	require.Equal(t, 1, e.count(t, carriedSQL))
+	require.Equal(t, 1, e.count(t, testenv.CarriedSQL))
 	n, ok := runs.Load(s.ID)
 	require.True(t, ok)
 	require.EqualValues(t, 1, n.(*atomic.Int32).Load(), "the first step ran once")

@@ -92,7 +92,7 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 		a.startFailed(w, r, def.Name(), key, uuid.Nil, err)
 		return
 	}
-	res, held, err := a.startTx(ctx, def, key, input)
+	res, held, err := a.startLocked(ctx, def, key, input)
 	switch {
 	case err != nil:
 		a.startFailed(w, r, def.Name(), key, res.ID, err)
@@ -117,11 +117,11 @@ func (a *api) start(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, out)
 }
 
-// startTx starts the saga with the key's advisory lock tried first,
+// startLocked starts the saga with the key's advisory lock tried first,
 // without waiting, in the transaction that inserts it (and, when this
 // process runs the saga's first step, runs that step's first attempt).
 // held reports that another transaction has it: nothing was done.
-func (a *api) startTx(ctx context.Context, def *saga.Definition, key string, input json.RawMessage) (res engine.StartResult, held bool, err error) {
+func (a *api) startLocked(ctx context.Context, def *saga.Definition, key string, input json.RawMessage) (res engine.StartResult, held bool, err error) {
 	res, err = a.cfg.Client.Start(startlock.With(ctx), def, key, input)
 	if errors.Is(err, startlock.ErrHeld) {
 		return res, true, nil
