@@ -3,6 +3,7 @@ package testenv
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -31,7 +32,8 @@ type Cluster struct {
 // when the test ends.
 func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	clientPorts, routePorts := freePorts(t, n), freePorts(t, n)
+	ports := freePorts(t, 2*n) // one draw: no port twice
+	clientPorts, routePorts := ports[:n], ports[n:]
 	c := &Cluster{t: t, nodes: make([]*natsserver.Server, n)}
 	targets := make([]string, n)
 	for i, p := range routePorts {
@@ -66,24 +68,34 @@ func NATSCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-// freePorts returns n loopback ports free at the time of the call.
+// freePorts returns n loopback ports free at the time of the call, drawn
+// below Linux's ephemeral range (32768 up): a node binds its port later,
+// and again on a restart, and a port the kernel hands out for ":0" could
+// be taken by another test's listener in between.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
+	ports := make([]int, 0, n)
 	var ls []net.Listener
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("testenv: no free loopback port between %d and %d", portsFrom, portsFrom+portsSpan)
+		}
+		p := portsFrom + rand.IntN(portsSpan)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
-			t.Fatalf("testenv: find a free port: %v", err)
+			continue // in use
 		}
 		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+		ports = append(ports, p)
 	}
 	for _, l := range ls {
 		_ = l.Close()
 	}
 	return ports
 }
+
+// The ports freePorts draws from.
+const portsFrom, portsSpan = 20000, 12000
 
 func (c *Cluster) start(i int) {
 	c.t.Helper()
