@@ -89,6 +89,9 @@ func TestBranchVerifiedNotDoneIsVoided(t *testing.T) {
 		}
 		steps := d.Steps()
 		reserve := steps[0].Forward
+		// The reservation waits for the charge to be on its way: its own
+		// timeout is not the charge's short one.
+		steps[0].Retry.Timeout = 30 * time.Second
 		// The reservation fails once the charge request is on its way.
 		steps[0].Forward = func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
 			select {
