@@ -171,16 +171,20 @@ func TestDroppedDeliveriesAreRedelivered(t *testing.T) {
 	}))
 
 	// A pull for five messages into a buffer of one that nobody reads.
+	// The messages are stored first, so the pull is answered in one burst
+	// and is over before the reset: a pull still waiting would take the
+	// redeliveries too, and drop them without a second error, since
+	// nobody reads its subscription.
 	const n = 5
+	for i := range n {
+		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "m-%d", i))
+		require.NoError(t, err)
+	}
 	inbox := nc.NewInbox()
 	sub, err := nc.ChanSubscribe(inbox, make(chan *nats.Msg, 1))
 	require.NoError(t, err)
 	defer func() { _ = sub.Unsubscribe() }()
 	require.NoError(t, nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.S.work", inbox, fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, n, int64(5*time.Second))))
-	for i := range n {
-		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "m-%d", i))
-		require.NoError(t, err)
-	}
 	require.Eventually(t, func() bool { return drops.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "the client drops what its buffer cannot hold")
 
 	got := map[string]bool{}
