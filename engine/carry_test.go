@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -230,4 +231,73 @@ func TestCarriedStartFailpoint(t *testing.T) {
 	carried := countRows(t, ctx, pool, testenv.CarriedSQL)
 	require.Less(t, carried, n, "a start whose carried attempt failed committed alone")
 	require.GreaterOrEqual(t, carried, n-4)
+}
+
+// TestCarriedAttemptsThatDoNotSucceedAtOnce: a carried first attempt
+// that ends any other way than in success still leaves its step's row,
+// which the start left to it: a retry, a failure for good, a handler that
+// commits the step's transaction itself and one that rolls it back, each
+// started 3 times at once. Every saga ends, with the effect of its first
+// step at most once, and its step's row as a start alone would have had.
+func TestCarriedAttemptsThatDoNotSucceedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	_, nc := testenv.NATS(t)
+	_, err := pool.Exec(ctx, `create table effects (saga_id uuid not null, attempt int not null)`)
+	require.NoError(t, err)
+	type in struct{ Mode string }
+	first := func(ctx context.Context, sc *saga.StepContext, x in) (int, error) {
+		if _, err := sc.Tx.Exec(ctx, `insert into effects values ($1, $2)`, sc.SagaID, sc.Attempt); err != nil {
+			return 0, err
+		}
+		switch {
+		case x.Mode == "retry" && sc.Attempt == 1:
+			return 0, errors.New("not yet")
+		case x.Mode == "fail":
+			return 0, saga.Permanent(errors.New("never"))
+		case (x.Mode == "commit" || x.Mode == "rollback") && sc.Attempt == 1:
+			_, err := sc.Tx.Exec(ctx, x.Mode)
+			return 0, err
+		}
+		return sc.Attempt, nil
+	}
+	def, err := saga.New("carryodd",
+		saga.Step{Name: "first", Reaches: "firsted", Kind: saga.DatabaseStep, Retry: fastPolicy, CompensateRetry: fastPolicy,
+			Forward: saga.Handle(first), Compensate: saga.Handle(func(context.Context, *saga.StepContext, in) (int, error) { return 0, nil })},
+		saga.Step{Name: "second", Reaches: "done", Kind: saga.DatabaseStep, Retry: fastPolicy,
+			Forward: saga.Handle(func(context.Context, *saga.StepContext, in) (int, error) { return 0, nil })},
+	)
+	require.NoError(t, err)
+	e := startEngine(t, pool, nc, testenv.Name("CARRYODD"), []*saga.Definition{def}, func(c *engine.Config) { c.StepConcurrency = 32 })
+
+	modes := []string{"ok", "retry", "fail", "commit", "rollback"}
+	var wg sync.WaitGroup
+	for _, mode := range modes {
+		for range 3 {
+			wg.Go(func() {
+				_, err := e.Client().Start(ctx, def, mode, in{Mode: mode})
+				require.NoError(t, err, mode)
+			})
+		}
+	}
+	wg.Wait()
+	waitAllFinished(t, pool, time.Minute)
+	for _, mode := range modes {
+		var state, status string
+		var attempt, effects int
+		require.NoError(t, pool.QueryRow(ctx, `select s.state::text, st.status::text, st.attempt,
+  (select count(*) from effects f where f.saga_id = s.id)
+from idemsaga.sagas s join idemsaga.steps st on st.saga_id = s.id and st.step = 'first' and st.phase = 'forward'
+where s.idem_key = $1`, mode).Scan(&state, &status, &attempt, &effects), mode)
+		want := map[string][4]any{
+			"ok":       {"done", "succeeded", 1, 1},
+			"retry":    {"done", "succeeded", 2, 1},
+			"fail":     {string(saga.StateCompensated), "failed", 1, 0},
+			"commit":   {"done", "succeeded", 1, 1},
+			"rollback": {string(saga.StateCompensated), "failed", 1, 0},
+		}[mode]
+		require.Equal(t, want, [4]any{state, status, attempt, effects}, mode)
+	}
+	require.Equal(t, 1, countRows(t, ctx, pool, testenv.CarriedSQL+` and s.idem_key = 'ok'`), "the success committed with its start")
 }

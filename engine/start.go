@@ -221,14 +221,14 @@ func (cl *Client) carry(ctx context.Context, def, registered *saga.Definition, s
 	)
 	// The attempt keeps ctx's values (its trace), but not the lock's
 	// mark: its handler's own starts try no lock.
-	ok, err := cl.steps.Carry(startlock.Without(ctx), outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, func(tx *store.Tx) func() bool {
+	row := store.FirstStep{Saga: id, Step: first.Name, Key: saga.StepKey(id, first.Name, saga.PhaseForward), LeaseMillis: cl.c.Plan().LeaseMillis(first.Retry)}
+	ok, err := cl.steps.Carry(startlock.Without(ctx), outbox.Committed{Subject: subject, MsgID: msgID, Payload: payload, Headers: trace}, row, func(tx *store.Tx) func() bool {
 		tx.Queue(stmt, func(row pgx.Row) error {
 			var outboxID *int64
 			err := row.Scan(&inserted, &outboxID, &existing, &hash, &state, &got)
 			ran = err == nil
 			return err
 		}, pguuid.Of(id), def.Name(), key, sum, string(input),
-			first.Name, pguuid.Of(saga.StepKey(id, first.Name, saga.PhaseForward)), cl.c.Plan().LeaseMillis(first.Retry),
 			store.DeadlineArg(def), registered.Version(), store.HeadersJSON(trace), lock)
 		return func() bool { return inserted == 1 }
 	})

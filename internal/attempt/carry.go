@@ -12,9 +12,10 @@ import (
 // Carry runs the first attempt of a new saga's first step in the
 // transaction that starts the saga, so that the start and the step's
 // outcome commit once. first is the saga's first command as the start
-// would write it; start queues the start's statements on the transaction
-// (writing no command) and returns what tells, once they ran, whether
-// they inserted the saga.
+// would write it, and row its step's row; start queues the start's
+// statements on the transaction (writing neither) and returns what
+// tells, once they ran, whether they inserted the saga. The attempt
+// writes row once it ends (store.FirstStep).
 //
 // It returns true once that transaction committed. False means it left
 // nothing committed, or cannot tell: the first step is not a database
@@ -26,7 +27,7 @@ import (
 // under the runner's work, not ctx: a caller that gives up gets ctx's
 // error at once (the saga may still start), and spends no attempt. The
 // steps the attempt's move dispatched run on here, after Carry returns.
-func (r *Runner) Carry(ctx context.Context, first outbox.Committed, start func(tx *store.Tx) (inserted func() bool)) (bool, error) {
+func (r *Runner) Carry(ctx context.Context, first outbox.Committed, row store.FirstStep, start func(tx *store.Tx) (inserted func() bool)) (bool, error) {
 	if r.slots == nil || r.cfg.Mover == nil || !r.cfg.Eager || r.cfg.Publisher == nil {
 		return false, nil
 	}
@@ -63,7 +64,7 @@ func (r *Runner) Carry(ctx context.Context, first outbox.Committed, start func(t
 		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		defer cancel()
 		defer context.AfterFunc(work, cancel)()
-		given := r.claimWithStart(actx, cmd, def.Step(idx).Retry, start)
+		given := r.claimWithStart(actx, cmd, def.Step(idx).Retry, row, start)
 		if given == nil {
 			committed <- false
 			return
@@ -93,7 +94,7 @@ func (r *Runner) Carry(ctx context.Context, first outbox.Committed, start func(t
 // the claim of the saga's first attempt, in one round trip, and returns
 // it as the attempt's claim; nil when the start inserted nothing or the
 // claim was not taken (rolled back, the connection given back).
-func (r *Runner) claimWithStart(ctx context.Context, cmd wire.Command, policy saga.RetryPolicy, start func(tx *store.Tx) func() bool) *preclaim {
+func (r *Runner) claimWithStart(ctx context.Context, cmd wire.Command, policy saga.RetryPolicy, row store.FirstStep, start func(tx *store.Tx) func() bool) *preclaim {
 	conn, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return nil
@@ -106,5 +107,5 @@ func (r *Runner) claimWithStart(ctx context.Context, cmd wire.Command, policy sa
 		conn.Release()
 		return nil
 	}
-	return &preclaim{conn: conn, tx: tx, key: cmd.Key, attempt: cmd.Attempt, claim: cl}
+	return &preclaim{conn: conn, tx: tx, key: cmd.Key, attempt: cmd.Attempt, claim: cl, first: &row}
 }

@@ -56,6 +56,9 @@ type preclaim struct {
 	key     uuid.UUID
 	attempt int
 	claim   *claim
+	// first, for a claim begun with its saga's start (Runner.Carry), is
+	// the step's row, which the start left to the attempt.
+	first *store.FirstStep
 }
 
 // chainable reports whether the step m dispatches is a database step whose

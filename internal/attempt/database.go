@@ -38,7 +38,7 @@ func (a *attempt) database(ctx context.Context) (wire.Reply, error) {
 	var cl *claim
 	if p := a.given; p != nil && p.conn != nil && p.key == cmd.Key && p.attempt == cmd.Attempt {
 		// Claimed in the round trip of the move that dispatched it.
-		a.conn, tx, cl = p.conn, p.tx, p.claim
+		a.conn, tx, cl, a.first = p.conn, p.tx, p.claim, p.first
 		p.conn = nil
 	} else {
 		conn, err := a.r.cfg.Pool.Acquire(actx)

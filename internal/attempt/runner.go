@@ -211,6 +211,9 @@ type attempt struct {
 	handler saga.HandlerFunc
 	policy  saga.RetryPolicy
 	plan    Plan
+	// first is the step's row while the start that carried the attempt
+	// left it unwritten (preclaim.first).
+	first *store.FirstStep
 
 	// What the attempt leaves to do after its commit.
 	sent  []outbox.Committed
@@ -617,6 +620,15 @@ func (a *attempt) eager() bool {
 // should that fail, the outcome stands in the inbox, where the step's next
 // attempt finds it. Without a move, the reply goes with w.
 func (a *attempt) commitWrite(ctx context.Context, tx *store.Tx, w store.Record, reply *outbox.Message) (store.Recorded, error) {
+	if a.first != nil {
+		// The start left this step's row to the attempt: a success's move
+		// writes it in its final form, anything else after it is in.
+		if m := w.Move; m != nil && w.Lead == store.LeadNone && m.Step == a.cmd.Step && m.Phase == a.cmd.Phase && m.Attempt == a.cmd.Attempt {
+			m.First = true
+		} else {
+			store.QueueFirstStep(tx, *a.first)
+		}
+	}
 	if w.Move != nil {
 		w.Eager = a.eager()
 	} else {

@@ -49,6 +49,12 @@ type Move struct {
 	// RecordFailure makes the move, applied in a step, record the step's
 	// failure in the inbox first (a database step that failed for good).
 	RecordFailure bool
+	// First says the ended step's row was never written: the first
+	// attempt of a saga's first step, run in the transaction that starts
+	// the saga (FirstStep). The move writes that row once, in its final
+	// form, instead of updating it. Only a success's move in the step's
+	// own transaction has it.
+	First bool
 
 	// Next, if set, is the step this move dispatches, at attempt 1.
 	Next *Dispatch
@@ -175,6 +181,10 @@ var statements = func() map[shape]named {
 				lk.locked = true
 				all[lk] = compile(lk.text())
 			}
+			if fs := sh; sh.valid() && lead == LeadNone && !sh.reply && sh.move {
+				fs.first = true
+				all[fs] = compile(fs.text())
+			}
 		}
 	}
 	return all
@@ -185,7 +195,9 @@ type shape struct {
 	lead Lead
 	// locked: under the saga's lock, the attempt's timeline row is closed
 	// too, and a miss is a bug.
-	locked                           bool
+	locked bool
+	// first: the ended step's row is inserted in its final form (Move.First).
+	first                            bool
 	move, next, command, keep, reply bool
 }
 
@@ -203,7 +215,11 @@ func (sh shape) text() string {
 		ctes = append(ctes, leads[sh.lead])
 	}
 	if sh.move {
-		ctes = append(ctes, moveParts)
+		ended := endedPart
+		if sh.first {
+			ended = firstPart
+		}
+		ctes = append(ctes, sagaPart, ended)
 		if sh.locked {
 			ctes = append(ctes, timelinePart)
 		}
@@ -274,10 +290,9 @@ var (
 )`, LockClass)
 )
 
-// moveParts is the move, gated on the lead: the saga's update (u), fenced
-// by state and version, and the ended step's (f), in the statuses it may
-// end from ({step_statuses}, set when the statement is written).
-const moveParts = `u as (
+// sagaPart is the move's update of the saga (u), gated on the lead and
+// fenced by state and version.
+const sagaPart = `u as (
   update idemsaga.sagas set state = @to::text, version = version + 1, updated_at = idemsaga.now(),
     finished_at = case when @finished::bool then idemsaga.now() else finished_at end,
     error = coalesce(@saga_error::text, error),
@@ -286,13 +301,28 @@ const moveParts = `u as (
     skipped = case when @skip::text[] is null then skipped else skipped || @skip::text[] end
   where id = @saga and state = @from::text and version = @version::bigint{and_lead_wrote}
   returning created_at
-), f as (
+)`
+
+// endedPart is the move's update of the ended step (f), in the statuses
+// it may end from ({step_statuses}, set when the statement is written).
+const endedPart = `f as (
   update idemsaga.steps set status = @status::text, result = @step_result::jsonb, last_error = @step_error::text,
     possibly_done = possibly_done or @possibly_done::bool,
     lease_until = null, next_attempt_at = null, updated_at = idemsaga.now()
   where saga_id = @saga and step = @move_step::text and phase = @move_phase::text and attempt = @move_attempt::int
     and status in ({step_statuses})
     and exists (select from u)
+  returning saga_id, step, phase, attempt
+)`
+
+// firstPart writes the ended step's row (f) in its final form, where a
+// move ends the first attempt of a saga's first step (index 0, as the
+// start writes it) that ran in the start's transaction (Move.First).
+const firstPart = `f as (
+  insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, result, last_error, possibly_done, dispatched_at)
+  select @saga, @move_step::text, @move_phase::text, 0, @key, @status::text, @move_attempt::int, @step_result::jsonb, @step_error::text,
+    @possibly_done::bool, idemsaga.now()
+  where exists (select from u)
   returning saga_id, step, phase, attempt
 )`
 
@@ -478,7 +508,7 @@ var params = map[string]param{
 // statement returns the record's statement and its arguments.
 func (r *Record) statement(locked bool) (string, []any) {
 	m := r.Move
-	sh := shape{lead: r.Lead, locked: locked, move: m != nil, reply: r.Reply != nil && !locked}
+	sh := shape{lead: r.Lead, locked: locked, move: m != nil, reply: r.Reply != nil && !locked, first: m != nil && m.First}
 	sh.next = m != nil && m.Next != nil
 	// A next step run here at once has no command: its row is its durable
 	// record.

@@ -45,7 +45,8 @@ func TestEveryRecordStatementPrepares(t *testing.T) {
 			require.True(t, ok, fmt.Sprintf("%+v", sh))
 		}
 	}
-	for _, sh := range []shape{{move: true, locked: true}, {move: true, next: true, locked: true}, {move: true, next: true, command: true, locked: true}} {
+	for _, sh := range []shape{{move: true, locked: true}, {move: true, next: true, locked: true}, {move: true, next: true, command: true, locked: true},
+		{move: true, first: true}, {move: true, next: true, first: true, keep: true}, {move: true, next: true, command: true, first: true, keep: true}} {
 		_, ok := statements[sh]
 		require.True(t, ok, fmt.Sprintf("%+v", sh))
 	}
@@ -55,7 +56,7 @@ func TestEveryRecordStatementPrepares(t *testing.T) {
 func recordOf(sh shape) *Record {
 	r := &Record{Lead: sh.lead, Saga: uuid.New(), Key: uuid.New(), Step: "a", Phase: saga.PhaseForward, Attempt: 1, Eager: !sh.command}
 	if sh.move {
-		r.Move = &Move{Saga: r.Saga, From: "init", To: "a_done", Step: "a", Phase: saga.PhaseForward, Attempt: 1, Status: saga.StepSucceeded}
+		r.Move = &Move{Saga: r.Saga, From: "init", To: "a_done", Step: "a", Phase: saga.PhaseForward, Attempt: 1, Status: saga.StepSucceeded, First: sh.first}
 	}
 	if sh.next {
 		r.Move.Next = &Dispatch{Step: "b", Phase: saga.PhaseForward, Index: 1, Key: uuid.New()}

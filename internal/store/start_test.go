@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/uuid"
@@ -17,8 +18,10 @@ import (
 )
 
 // TestStartStatements runs every shape of the start statement: each
-// inserts its saga and first step, writes a command only when it has
-// one, answers a second start of its key as a duplicate, and, locked
+// inserts its saga, and its first step's row and command only when it
+// has a command (a carried start leaves both to its attempt, whose
+// QueueFirstStep writes the row once), answers a second start of its key
+// as a duplicate, and, locked
 // while another transaction holds the key's lock, writes nothing and
 // says so.
 func TestStartStatements(t *testing.T) {
@@ -49,9 +52,9 @@ func TestStartStatements(t *testing.T) {
 					if locked {
 						lock = startlock.ID("fixture", key)
 					}
-					args := []any{pguuid.Of(id), "fixture", key, []byte("h"), "{}",
-						"a", pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward)), int64(60000), nil, 1, nil, lock}
+					args := []any{pguuid.Of(id), "fixture", key, []byte("h"), "{}", nil, 1, nil, lock}
 					if command {
+						args = slices.Insert(args, 5, any("a"), any(pguuid.Of(saga.StepKey(id, "a", saga.PhaseForward))), any(int64(60000)))
 						args = append(args, "cmd.a", id.String()+"-a-1", []byte("a"), nil)
 					}
 					require.NoError(t, pool.QueryRow(ctx, stmt, args...).Scan(&a.inserted, &a.outboxID, &a.existing, &hash, &state, &a.got), name)
@@ -74,12 +77,26 @@ func TestStartStatements(t *testing.T) {
 				require.True(t, a.got, name)
 				require.Equal(t, 1, a.inserted, name)
 				require.Equal(t, command, a.outboxID != nil, name)
-				require.Equal(t, 1, countOf(t, pool, `select count(*) from idemsaga.steps where saga_id = $1 and status = 'dispatched' and attempt = 1`, id), name)
 				want := 0
 				if command {
 					want = 1
 				}
+				dispatched := `select count(*) from idemsaga.steps where saga_id = $1 and step = 'a' and status = 'dispatched' and attempt = 1 and lease_until is not null`
+				require.Equal(t, want, countOf(t, pool, dispatched, id), name)
 				require.Equal(t, want, countOf(t, pool, `select count(*) from idemsaga.outbox where saga_id = $1`, id), name)
+				if !command {
+					// The row the start left out, written twice: once.
+					first := store.FirstStep{Saga: id, Step: "a", Key: saga.StepKey(id, "a", saga.PhaseForward), LeaseMillis: 60000}
+					for range 2 {
+						conn, err := pool.Acquire(ctx)
+						require.NoError(t, err)
+						tx := store.Begin(conn.Conn(), nil)
+						store.QueueFirstStep(tx, first)
+						require.NoError(t, tx.Commit(ctx), name)
+						conn.Release()
+					}
+					require.Equal(t, 1, countOf(t, pool, dispatched, id), name)
+				}
 
 				again := start(uuid.New())
 				require.True(t, again.got, name)

@@ -3,6 +3,10 @@ package store
 import (
 	"fmt"
 	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/idemsaga/idemsaga/internal/pguuid"
 )
 
 // The statements of sagas and their steps: starting, reading and moving them.
@@ -75,7 +79,9 @@ var StartSaga = StartStatement(false, false, true)
 // answer) for a key that is a submit token (StartSagaWithToken) or not;
 // with the lock ($12) tried or not (then $12 is NULL); and with the first
 // command or, for a first step run in the start's transaction
-// (attempt.Runner.Carry), without it and without $13-$16. A part a start
+// (attempt.Runner.Carry), without it and without the step's row, which
+// the attempt writes (FirstStep): $6-$8 and $13-$16 are then not taken,
+// and $9-$12 become $6-$9. A part a start
 // lacks is left out of its statement, as in a Record's: the executor
 // would open its table and indexes for nothing.
 func StartStatement(token, locked, command bool) string {
@@ -116,11 +122,16 @@ func (sh startShape) text() string {
   select $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, 'init', idemsaga.now() + $9::bigint * interval '1 millisecond', $10::int, $11::jsonb`+from+`
   on conflict (definition, idem_key) do nothing
   returning id
-)`, `st as (
+)`)
+	if sh.command {
+		// A carried start leaves its first step's row to the attempt
+		// (FirstStep), which writes it once, as it ends.
+		ctes = append(ctes, `st as (
   insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
   select id, $6, 'forward', 0, $7, 'dispatched', 1, idemsaga.now() + $8 * interval '1 millisecond', idemsaga.now() from s
   returning saga_id
 )`)
+	}
 	id := "null::bigint"
 	if sh.command {
 		ctes = append(ctes, `o as (
@@ -129,12 +140,45 @@ func (sh startShape) text() string {
 )`)
 		id = "(select id from o)"
 	}
-	return "with " + strings.Join(ctes, ", ") + `
+	text := "with " + strings.Join(ctes, ", ") + `
 select (select count(*) from s), ` + id + `, e.id, e.input_hash, e.state::text, ` + got + `
 from (select 1) one left join lateral (
   select id, input_hash, state from idemsaga.sagas
   where definition = $2 and idem_key = $3 and not exists (select 1 from s)
 ) e on true`
+	if !sh.command {
+		// Without the first step's row, $6-$8 are not taken: the rest
+		// move down (a parameter no statement uses has no type).
+		text = strings.NewReplacer("$9", "$6", "$10", "$7", "$11", "$8", "$12", "$9").Replace(text)
+	}
+	return text
+}
+
+// FirstStep is the row of a saga's first step, dispatched at attempt 1,
+// that a carried start leaves out (StartStatement without its command):
+// the attempt run in the start's transaction writes it once it ends, in
+// its final form with a success's move (Move.First), or as the start
+// would have (QueueFirstStep) before any other write of its.
+type FirstStep struct {
+	Saga        uuid.UUID
+	Step        string
+	Key         uuid.UUID
+	LeaseMillis int64
+}
+
+// insertFirstStep writes a FirstStep's row where its saga is and the row
+// is not ($1-$4: saga, step, key, lease in milliseconds).
+const insertFirstStep = `insert into idemsaga.steps (saga_id, step, phase, step_index, key, status, attempt, lease_until, dispatched_at)
+select s.id, $2, 'forward', 0, $3, 'dispatched', 1, idemsaga.now() + $4 * interval '1 millisecond', s.created_at
+from idemsaga.sagas s where s.id = $1
+on conflict (saga_id, step, phase) do nothing`
+
+// QueueFirstStep queues the write of f's row on tx: before any write of
+// the carried attempt other than its success's move, so that the outcome
+// it records, or a transaction its handler ended, leaves the step's row
+// as a start alone would have.
+func QueueFirstStep(tx *Tx, f FirstStep) {
+	tx.Exec(insertFirstStep, nil, pguuid.Of(f.Saga), f.Step, pguuid.Of(f.Key), f.LeaseMillis)
 }
 
 // SelectSagaByKey reads what a duplicate start needs to adjudicate,
