@@ -181,6 +181,9 @@ func TestReplayEveryMessageChangesNothing(t *testing.T) {
 	require.GreaterOrEqual(t, commands, n)
 	t.Logf("replaying %d commands and %d replies (outbox rows: %d)", commands, replies, outboxRows)
 
+	// The run's last attempts are counted once committed: in the figures
+	// before the replay, not in its.
+	waitStepsRan(t, reg, float64(2*n+compensated))
 	inboxBefore := stepDuplicates(t, reg)
 	orchBefore := metricSum(t, reg, "idemsaga_duplicates_absorbed_total", map[string]string{"layer": "orchestrator"})
 	staleBefore := metricSum(t, reg, "idemsaga_stale_replies_total", nil)
