@@ -133,6 +133,12 @@ func TestBacklogDrainOnJetStream(t *testing.T) {
 		require.NoError(t, err)
 	}
 	<-js.PublishAsyncComplete()
+	// The server counts a consumer's pending messages a moment after it
+	// stored them (a CI run read 0 of 200 right after the acks).
+	require.Eventually(t, func() bool {
+		info, err := c.Info(ctx)
+		return err == nil && info.NumPending == 200
+	}, 30*time.Second, 10*time.Millisecond, "the consumer counts the 200 messages")
 
 	first, err := sb.read(ctx)
 	require.NoError(t, err)

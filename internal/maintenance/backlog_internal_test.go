@@ -53,9 +53,13 @@ func TestBacklogCountsWhatNoWorkerWasGiven(t *testing.T) {
 	}
 	_, err = js.Publish(ctx, "b."+name+".reply.x", []byte("r"))
 	require.NoError(t, err)
-	b, err := sb.read(ctx)
-	require.NoError(t, err)
-	require.Equal(t, uint64(6), b.Msgs, "5 commands and 1 reply wait")
+	// The server counts a consumer's pending messages a moment after it
+	// stored them.
+	var b Backlog
+	require.Eventually(t, func() bool {
+		b, err = sb.read(ctx)
+		return err == nil && b.Msgs == 6
+	}, 30*time.Second, 10*time.Millisecond, "5 commands and 1 reply wait")
 	require.WithinDuration(t, stored[0], b.Oldest, 100*time.Millisecond, "the oldest is the first command")
 
 	// A worker takes two commands and dies without acknowledging them.
