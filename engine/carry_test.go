@@ -238,7 +238,8 @@ func TestCarriedStartFailpoint(t *testing.T) {
 // which the start left to it: a retry, a failure for good, a handler that
 // commits the step's transaction itself and one that rolls it back, each
 // started 3 times at once. Every saga ends, with the effect of its first
-// step at most once, and its step's row as a start alone would have had.
+// step at most once, and its step's row as a start alone would have had;
+// none waits for its lease.
 func TestCarriedAttemptsThatDoNotSucceedAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -269,7 +270,10 @@ func TestCarriedAttemptsThatDoNotSucceedAtOnce(t *testing.T) {
 			Forward: saga.Handle(func(context.Context, *saga.StepContext, in) (int, error) { return 0, nil })},
 	)
 	require.NoError(t, err)
-	e := startEngine(t, pool, nc, testenv.Name("CARRYODD"), []*saga.Definition{def}, func(c *engine.Config) { c.StepConcurrency = 32 })
+	reg := prometheus.NewRegistry()
+	e := startEngine(t, pool, nc, testenv.Name("CARRYODD"), []*saga.Definition{def}, func(c *engine.Config) {
+		c.StepConcurrency, c.Registerer = 32, reg
+	})
 
 	modes := []string{"ok", "retry", "fail", "commit", "rollback"}
 	var wg sync.WaitGroup
@@ -300,4 +304,10 @@ where s.idem_key = $1`, mode).Scan(&state, &status, &attempt, &effects), mode)
 		require.Equal(t, want, [4]any{state, status, attempt, effects}, mode)
 	}
 	require.Equal(t, 1, countRows(t, ctx, pool, testenv.CarriedSQL+` and s.idem_key = 'ok'`), "the success committed with its start")
+	// The reaper counts what it acts on before its commit, which comes
+	// before the saga it moved can finish.
+	require.Zero(t, metricSum(t, reg, "idemsaga_commands_requeued_total", nil), "every outcome moved its saga at once, none waited for its lease")
+	runOut, err := testenv.LeasesRunOut(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, runOut)
 }

@@ -212,8 +212,10 @@ type attempt struct {
 	policy  saga.RetryPolicy
 	plan    Plan
 	// first is the step's row while the start that carried the attempt
-	// left it unwritten (preclaim.first).
-	first *store.FirstStep
+	// left it unwritten (preclaim.first); firstQueued is set once a write
+	// of the attempt queued it.
+	first       *store.FirstStep
+	firstQueued bool
 
 	// What the attempt leaves to do after its commit.
 	sent  []outbox.Committed
@@ -622,11 +624,15 @@ func (a *attempt) eager() bool {
 func (a *attempt) commitWrite(ctx context.Context, tx *store.Tx, w store.Record, reply *outbox.Message) (store.Recorded, error) {
 	if a.first != nil {
 		// The start left this step's row to the attempt: a success's move
-		// writes it in its final form, anything else after it is in.
-		if m := w.Move; m != nil && w.Lead == store.LeadNone && m.Step == a.cmd.Step && m.Phase == a.cmd.Phase && m.Attempt == a.cmd.Attempt {
+		// writes it in its final form, anything else after it is in. Once
+		// a write of the attempt queued the row, it may have committed (a
+		// handler's COMMIT lets a record after it run alone): the writes
+		// after it queue it again, which does nothing where it is in.
+		if m := w.Move; m != nil && !a.firstQueued && w.Lead == store.LeadNone && m.Step == a.cmd.Step && m.Phase == a.cmd.Phase && m.Attempt == a.cmd.Attempt {
 			m.First = true
 		} else {
 			store.QueueFirstStep(tx, *a.first)
+			a.firstQueued = true
 		}
 	}
 	if w.Move != nil {
