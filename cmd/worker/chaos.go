@@ -200,13 +200,16 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 	}()
 
 	// The chaos.
+	// progressErr is why the last count of finished sagas failed, for the
+	// report: a count that cannot be read must not look like no progress.
+	var progressErr error
 	progress := func() float64 {
 		if driven {
 			return driver.progress(ctx, pool)
 		}
 		var done int
 		// Children are not counted: their parents are.
-		_ = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null and parent_id is null`).Scan(&done)
+		progressErr = pool.QueryRow(ctx, `select count(*) from idemsaga.sagas where finished_at is not null and parent_id is null`).Scan(&done)
 		return float64(done) / float64(total)
 	}
 	deadline := time.Now().Add(c.Deadline)
@@ -269,6 +272,9 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 		}
 		if time.Since(lastReport) > 2*time.Second {
 			fmt.Printf("  %5.1f%%  finished, %d submitted, %d kills\n", p*100, submitted.Load(), fig.Kills)
+			if progressErr != nil {
+				fmt.Printf("          (finished sagas not counted: %v)\n", progressErr)
+			}
 			lastReport = time.Now()
 		}
 		time.Sleep(50 * time.Millisecond)
