@@ -109,3 +109,21 @@ func (r *Runner) claimWithStart(ctx context.Context, cmd wire.Command, policy sa
 	}
 	return &preclaim{conn: conn, tx: tx, key: cmd.Key, attempt: cmd.Attempt, claim: cl, first: &row}
 }
+
+// placeFirstRow writes, with w, the step's row a carried start left to
+// the attempt (a.first), if any: a success's move writes it in its final
+// form, anything else after it is in. Once a write of the attempt queued
+// the row, it may have committed (a handler's COMMIT lets a record after
+// it run alone): the writes after it queue it again, which does nothing
+// where it is in.
+func (a *attempt) placeFirstRow(tx *store.Tx, w *store.Record) {
+	if a.first == nil {
+		return
+	}
+	if m := w.Move; m != nil && !a.firstQueued && w.Lead == store.LeadNone && m.Step == a.cmd.Step && m.Phase == a.cmd.Phase && m.Attempt == a.cmd.Attempt {
+		m.First = true
+		return
+	}
+	store.QueueFirstStep(tx, *a.first)
+	a.firstQueued = true
+}

@@ -622,19 +622,7 @@ func (a *attempt) eager() bool {
 // should that fail, the outcome stands in the inbox, where the step's next
 // attempt finds it. Without a move, the reply goes with w.
 func (a *attempt) commitWrite(ctx context.Context, tx *store.Tx, w store.Record, reply *outbox.Message) (store.Recorded, error) {
-	if a.first != nil {
-		// The start left this step's row to the attempt: a success's move
-		// writes it in its final form, anything else after it is in. Once
-		// a write of the attempt queued the row, it may have committed (a
-		// handler's COMMIT lets a record after it run alone): the writes
-		// after it queue it again, which does nothing where it is in.
-		if m := w.Move; m != nil && !a.firstQueued && w.Lead == store.LeadNone && m.Step == a.cmd.Step && m.Phase == a.cmd.Phase && m.Attempt == a.cmd.Attempt {
-			m.First = true
-		} else {
-			store.QueueFirstStep(tx, *a.first)
-			a.firstQueued = true
-		}
-	}
+	a.placeFirstRow(tx, &w)
 	if w.Move != nil {
 		w.Eager = a.eager()
 	} else {
