@@ -331,8 +331,7 @@ func TestStartWaitsForAFormingCluster(t *testing.T) {
 		}
 		require.True(t, time.Now().Before(deadline), "the engine asked nothing in 60 s:\n%s", logs.String())
 	}
-	cluster.Restart(1)
-	cluster.Restart(2)
+	cluster.Restart(1, 2)
 	require.NoError(t, <-started, logs.String())
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 }
