@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -150,11 +152,19 @@ func (c *chaosCmd) Run(ctx context.Context, f *service.Flags) error {
 			return err
 		}
 	}
-	workers := &workerSet{self: self, dir: dir, env: []string{
+	// The workers' API takes this run's own token: a port another run's
+	// worker took between freeLoopback and this one's bind answers 401,
+	// rather than starting this run's sagas in that run's database.
+	token, err := chaosToken(dir)
+	if err != nil {
+		return err
+	}
+	workers := &workerSet{self: self, dir: dir, token: token, env: []string{
 		"DATABASE_URL=" + workerDSN, "NATS_URL=" + ns.ClientURL(),
 		"IDEMSAGA_STREAM=" + g.Stream, "IDEMSAGA_SUBJECT_PREFIX=" + g.SubjectPrefix,
 		"IDEMSAGA_STEP_TIMEOUT=" + chaosStepTimeout.String(), "IDEMSAGA_MAX_ATTEMPTS=" + strconv.Itoa(c.Attempts), "IDEMSAGA_COMPENSATE_ATTEMPTS=10", "IDEMSAGA_MAX_BACKOFF=" + chaosMaxBackoff.String(),
 		"IDEMSAGA_LEASE_GRACE=" + chaosLeaseGrace.String(), "LOG_LEVEL=error", "HTTP_ADDR=127.0.0.1:0",
+		"IDEMSAGA_API_TOKENS_FILE=" + filepath.Join(dir, "tokens"),
 	}}
 	workers.env = append(workers.env, work.env()...)
 	if a, ok := work.(interface{ args() []string }); ok {
@@ -400,6 +410,7 @@ func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", j.key)
+		req.Header.Set("Authorization", "Bearer "+workers.token)
 		resp, err := web.Do(req)
 		if err != nil {
 			return false, &unreachableError{err}
@@ -411,6 +422,9 @@ func submitChaos(ctx context.Context, cl *engine.Client, workers *workerSet, def
 			return false, nil
 		case http.StatusOK:
 			return true, nil
+		case http.StatusUnauthorized:
+			// Not this run's worker: its port was taken by another's.
+			return false, &unreachableError{fmt.Errorf("%s is not this run's worker (%s)", addr, resp.Status)}
 		}
 		err = fmt.Errorf("worker %s answered %s: %s", addr, resp.Status, text)
 		if secs, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && secs > 0 {
@@ -525,6 +539,8 @@ type workerSet struct {
 	env  []string
 	// args are the workload's own flags of `run`.
 	args []string
+	// token is this run's bearer token for the workers' API.
+	token string
 
 	mu    sync.Mutex
 	n     int
@@ -589,6 +605,19 @@ func (w *workerSet) addr(rng *rand.Rand) string {
 		return w.addrs[cmd.Process.Pid]
 	}
 	return ""
+}
+
+// chaosToken writes a new bearer token to dir/tokens and returns it.
+func chaosToken(dir string) (string, error) {
+	b := make([]byte, 24)
+	if _, err := crand.Read(b); err != nil {
+		return "", err
+	}
+	token := hex.EncodeToString(b)
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte(token+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write the workers' API token: %w", err)
+	}
+	return token, nil
 }
 
 // freeLoopback is a loopback address whose port was free a moment ago.
