@@ -3,12 +3,16 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemsaga/idemsaga/engine"
@@ -16,6 +20,26 @@ import (
 	"github.com/idemsaga/idemsaga/internal/testenv"
 	"github.com/idemsaga/idemsaga/saga"
 )
+
+// standbyThatNeverAnswers starts a server of the test's own whose
+// synchronous standby never answers, with database name, and a pool of
+// maxConns on it. The engine's own commits do not wait for the standby;
+// a step's that sets synchronous_commit = on does, until it is cut.
+func standbyThatNeverAnswers(t *testing.T, name string, maxConns int32) (*testenv.PGServer, *pgxpool.Pool) {
+	t.Helper()
+	srv := testenv.StartPGPrimary(t)
+	url := srv.CreateDB(name)
+	srv.Exec("alter system set synchronous_standby_names = 'nobody'")
+	srv.Exec("select pg_reload_conf()")
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "local"
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return srv, pool
+}
 
 // TestCommitWhoseAnswerIsLost: a step's COMMIT (the start's too: the
 // first step commits with it) waits for a synchronous
@@ -30,20 +54,8 @@ import (
 func TestCommitWhoseAnswerIsLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.StartPGPrimary(t)
-	url := srv.CreateDB("indoubt")
-	srv.Exec("alter system set synchronous_standby_names = 'nobody'")
-	srv.Exec("select pg_reload_conf()")
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	// The engine's own commits do not wait for the standby; the one the
-	// step asks for does.
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "local"
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, `create table effects (step text primary key)`)
+	srv, pool := standbyThatNeverAnswers(t, "indoubt", 6)
+	_, err := pool.Exec(ctx, `create table effects (step text primary key)`)
 	require.NoError(t, err)
 
 	var runs atomic.Int32
@@ -104,4 +116,71 @@ where datname = 'indoubt' and wait_event = 'SyncRep'`).Scan(&cut)
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects`).Scan(&effects))
 	require.Equal(t, 2, effects)
 	require.Equal(t, int32(1), runs.Load(), "the step whose answer was lost ran once")
+}
+
+// TestCommitCutByItsDeadline: a step run at once (its claim sent with the
+// move before it) sends its COMMIT, which waits for a synchronous
+// standby past the attempt's deadline. The client gives up: it closes
+// the connection and sends a cancel, which ends the wait with the
+// transaction committed. The server commits after the client saw its
+// error; the worker must not read the answer before then, or it takes
+// the step for not committed, and the next step, whose command only it
+// held, waits for its lease (an hour here). Several sagas are cut at
+// once, holding every connection of the pool until they know: the
+// question goes on a connection of its own.
+func TestCommitCutByItsDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const sagas = 4
+	_, pool := standbyThatNeverAnswers(t, "cutcommit", sagas)
+	_, err := pool.Exec(ctx, `create table effects (saga uuid, step text, primary key (saga, step))`)
+	require.NoError(t, err)
+
+	var slowRuns atomic.Int32
+	effect := func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+		_, err := sc.Tx.Exec(ctx, `insert into effects (saga, step) values ($1, $2)`, sc.SagaID, sc.Step)
+		return nil, err
+	}
+	def := saga.MustNew("cutcommit",
+		saga.Step{Name: "one", Reaches: "oned", Kind: saga.DatabaseStep, Forward: effect},
+		saga.Step{Name: "two", Reaches: "twoed", Kind: saga.DatabaseStep,
+			Retry: saga.RetryPolicy{Timeout: time.Second, MaxAttempts: 5},
+			Forward: func(ctx context.Context, sc *saga.StepContext) (json.RawMessage, error) {
+				slowRuns.Add(1)
+				if _, err := sc.Tx.Exec(ctx, `set local synchronous_commit = on`); err != nil {
+					return nil, err
+				}
+				return effect(ctx, sc)
+			}},
+		saga.Step{Name: "three", Reaches: "threed", Kind: saga.DatabaseStep, Forward: effect},
+	)
+	_, nc := testenv.NATS(t)
+	e := startEngine(t, pool, nc, testenv.Name("CUTCOMMIT"), []*saga.Definition{def}, func(c *engine.Config) { c.LeaseGrace = time.Hour })
+
+	ids := make(chan uuid.UUID, sagas)
+	var wg sync.WaitGroup
+	for i := range sagas {
+		wg.Go(func() {
+			res, err := e.Client().Start(ctx, def, fmt.Sprintf("cut-%d", i), map[string]int{"n": i})
+			assert.NoError(t, err)
+			ids <- res.ID
+		})
+	}
+	wg.Wait()
+	close(ids)
+	for id := range ids {
+		var state string
+		require.Eventually(t, func() bool {
+			err := pool.QueryRow(ctx, `select state from idemsaga.sagas where id = $1 and finished_at is not null`, pguuid.Of(id)).Scan(&state)
+			return err == nil
+		}, 30*time.Second, 10*time.Millisecond, "saga %s finishes without waiting for a lease of an hour", id)
+		require.Equal(t, "threed", state)
+	}
+	var steps, resent, beyond int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*), count(resent_attempt), count(*) filter (where attempt > 1) from idemsaga.steps`).Scan(&steps, &resent, &beyond))
+	require.Equal(t, []int{3 * sagas, 0, 0}, []int{steps, resent, beyond}, "three steps a saga, none sent again, none past attempt 1")
+	var effects int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from effects`).Scan(&effects))
+	require.Equal(t, 3*sagas, effects)
+	require.Equal(t, int32(sagas), slowRuns.Load(), "each step whose commit outlived its client ran once")
 }

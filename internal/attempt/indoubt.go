@@ -3,6 +3,7 @@ package attempt
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,10 @@ import (
 // publish (the relay's sweep would take them, a hand-off later). So the
 // attempt asks the database, once it answers again, whether its write
 // committed, from what only that commit leaves: the inbox row of the
-// attempt at its outcome (write.proof).
+// attempt at its outcome (write.proof). It asks only once the server
+// process that ran the write is gone: a client that gives up (its
+// deadline, a broken socket) does not stop the server, which may still
+// commit the write after a read on another connection found nothing.
 
 // inDoubt reports whether err, from the batch that carried a transaction's
 // COMMIT, leaves the transaction's outcome unknown: the batch was sent, and
@@ -55,10 +59,34 @@ const readCommitted = `select
   (select min(id) from idemsaga.outbox where saga_id = $1 and msg_id = $7 and published_at is null),
   (select created_at from idemsaga.sagas where id = $1)`
 
-// resolve finds out whether w, whose COMMIT is in doubt, committed. It
-// returns what the write's statement would have reported and true if it
-// did, false if it did not or the database did not answer in time.
-func (a *attempt) resolve(ctx context.Context, w store.Record, reply *outbox.Message) (store.Recorded, bool) {
+// backend names the server process of a connection: its pid, and the
+// connection's own port as the server sees it (-1 over a Unix socket),
+// which tells it apart from a later process given the same pid.
+type backend struct {
+	pid  uint32
+	port int
+}
+
+func backendOf(c *pgx.Conn) backend {
+	b := backend{pid: c.PgConn().PID(), port: -1}
+	if addr, ok := c.PgConn().Conn().LocalAddr().(*net.TCPAddr); ok {
+		b.port = addr.Port
+	}
+	return b
+}
+
+// backendRuns tells whether a server process ($1, $2: backend) may still
+// commit what it was sent: it runs a statement, or holds a transaction
+// open (then it ends at the client's Terminate, or at the claim's idle
+// timeout). An idle one has finished; a new server (a failover's) has
+// none of the old one's.
+const backendRuns = `select exists (select 1 from pg_stat_activity where pid = $1 and coalesce(client_port, -1) = $2 and state is distinct from 'idle')`
+
+// resolve finds out whether w, whose COMMIT is in doubt, committed, once
+// by, the server process that ran it, is gone. It returns what the
+// write's statement would have reported and true if it did, false if it
+// did not or the database did not answer in time.
+func (a *attempt) resolve(ctx context.Context, w store.Record, reply *outbox.Message, by backend) (store.Recorded, bool) {
 	if w.Proof == "" {
 		return store.Recorded{}, false
 	}
@@ -71,27 +99,55 @@ func (a *attempt) resolve(ctx context.Context, w store.Record, reply *outbox.Mes
 	if reply != nil {
 		replyMsg = reply.MsgID
 	}
-	for {
-		var outcome, status *string
-		var dispatched bool
-		var nextID, replyID *int64
-		var created *time.Time
-		err := a.r.db().QueryRow(ctx, readCommitted, pguuid.Of(w.Saga), pguuid.Of(w.Key), w.Attempt, w.Step, string(w.Phase),
-			nextMsg, replyMsg, nextStep, nextPhase).Scan(&outcome, &status, &dispatched, &nextID, &replyID, &created)
-		if err == nil {
-			if outcome == nil || *outcome != w.Proof {
-				return store.Recorded{}, false
-			}
-			out := store.Recorded{Led: true, ReplyID: replyID}
-			if m := w.Move; m != nil && status != nil && *status == string(m.Status) && created != nil {
-				out.Moved, out.Created = true, *created
-				out.Dispatched = m.Next != nil && dispatched
-				out.NextID = nextID
-			}
-			return out, true
+	// It asks on a connection of its own, outside the pool: the attempts
+	// a failover left in doubt each hold a broken connection of the pool
+	// until they know, and together they may hold all of it.
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.Background())
 		}
-		if errors.Is(err, pgx.ErrNoRows) || ctx.Err() != nil {
-			return store.Recorded{}, false
+	}()
+	gone := false
+	for {
+		if conn == nil || conn.IsClosed() {
+			c, err := pgx.ConnectConfig(ctx, a.r.cfg.Pool.Config().ConnConfig)
+			if err == nil {
+				conn = c
+			}
+		}
+		if conn != nil {
+			q := a.r.cfg.Schema.Q(conn)
+			if !gone {
+				// The process ends once it has run what it was sent, up
+				// to the client's Terminate after it.
+				var runs bool
+				err := q.QueryRow(ctx, backendRuns, int64(by.pid), by.port).Scan(&runs)
+				gone = err == nil && !runs
+			}
+			if gone {
+				var outcome, status *string
+				var dispatched bool
+				var nextID, replyID *int64
+				var created *time.Time
+				err := q.QueryRow(ctx, readCommitted, pguuid.Of(w.Saga), pguuid.Of(w.Key), w.Attempt, w.Step, string(w.Phase),
+					nextMsg, replyMsg, nextStep, nextPhase).Scan(&outcome, &status, &dispatched, &nextID, &replyID, &created)
+				if err == nil {
+					if outcome == nil || *outcome != w.Proof {
+						return store.Recorded{}, false
+					}
+					out := store.Recorded{Led: true, ReplyID: replyID}
+					if m := w.Move; m != nil && status != nil && *status == string(m.Status) && created != nil {
+						out.Moved, out.Created = true, *created
+						out.Dispatched = m.Next != nil && dispatched
+						out.NextID = nextID
+					}
+					return out, true
+				}
+				if errors.Is(err, pgx.ErrNoRows) {
+					return store.Recorded{}, false
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -643,7 +643,7 @@ func (a *attempt) commitWrite(ctx context.Context, tx *store.Tx, w store.Record,
 			return out, err
 		}
 		// The COMMIT's answer was lost: ask the database what happened.
-		resolved, ok := a.resolve(ctx, w, w.Reply)
+		resolved, ok := a.resolve(ctx, w, w.Reply, backendOf(conn))
 		if !ok {
 			return out, err
 		}
